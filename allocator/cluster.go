@@ -1,0 +1,231 @@
+package allocator
+
+import (
+	"fmt"
+	"math/bits"
+)
+
+// ModelSet is a set of GPU models as a bit per model interned in a Cluster.
+// The zero set means "any model".
+type ModelSet uint64
+
+// maxGPUsPerServer bounds a server's GPUs so a set of them fits a gpuMask.
+const maxGPUsPerServer = 64
+
+// maxModels is how many distinct GPU models one pool can tell apart.
+const maxModels = 64
+
+func (s ModelSet) allows(m ModelSet) bool { return s == 0 || s&m != 0 }
+
+// Cluster is the placement view of the pool: what every server and GPU has
+// free. Policies read it; only Pool (and the simulator) change it, through
+// Commit and Uncommit, so that the invariants hold in one place.
+type Cluster struct {
+	Nodes  []Node
+	models []string
+	modelB map[string]ModelSet
+	// maxCPU and maxGPUMilli are the largest node's capacities, the scale
+	// of the fit-based policies' scores.
+	maxCPU, maxGPUMilli int64
+}
+
+// Node is one server's free resources.
+type Node struct {
+	Name string
+	// CPUCap and MemCap are zero when the server does not account for them.
+	CPUCap, CPUFree int64
+	MemCap, MemFree int64
+	GPUs            []NodeGPU
+	Models          ModelSet // union of the models of its GPUs
+	// Schedulable is false while the server has lost its heartbeat.
+	Schedulable bool
+	// Version changes whenever anything above changes, so policies can
+	// cache what they worked out for a node.
+	Version uint64
+}
+
+// NodeGPU is one GPU's free share.
+type NodeGPU struct {
+	Free        int32 // milli-GPU not leased
+	FreeBytes   int64 // GPU memory not leased
+	MemoryBytes int64
+	Model       ModelSet
+	Healthy     bool
+}
+
+// Demand is a request resolved against the cluster: what one lease needs
+// from a single node.
+type Demand struct {
+	GPUs int
+	// Milli is the share of each GPU when asked by percent (or whole).
+	// GPUBytes is the memory of each GPU when asked by memory; the share is
+	// then worked out per GPU.
+	Milli    int32
+	GPUBytes int64
+	CPUMilli int64
+	Memory   int64
+	Models   ModelSet
+}
+
+// NewCluster returns an empty cluster.
+func NewCluster() *Cluster {
+	return &Cluster{modelB: map[string]ModelSet{}}
+}
+
+// model interns a GPU model name.
+func (c *Cluster) model(name string) (ModelSet, error) {
+	if b, ok := c.modelB[name]; ok {
+		return b, nil
+	}
+	if len(c.models) == maxModels {
+		return 0, &FieldError{"model", name, fmt.Sprintf("is one model too many: a pool tells apart at most %d", maxModels)}
+	}
+	b := ModelSet(1) << len(c.models)
+	c.models = append(c.models, name)
+	c.modelB[name] = b
+	return b, nil
+}
+
+// ModelSetOf returns the set of the named models that the cluster knows,
+// and whether any of them is known. Unknown names match no GPU.
+func (c *Cluster) ModelSetOf(names []string) (set ModelSet, any bool) {
+	for _, n := range names {
+		set |= c.modelB[n]
+	}
+	return set, len(names) == 0 || set != 0
+}
+
+// ModelNames lists the models in a set, in the order they were interned.
+func (c *Cluster) ModelNames(s ModelSet) []string {
+	var out []string
+	for s != 0 {
+		i := bits.TrailingZeros64(uint64(s))
+		out = append(out, c.models[i])
+		s &^= 1 << i
+	}
+	return out
+}
+
+// AddNode appends a server with nothing leased and returns its index.
+func (c *Cluster) AddNode(s *Server) (int, error) {
+	if len(s.GPUs) > maxGPUsPerServer {
+		return 0, &FieldError{"gpus", fmt.Sprint(len(s.GPUs)), fmt.Sprintf("out of range 0..%d per server", maxGPUsPerServer)}
+	}
+	n := Node{
+		Name: s.Name, CPUCap: s.CPUMilli, CPUFree: s.CPUMilli,
+		MemCap: s.MemoryBytes, MemFree: s.MemoryBytes, Schedulable: true,
+		GPUs: make([]NodeGPU, len(s.GPUs)),
+	}
+	for i := range s.GPUs {
+		g := &s.GPUs[i]
+		m, err := c.model(g.Model)
+		if err != nil {
+			return 0, err
+		}
+		n.GPUs[i] = NodeGPU{Free: MilliPerGPU, FreeBytes: g.MemoryBytes, MemoryBytes: g.MemoryBytes, Model: m, Healthy: g.Healthy}
+		n.Models |= m
+	}
+	c.maxCPU = max(c.maxCPU, n.CPUCap)
+	c.maxGPUMilli = max(c.maxGPUMilli, int64(len(n.GPUs))*MilliPerGPU)
+	c.Nodes = append(c.Nodes, n)
+	return len(c.Nodes) - 1, nil
+}
+
+// share is the milli-GPU that d takes of g; above MilliPerGPU when it cannot fit
+// on that GPU at all.
+func (d *Demand) share(g *NodeGPU) int32 {
+	if d.GPUBytes == 0 {
+		return d.Milli
+	}
+	if g.MemoryBytes <= 0 || d.GPUBytes > g.MemoryBytes {
+		return MilliPerGPU + 1
+	}
+	return int32((d.GPUBytes*MilliPerGPU + g.MemoryBytes - 1) / g.MemoryBytes)
+}
+
+// usable reports whether g can take d's share.
+func (d *Demand) usable(g *NodeGPU) bool {
+	return g.Healthy && d.Models.allows(g.Model) && g.Free >= d.share(g)
+}
+
+// hostFits reports whether n has the CPU and memory d asks for.
+func (n *Node) hostFits(d *Demand) bool {
+	return n.Schedulable &&
+		(n.CPUCap == 0 || n.CPUFree >= d.CPUMilli) &&
+		(n.MemCap == 0 || n.MemFree >= d.Memory)
+}
+
+// Fits reports whether d can be placed on n.
+func (n *Node) Fits(d *Demand) bool {
+	if !n.hostFits(d) || !d.Models.allows(n.Models) && d.GPUs > 0 {
+		return false
+	}
+	need := d.GPUs
+	for i := range n.GPUs {
+		if need == 0 {
+			break
+		}
+		if d.usable(&n.GPUs[i]) {
+			need--
+		}
+	}
+	return need == 0
+}
+
+// FreeMilli is the GPU share n can still lease (healthy GPUs only).
+func (n *Node) FreeMilli() int64 {
+	var f int64
+	for i := range n.GPUs {
+		if n.GPUs[i].Healthy {
+			f += int64(n.GPUs[i].Free)
+		}
+	}
+	return f
+}
+
+// Placement is where a policy puts a demand: a node and its GPU indices.
+type Placement struct {
+	Node int
+	GPUs []int
+}
+
+// Commit takes d's resources on the placement's node; the placement must
+// come from a policy on the current state.
+func (c *Cluster) Commit(p Placement, d *Demand) []int32 {
+	n := &c.Nodes[p.Node]
+	n.Version++
+	n.CPUFree -= d.CPUMilli
+	n.MemFree -= d.Memory
+	shares := make([]int32, len(p.GPUs))
+	for i, gi := range p.GPUs {
+		g := &n.GPUs[gi]
+		s := d.share(g)
+		shares[i] = s
+		g.Free -= s
+		g.FreeBytes -= shareBytes(d, g, s)
+	}
+	return shares
+}
+
+// Uncommit returns what Commit took.
+func (c *Cluster) Uncommit(p Placement, d *Demand, shares []int32) {
+	n := &c.Nodes[p.Node]
+	n.Version++
+	n.CPUFree += d.CPUMilli
+	n.MemFree += d.Memory
+	for i, gi := range p.GPUs {
+		g := &n.GPUs[gi]
+		g.Free += shares[i]
+		g.FreeBytes += shareBytes(d, g, shares[i])
+	}
+}
+
+// shareBytes is the GPU memory a lease holds on g: what it asked for when
+// asked by memory, else its share of the GPU's memory (rounded down, so the
+// bytes of a full GPU never exceed its capacity).
+func shareBytes(d *Demand, g *NodeGPU, share int32) int64 {
+	if d.GPUBytes > 0 {
+		return d.GPUBytes
+	}
+	return g.MemoryBytes * int64(share) / MilliPerGPU
+}

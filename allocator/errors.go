@@ -1,0 +1,106 @@
+package allocator
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// FieldError rejects one field of a request: it names the field, the value
+// that was given and the limit it broke, as in "gpu-percent 120 out of
+// range 1..100".
+type FieldError struct {
+	Field string
+	Value string
+	Limit string
+}
+
+func (e *FieldError) Error() string {
+	v := e.Value
+	if v == "" {
+		v = `""`
+	}
+	return e.Field + " " + v + " " + e.Limit
+}
+
+// QuotaExceededError says a namespace has no quota left for a request. All
+// amounts are in quota units: percent of one GPU, 100 = one whole GPU.
+type QuotaExceededError struct {
+	Namespace string
+	Hard      float64
+	InUse     float64
+	Asked     float64
+}
+
+func (e *QuotaExceededError) Error() string {
+	return fmt.Sprintf("namespace %s quota %s exceeded: in use %s, asked %s",
+		e.Namespace, formatPercent(e.Hard), formatPercent(e.InUse), formatPercent(e.Asked))
+}
+
+// NoCapacityError says no healthy server can hold a demand right now.
+type NoCapacityError struct {
+	GPUs     int
+	Milli    int // share of each GPU; 0 when asked by memory
+	GPUBytes int64
+	Models   []string
+	CPUMilli int64
+	Memory   int64
+}
+
+func (e *NoCapacityError) Error() string {
+	var b strings.Builder
+	b.WriteString("no server has ")
+	switch {
+	case e.GPUs == 0:
+		fmt.Fprintf(&b, "%dm CPU and %d bytes of memory free", e.CPUMilli, e.Memory)
+	case e.GPUBytes > 0:
+		fmt.Fprintf(&b, "%d GPUs with %d bytes of GPU memory free", e.GPUs, e.GPUBytes)
+	case e.Milli >= MilliPerGPU:
+		fmt.Fprintf(&b, "%d free GPUs", e.GPUs)
+	default:
+		fmt.Fprintf(&b, "%d GPUs with %s%% free", e.GPUs, formatPercent(float64(e.Milli)/10))
+	}
+	if len(e.Models) > 0 {
+		b.WriteString(" of model ")
+		b.WriteString(strings.Join(e.Models, "|"))
+	}
+	if e.GPUs > 0 && (e.CPUMilli > 0 || e.Memory > 0) {
+		fmt.Fprintf(&b, " and %dm CPU and %d bytes of memory", e.CPUMilli, e.Memory)
+	}
+	return b.String()
+}
+
+// LeaseNotFoundError is returned for a lease that never existed, was
+// released or has expired.
+type LeaseNotFoundError struct {
+	ID string
+}
+
+func (e *LeaseNotFoundError) Error() string {
+	return "lease " + e.ID + " not found (released, expired or never granted)"
+}
+
+// ServerNotFoundError is returned for an operation on an unknown server.
+type ServerNotFoundError struct {
+	Name string
+}
+
+func (e *ServerNotFoundError) Error() string {
+	return "server " + e.Name + " not registered"
+}
+
+// IdempotencyConflictError is returned when an idempotency key is reused for
+// a different request while its first lease is live.
+type IdempotencyConflictError struct {
+	Key     string
+	LeaseID string
+}
+
+func (e *IdempotencyConflictError) Error() string {
+	return "idempotency-key " + strconv.Quote(e.Key) + " already used by lease " + e.LeaseID + " for a different request"
+}
+
+// formatPercent prints quota amounts without a trailing ".0" (150, 45.5).
+func formatPercent(p float64) string {
+	return strconv.FormatFloat(p, 'f', -1, 64)
+}

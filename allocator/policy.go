@@ -1,0 +1,162 @@
+package allocator
+
+import (
+	"fmt"
+		"math/bits"
+	"math/rand/v2"
+	"sort"
+	"strings"
+)
+
+// Policy decides where a demand goes. Place must not change the cluster:
+// the caller commits the placement, so a policy can be asked "where would
+// this go" without side effects. Policies are deterministic for a given
+// seed and sequence of calls.
+type Policy interface {
+	Name() string
+	Place(c *Cluster, d *Demand) (Placement, bool)
+}
+
+// PolicyOptions configures the policies that need more than a name.
+type PolicyOptions struct {
+	// Seed drives tie-breaking and the random policy.
+	Seed uint64
+	// Workload is the mix of task types the pool expects; FGD and the
+	// policies built on it measure fragmentation against it.
+	Workload Workload
+}
+
+// policyConstructors are the placement policies by their flag names.
+var policyConstructors = map[string]func(PolicyOptions) Policy{
+	"best-fit": newBestFit,
+	"spread":   newSpread,
+	"random":   newRandom,
+	"fgd":      newFGD,
+	"fgd-pack": newFGDPack,
+}
+
+// PolicyNames lists the policies in a stable order.
+func PolicyNames() []string {
+	names := make([]string, 0, len(policyConstructors))
+	for n := range policyConstructors {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// NewPolicy builds the named policy.
+func NewPolicy(name string, opts PolicyOptions) (Policy, error) {
+	mk, ok := policyConstructors[name]
+	if !ok {
+		return nil, &FieldError{"policy", name, "is not one of " + strings.Join(PolicyNames(), ", ")}
+	}
+	return mk(opts), nil
+}
+
+// gpuMask is a set of GPU indices on one node.
+type gpuMask uint64
+
+func (m gpuMask) indices() []int {
+	out := make([]int, 0, bits.OnesCount64(uint64(m)))
+	for m != 0 {
+		i := bits.TrailingZeros64(uint64(m))
+		out = append(out, i)
+		m &^= 1 << i
+	}
+	return out
+}
+
+// rater scores a node that fits a demand (higher is better) and says which
+// of its GPUs the demand would take.
+type rater func(i int, n *Node, d *Demand) (score int64, gpus gpuMask)
+
+// tieBreaker picks a top-rated node. Among nodes with the same score it
+// takes the one that comes first in a seeded shuffle of the nodes, the way
+// the FGD paper's simulator does (it gives nodes random name prefixes and
+// the scheduler takes the first best): ties then go to the same nodes
+// again and again, which packs, where a fresh coin toss per decision
+// would spread.
+type tieBreaker struct {
+	rng *rand.Rand
+	// rank is each node's place in the shuffle, grown as nodes appear.
+	rank []uint32
+}
+
+func newTieBreaker(seed uint64) *tieBreaker {
+	return &tieBreaker{rng: newRand(seed)}
+}
+
+// newRand is the seeded source every policy draws from.
+func newRand(seed uint64) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+}
+
+// ranks returns the shuffle rank of every node of c, extending it with new
+// nodes placed at random among the old.
+func (t *tieBreaker) ranks(c *Cluster) []uint32 {
+	for len(t.rank) < len(c.Nodes) {
+		// An inside-out Fisher-Yates step: the new node takes a random
+		// place and the node that had it moves to the end.
+		i := len(t.rank)
+		j := t.rng.IntN(i + 1)
+		t.rank = append(t.rank, uint32(i))
+		t.rank[i], t.rank[j] = t.rank[j], t.rank[i]
+	}
+	return t.rank
+}
+
+// pick rates every node that fits and returns a top-rated one.
+func (t *tieBreaker) pick(c *Cluster, d *Demand, rate rater) (Placement, bool) {
+	rank := t.ranks(c)
+	best, found := int64(0), false
+	var where Placement
+	var gpus gpuMask
+	for i := range c.Nodes {
+		n := &c.Nodes[i]
+		if !n.Fits(d) {
+			continue
+		}
+		s, g := rate(i, n, d)
+		if !found || s > best || s == best && rank[i] < rank[where.Node] {
+			best, found, where.Node, gpus = s, true, i, g
+		}
+	}
+	if !found {
+		return Placement{}, false
+	}
+	where.GPUs = gpus.indices()
+	return where, true
+}
+
+// tightestGPUs chooses d.GPUs usable GPUs of n, those with the least free
+// share first (lowest index on ties): the best-fit choice within a node.
+func tightestGPUs(n *Node, d *Demand) gpuMask {
+	return chooseGPUs(n, d, func(a, b int32) bool { return a < b })
+}
+
+// loosestGPUs chooses the GPUs with the most free share first.
+func loosestGPUs(n *Node, d *Demand) gpuMask {
+	return chooseGPUs(n, d, func(a, b int32) bool { return a > b })
+}
+
+func chooseGPUs(n *Node, d *Demand, better func(a, b int32) bool) gpuMask {
+	var taken gpuMask
+	for k := 0; k < d.GPUs; k++ {
+		pick := -1
+		for i := range n.GPUs {
+			g := &n.GPUs[i]
+			if taken&(1<<i) != 0 || !d.usable(g) {
+				continue
+			}
+			if pick < 0 || better(g.Free, n.GPUs[pick].Free) {
+				pick = i
+			}
+		}
+		if pick < 0 {
+			panic(fmt.Sprintf("allocator: node %s was rated without %d usable GPUs", n.Name, d.GPUs))
+		}
+		taken |= 1 << pick
+	}
+	return taken
+}

@@ -1,0 +1,104 @@
+package allocator
+
+import "math"
+
+// fgd is Fragmentation Gradient Descent (Weng et al., "Beware of
+// Fragmentation", USENIX ATC'23): it places a task where the expected
+// workload's fragmentation grows least. Scores follow the paper's
+// simulator: 100*sigmoid(-growth/1000) truncated to an integer, the first
+// best GPU on a node, and a uniform pick among the top nodes.
+type fgd struct {
+	ties *tieBreaker
+	frag fragMemo
+}
+
+func newFGD(o PolicyOptions) Policy {
+	return &fgd{ties: newTieBreaker(o.Seed), frag: fragMemo{work: o.Workload}}
+}
+
+func (*fgd) Name() string { return "fgd" }
+
+func (p *fgd) Place(c *Cluster, d *Demand) (Placement, bool) {
+	return p.ties.pick(c, d, func(i int, n *Node, d *Demand) (int64, gpuMask) {
+		before := p.frag.of(i, n)
+		growth, gpus := leastGrowth(n, d, p.frag.work, func(after float64) float64 {
+			return -float64(sigmoidScore(before - after))
+		})
+		return -int64(growth), gpus
+	})
+}
+
+// sigmoidScore is the FGD simulator's node score for a fragmentation drop
+// of delta milli-GPU.
+func sigmoidScore(delta float64) int64 {
+	return int64(100 / (1 + math.Exp(-delta/MilliPerGPU)))
+}
+
+// leastGrowth tries d on n and returns the smallest cost(fragmentation
+// after) with the GPUs that give it. A single-GPU task tries every usable
+// GPU (the first wins ties); a multi-GPU task takes the tightest GPUs.
+func leastGrowth(n *Node, d *Demand, w Workload, cost func(after float64) float64) (float64, gpuMask) {
+	n.CPUFree -= d.CPUMilli
+	defer func() { n.CPUFree += d.CPUMilli }()
+	if d.GPUs != 1 {
+		var gpus gpuMask
+		if d.GPUs > 0 {
+			gpus = tightestGPUs(n, d)
+		}
+		shares := takeShares(n, d, gpus)
+		after := w.Fragmentation(n)
+		giveShares(n, gpus, shares)
+		return cost(after), gpus
+	}
+	best, pick := math.Inf(1), -1
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		if !d.usable(g) {
+			continue
+		}
+		s := d.share(g)
+		g.Free -= s
+		c := cost(w.Fragmentation(n))
+		g.Free += s
+		if c < best {
+			best, pick = c, i
+		}
+	}
+	return best, 1 << pick
+}
+
+// takeShares and giveShares apply d to n's GPUs in place while a policy
+// weighs a placement; Version is left alone as the node ends unchanged.
+func takeShares(n *Node, d *Demand, gpus gpuMask) [maxGPUsPerServer]int32 {
+	var shares [maxGPUsPerServer]int32
+	for _, i := range gpus.indices() {
+		shares[i] = d.share(&n.GPUs[i])
+		n.GPUs[i].Free -= shares[i]
+	}
+	return shares
+}
+
+func giveShares(n *Node, gpus gpuMask, shares [maxGPUsPerServer]int32) {
+	for _, i := range gpus.indices() {
+		n.GPUs[i].Free += shares[i]
+	}
+}
+
+// fragMemo remembers each node's fragmentation for its current version.
+type fragMemo struct {
+	work Workload
+	// seen holds Version+1 of the node when value was worked out; 0 is empty.
+	seen  []uint64
+	value []float64
+}
+
+func (m *fragMemo) of(i int, n *Node) float64 {
+	if i >= len(m.value) {
+		m.seen = append(m.seen, make([]uint64, i+1-len(m.seen))...)
+		m.value = append(m.value, make([]float64, i+1-len(m.value))...)
+	}
+	if m.seen[i] != n.Version+1 {
+		m.seen[i], m.value[i] = n.Version+1, m.work.Fragmentation(n)
+	}
+	return m.value[i]
+}

@@ -1,0 +1,90 @@
+package allocator
+
+import (
+	"math/rand/v2"
+	"slices"
+)
+
+// bestFit packs: it prefers the node left with the least free CPU and GPU
+// share after placement, as the FGD paper's BestFit baseline scores it
+// (each dimension weighs half, scaled by the largest node), and the
+// tightest GPUs on that node.
+type bestFit struct {
+	ties *tieBreaker
+}
+
+func newBestFit(o PolicyOptions) Policy { return &bestFit{ties: newTieBreaker(o.Seed)} }
+
+func (*bestFit) Name() string { return "best-fit" }
+
+func (p *bestFit) Place(c *Cluster, d *Demand) (Placement, bool) {
+	return p.ties.pick(c, d, func(_ int, n *Node, d *Demand) (int64, gpuMask) {
+		return int64(100 * (1 - leftover(c, n, d))), tightestGPUs(n, d)
+	})
+}
+
+// spread is worst-fit: it prefers the node left with the most free CPU and
+// GPU share, and the loosest GPUs there, spreading load for headroom and
+// thermal balance at the cost of fragmentation.
+type spread struct {
+	ties *tieBreaker
+}
+
+func newSpread(o PolicyOptions) Policy { return &spread{ties: newTieBreaker(o.Seed)} }
+
+func (*spread) Name() string { return "spread" }
+
+func (p *spread) Place(c *Cluster, d *Demand) (Placement, bool) {
+	return p.ties.pick(c, d, func(_ int, n *Node, d *Demand) (int64, gpuMask) {
+		return int64(100 * leftover(c, n, d)), loosestGPUs(n, d)
+	})
+}
+
+// leftover is what n keeps free after d, from 0 to 1: half CPU, half GPU
+// share, each scaled by the largest node of the cluster.
+func leftover(c *Cluster, n *Node, d *Demand) float64 {
+	var cpu float64
+	if n.CPUCap > 0 && c.maxCPU > 0 {
+		cpu = float64(n.CPUFree-d.CPUMilli) / float64(c.maxCPU)
+	}
+	gpu := float64(n.FreeMilli()-int64(d.GPUs)*int64(d.Milli)) / float64(c.maxGPUMilli)
+	return 0.5*cpu + 0.5*gpu
+}
+
+// random places on a uniformly chosen node that fits, on GPUs chosen
+// uniformly among those that fit: the baseline every policy must beat.
+type random struct {
+	rng *rand.Rand
+}
+
+func newRandom(o PolicyOptions) Policy { return &random{rng: newRand(o.Seed)} }
+
+func (*random) Name() string { return "random" }
+
+func (p *random) Place(c *Cluster, d *Demand) (Placement, bool) {
+	var where Placement
+	fits := 0
+	for i := range c.Nodes {
+		if c.Nodes[i].Fits(d) {
+			fits++
+			if p.rng.IntN(fits) == 0 {
+				where.Node = i
+			}
+		}
+	}
+	if fits == 0 || d.GPUs == 0 {
+		return where, fits > 0
+	}
+	n := &c.Nodes[where.Node]
+	usable := make([]int, 0, len(n.GPUs))
+	for i := range n.GPUs {
+		if d.usable(&n.GPUs[i]) {
+			usable = append(usable, i)
+		}
+	}
+	p.rng.Shuffle(len(usable), func(i, j int) { usable[i], usable[j] = usable[j], usable[i] })
+	where.GPUs = usable[:d.GPUs]
+	slices.Sort(where.GPUs)
+	return where, true
+}
+

@@ -1,0 +1,262 @@
+package simulate
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpupool/gpupool/allocator"
+)
+
+// Protocol constants of the FGD paper's experiments.
+const (
+	// Arrivals stop once the GPU share asked reaches 130% of capacity.
+	arrivalLimitPct = 130
+	// Fragmentation is measured against the task types that make up 95%
+	// of the trace's tasks.
+	typicalCoverage = 0.95
+)
+
+// Trace is a cluster and the pods that arrive on it.
+type Trace struct {
+	Servers []allocator.Server
+	Pods    []Pod
+}
+
+// Result is what one replay of a trace with one policy and seed measured.
+type Result struct {
+	Policy string
+	Seed   uint64
+	// UnallocatedPct maps an arrival level (GPU share asked so far, in % of
+	// capacity) to the GPU share left unallocated then, in % of capacity.
+	UnallocatedPct map[int]float64
+	// FragmentationPct maps an arrival level to the fragmented share of
+	// the free GPU share, in %.
+	FragmentationPct map[int]float64
+	Decisions        int
+	PlaceTime        time.Duration
+}
+
+// levels at which a replay records what it measures.
+var levels = []int{90, 100, 130}
+
+// Replay places the trace's pods in a seeded shuffle, resampled with
+// replacement until the GPU share that arrived reaches 130% of capacity;
+// nothing departs. As in the paper, a pod that cannot be placed still
+// counts as arrived.
+func Replay(tr *Trace, policy string, seed uint64) (Result, error) {
+	c := allocator.NewCluster()
+	var capacity int64
+	for i := range tr.Servers {
+		if _, err := c.AddNode(&tr.Servers[i]); err != nil {
+			return Result{}, fmt.Errorf("server %s: %w", tr.Servers[i].Name, err)
+		}
+		capacity += int64(len(tr.Servers[i].GPUs)) * allocator.MilliPerGPU
+	}
+	if capacity == 0 {
+		return Result{}, fmt.Errorf("trace has no GPUs")
+	}
+	demands := make([]allocator.Demand, len(tr.Pods))
+	for i := range tr.Pods {
+		demands[i] = demandOf(c, &tr.Pods[i])
+	}
+	work := allocator.TypicalWorkload(demands, typicalCoverage)
+	p, err := allocator.NewPolicy(policy, allocator.PolicyOptions{Seed: seed, Workload: work})
+	if err != nil {
+		return Result{}, err
+	}
+
+	order := arrivals(tr.Pods, capacity, seed)
+	rec := newRecorder(c, work, capacity)
+	res := Result{Policy: policy, Seed: seed}
+	for _, i := range order {
+		d := &demands[i]
+		start := time.Now()
+		where, ok := p.Place(c, d)
+		if ok {
+			c.Commit(where, d)
+		}
+		res.PlaceTime += time.Since(start)
+		res.Decisions++
+		rec.arrived(tr.Pods[i].GPUMilli(), ok)
+	}
+	res.UnallocatedPct, res.FragmentationPct = rec.results()
+	return res, nil
+}
+
+// demandOf turns a pod into the allocator's demand on cluster c.
+func demandOf(c *allocator.Cluster, p *Pod) allocator.Demand {
+	d := allocator.Demand{GPUs: p.GPUs, Milli: p.Milli, CPUMilli: p.CPUMilli, Memory: p.Memory}
+	if len(p.Models) > 0 {
+		set, known := c.ModelSetOf(p.Models)
+		if !known {
+			set = allocator.ModelSet(0)
+			d.GPUs = math.MaxInt32 // asks for a model the cluster lacks: never fits
+		}
+		d.Models = set
+	}
+	return d
+}
+
+// arrivals is the order pods arrive in: all of them in a seeded shuffle,
+// then pods drawn with replacement until the next one would take the GPU
+// share asked beyond the arrival limit.
+func arrivals(pods []Pod, capacity int64, seed uint64) []int {
+	rng := rand.New(rand.NewPCG(seed, 0))
+	order := make([]int, len(pods))
+	var asked int64
+	for i := range order {
+		order[i] = i
+		asked += pods[i].GPUMilli()
+	}
+	rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	limit := capacity * arrivalLimitPct / 100
+	for len(pods) > 0 {
+		i := rng.IntN(len(pods))
+		if asked+pods[i].GPUMilli() > limit {
+			break
+		}
+		asked += pods[i].GPUMilli()
+		order = append(order, i)
+	}
+	return order
+}
+
+// recorder keeps, for each whole arrival level, the mean of what is
+// measured after every arrival at that level, as the paper's analysis does.
+type recorder struct {
+	c                *allocator.Cluster
+	work             allocator.Workload
+	capacity         int64
+	asked, allocated int64
+	unalloc, frag    map[int]*mean
+}
+
+type mean struct{ sum, n float64 }
+
+func newRecorder(c *allocator.Cluster, w allocator.Workload, capacity int64) *recorder {
+	return &recorder{c: c, work: w, capacity: capacity, unalloc: map[int]*mean{}, frag: map[int]*mean{}}
+}
+
+func (r *recorder) arrived(milli int64, placed bool) {
+	r.asked += milli
+	if placed {
+		r.allocated += milli
+	}
+	level := int(math.Round(100 * float64(r.asked) / float64(r.capacity)))
+	at(r.unalloc, level).add(100 - 100*float64(r.allocated)/float64(r.capacity))
+	// Fragmentation costs a pass over the cluster: only near the levels reported.
+	for _, l := range levels {
+		if level >= l-1 && level <= l+1 {
+			at(r.frag, level).add(r.fragmentationPct())
+			break
+		}
+	}
+}
+
+func at(ms map[int]*mean, level int) *mean {
+	m, ok := ms[level]
+	if !ok {
+		m = &mean{}
+		ms[level] = m
+	}
+	return m
+}
+
+// fragmentationPct is the cluster's fragmented share of its free GPU share.
+func (r *recorder) fragmentationPct() float64 {
+	var frag, idle float64
+	for i := range r.c.Nodes {
+		n := &r.c.Nodes[i]
+		frag += r.work.Fragmentation(n)
+		idle += float64(n.FreeMilli())
+	}
+	if idle == 0 {
+		return 0
+	}
+	return 100 * frag / idle
+}
+
+func (m *mean) add(v float64) { m.sum += v; m.n++ }
+
+// results reads each level's mean; a level no arrival landed on exactly
+// (a large pod can step over it) takes its neighbours', as the paper does.
+func (r *recorder) results() (unalloc, frag map[int]float64) {
+	unalloc, frag = map[int]float64{}, map[int]float64{}
+	for _, l := range levels {
+		unalloc[l], frag[l] = nearest(r.unalloc, l), nearest(r.frag, l)
+	}
+	return unalloc, frag
+}
+
+func nearest(ms map[int]*mean, level int) float64 {
+	for _, l := range []int{level, level - 1, level + 1} {
+		if m, ok := ms[l]; ok && m.n > 0 {
+			return m.sum / m.n
+		}
+	}
+	return math.NaN()
+}
+
+// Summary is a policy's results, averaged over seeds.
+type Summary struct {
+	Policy            string  `json:"policy"`
+	UnallocatedAt100  float64 `json:"unallocated_gpu_pct_at_100"`
+	UnallocatedAt130  float64 `json:"unallocated_gpu_pct_at_130"`
+	FragmentationAt90 float64 `json:"fragmentation_ratio_pct_at_90"`
+	DecisionsPerSec   float64 `json:"decisions_per_second"`
+	Seeds             int     `json:"seeds"`
+}
+
+// Summarize averages results per policy, in the order policies first appear.
+func Summarize(results []Result) []Summary {
+	var out []Summary
+	idx := map[string]int{}
+	for _, r := range results {
+		i, ok := idx[r.Policy]
+		if !ok {
+			i = len(out)
+			idx[r.Policy] = i
+			out = append(out, Summary{Policy: r.Policy})
+		}
+		s := &out[i]
+		s.UnallocatedAt100 += r.UnallocatedPct[100]
+		s.UnallocatedAt130 += r.UnallocatedPct[130]
+		s.FragmentationAt90 += r.FragmentationPct[90]
+		s.DecisionsPerSec += float64(r.Decisions) / r.PlaceTime.Seconds()
+		s.Seeds++
+	}
+	for i := range out {
+		n := float64(out[i].Seeds)
+		out[i].UnallocatedAt100 /= n
+		out[i].UnallocatedAt130 /= n
+		out[i].FragmentationAt90 /= n
+		out[i].DecisionsPerSec /= n
+	}
+	return out
+}
+
+// ParseSeeds reads a seed list such as "42-51" or "1,5,9-11".
+func ParseSeeds(s string) ([]uint64, error) {
+	var seeds []uint64
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
+		var a, b uint64
+		if _, err := fmt.Sscan(lo, &a); err != nil {
+			return nil, fmt.Errorf("seeds %q: %q is not a number", s, lo)
+		}
+		b = a
+		if isRange {
+			if _, err := fmt.Sscan(hi, &b); err != nil || b < a {
+				return nil, fmt.Errorf("seeds %q: %q is not a range low-high", s, part)
+			}
+		}
+		for x := a; x <= b; x++ {
+			seeds = append(seeds, x)
+		}
+	}
+	return slices.Compact(seeds), nil
+}

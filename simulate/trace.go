@@ -1,0 +1,153 @@
+// Package simulate replays GPU cluster traces against the allocator's
+// placement policies with the protocol of the FGD paper (Weng et al.,
+// "Beware of Fragmentation", USENIX ATC'23), so that policies can be
+// compared with each other and with the paper's published figures.
+package simulate
+
+import (
+	"embed"
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/gpupool/gpupool/allocator"
+)
+
+// Traces holds the Alibaba OpenB traces (cluster-trace-gpu-v2023) so that
+// `gpupool simulate` runs with no files at hand.
+//
+//go:embed traces/*.csv
+var Traces embed.FS
+
+// Default trace files within Traces.
+const (
+	DefaultNodes = "traces/openb_node_list_gpu_node.csv"
+	DefaultPods  = "traces/openb_pod_list_default.csv"
+)
+
+const mib = 1 << 20
+
+// Pod is one task of a trace.
+type Pod struct {
+	Name     string
+	CPUMilli int64
+	Memory   int64 // bytes
+	GPUs     int
+	Milli    int32    // share of each GPU
+	Models   []string // allowed GPU models; empty means any
+}
+
+// GPUMilli is the GPU share the pod asks for in all.
+func (p *Pod) GPUMilli() int64 { return int64(p.GPUs) * int64(p.Milli) }
+
+// Open reads a trace file from disk, or from the embedded traces when the
+// name starts with "traces/" and no such file exists on disk.
+func Open(name string) (io.ReadCloser, error) {
+	f, err := os.Open(name)
+	if errors.Is(err, fs.ErrNotExist) && strings.HasPrefix(name, "traces/") {
+		return Traces.Open(name)
+	}
+	return f, err
+}
+
+// ReadNodes reads an OpenB node list (sn,cpu_milli,memory_mib,gpu,model).
+func ReadNodes(r io.Reader) ([]allocator.Server, error) {
+	var servers []allocator.Server
+	err := readCSV(r, []string{"sn", "cpu_milli", "memory_mib", "gpu", "model"}, func(row rowReader) error {
+		s := allocator.Server{Name: row.str("sn"), CPUMilli: row.int("cpu_milli"), MemoryBytes: row.int("memory_mib") * mib}
+		gpus, model := row.int("gpu"), row.str("model")
+		for i := range int(gpus) {
+			s.GPUs = append(s.GPUs, allocator.GPU{
+				Index: i, UUID: fmt.Sprintf("%s-gpu%d", s.Name, i), Model: model, Healthy: true,
+			})
+		}
+		servers = append(servers, s)
+		return row.err
+	})
+	return servers, err
+}
+
+// ReadPods reads an OpenB pod list (name,cpu_milli,memory_mib,num_gpu,
+// gpu_milli[,gpu_spec,...]); gpu_spec is a '|'-separated list of models.
+func ReadPods(r io.Reader) ([]Pod, error) {
+	var pods []Pod
+	err := readCSV(r, []string{"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"}, func(row rowReader) error {
+		p := Pod{
+			Name: row.str("name"), CPUMilli: row.int("cpu_milli"), Memory: row.int("memory_mib") * mib,
+			GPUs: int(row.int("num_gpu")), Milli: int32(row.int("gpu_milli")),
+		}
+		if spec := row.str("gpu_spec"); spec != "" {
+			p.Models = strings.Split(spec, "|")
+		}
+		switch {
+		case row.err != nil:
+			return row.err
+		case p.GPUs < 0:
+			return fmt.Errorf("num_gpu %d must be at least 0", p.GPUs)
+		case p.GPUs > 0 && (p.Milli < 1 || p.Milli > allocator.MilliPerGPU):
+			return fmt.Errorf("gpu_milli %d out of range 1..%d", p.Milli, allocator.MilliPerGPU)
+		}
+		pods = append(pods, p)
+		return nil
+	})
+	return pods, err
+}
+
+// rowReader reads the fields of one CSV row by column name, keeping the
+// first error so a row is checked once at its end.
+type rowReader struct {
+	cols   map[string]int
+	fields []string
+	err    error
+}
+
+func (r *rowReader) str(col string) string {
+	i, ok := r.cols[col]
+	if !ok || i >= len(r.fields) {
+		return ""
+	}
+	return r.fields[i]
+}
+
+func (r *rowReader) int(col string) int64 {
+	v, err := strconv.ParseInt(r.str(col), 10, 64)
+	if err != nil && r.err == nil {
+		r.err = fmt.Errorf("column %s: %q is not an integer", col, r.str(col))
+	}
+	return v
+}
+
+func readCSV(r io.Reader, required []string, each func(rowReader) error) error {
+	cr := csv.NewReader(r)
+	cr.FieldsPerRecord = -1
+	header, err := cr.Read()
+	if err != nil {
+		return fmt.Errorf("reading header: %w", err)
+	}
+	cols := map[string]int{}
+	for i, h := range header {
+		cols[strings.TrimSpace(h)] = i
+	}
+	for _, c := range required {
+		if _, ok := cols[c]; !ok {
+			return fmt.Errorf("header %q lacks column %s", strings.Join(header, ","), c)
+		}
+	}
+	for line := 2; ; line++ {
+		fields, err := cr.Read()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := each(rowReader{cols: cols, fields: fields}); err != nil {
+			return fmt.Errorf("line %d: %w", line, err)
+		}
+	}
+}
