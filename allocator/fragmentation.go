@@ -104,3 +104,19 @@ func (t *TaskType) fragment(n *Node, free int64) int64 {
 	}
 	return stranded
 }
+
+// CPUPerMilli is the CPU (milli-cores) the workload's GPU tasks ask per
+// milli-GPU, on average; zero when it has no GPU tasks.
+func (w Workload) CPUPerMilli() float64 {
+	var cpu, gpu float64
+	for i := range w {
+		if w[i].GPUs > 0 {
+			cpu += w[i].Weight * float64(w[i].CPUMilli)
+			gpu += w[i].Weight * float64(w[i].GPUs) * float64(w[i].Milli)
+		}
+	}
+	if gpu == 0 {
+		return 0
+	}
+	return cpu / gpu
+}

@@ -2,7 +2,7 @@ package allocator
 
 import (
 	"fmt"
-		"math/bits"
+	"math/bits"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -32,7 +32,7 @@ var policyConstructors = map[string]func(PolicyOptions) Policy{
 	"spread":   newSpread,
 	"random":   newRandom,
 	"fgd":      newFGD,
-	"fgd-pack": newFGDPack,
+	"fgd-cpu":  newFGDCPU,
 }
 
 // PolicyNames lists the policies in a stable order.
@@ -77,10 +77,15 @@ type rater func(i int, n *Node, d *Demand) (score int64, gpus gpuMask)
 // the scheduler takes the first best): ties then go to the same nodes
 // again and again, which packs, where a fresh coin toss per decision
 // would spread.
+//
+// Raters are pure functions of a node's state and the demand, so a rating
+// is kept until the node's Version changes: a decision rates afresh only
+// the nodes that changed since the last demand of the same shape.
 type tieBreaker struct {
 	rng *rand.Rand
 	// rank is each node's place in the shuffle, grown as nodes appear.
-	rank []uint32
+	rank  []uint32
+	cache ratingCache
 }
 
 func newTieBreaker(seed uint64) *tieBreaker {
@@ -109,17 +114,23 @@ func (t *tieBreaker) ranks(c *Cluster) []uint32 {
 // pick rates every node that fits and returns a top-rated one.
 func (t *tieBreaker) pick(c *Cluster, d *Demand, rate rater) (Placement, bool) {
 	rank := t.ranks(c)
+	row := t.cache.row(c, d)
 	best, found := int64(0), false
 	var where Placement
 	var gpus gpuMask
 	for i := range c.Nodes {
-		n := &c.Nodes[i]
-		if !n.Fits(d) {
+		n, r := &c.Nodes[i], &row[i]
+		if r.seen != n.Version+1 {
+			r.seen, r.fits = n.Version+1, n.Fits(d)
+			if r.fits {
+				r.score, r.gpus = rate(i, n, d)
+			}
+		}
+		if !r.fits {
 			continue
 		}
-		s, g := rate(i, n, d)
-		if !found || s > best || s == best && rank[i] < rank[where.Node] {
-			best, found, where.Node, gpus = s, true, i, g
+		if !found || r.score > best || r.score == best && rank[i] < rank[where.Node] {
+			best, found, where.Node, gpus = r.score, true, i, r.gpus
 		}
 	}
 	if !found {
@@ -127,6 +138,41 @@ func (t *tieBreaker) pick(c *Cluster, d *Demand, rate rater) (Placement, bool) {
 	}
 	where.GPUs = gpus.indices()
 	return where, true
+}
+
+// rating is what a rater said of one node for one demand shape.
+type rating struct {
+	seen  uint64 // the node's Version+1 when rated; 0 when never
+	fits  bool
+	score int64
+	gpus  gpuMask
+}
+
+// maxCachedDemands bounds the demand shapes a ratingCache remembers; past
+// it the cache starts over, so odd shapes cannot grow it without end.
+const maxCachedDemands = 512
+
+// ratingCache keeps a row of ratings per demand shape, one per node.
+type ratingCache struct {
+	cluster *Cluster
+	ids     map[Demand]int
+	rows    [][]rating
+}
+
+func (rc *ratingCache) row(c *Cluster, d *Demand) []rating {
+	if rc.cluster != c || len(rc.rows) >= maxCachedDemands {
+		*rc = ratingCache{cluster: c, ids: map[Demand]int{}}
+	}
+	id, ok := rc.ids[*d]
+	if !ok {
+		id = len(rc.rows)
+		rc.ids[*d] = id
+		rc.rows = append(rc.rows, nil)
+	}
+	if n := len(c.Nodes); len(rc.rows[id]) < n {
+		rc.rows[id] = append(rc.rows[id], make([]rating, n-len(rc.rows[id]))...)
+	}
+	return rc.rows[id]
 }
 
 // tightestGPUs chooses d.GPUs usable GPUs of n, those with the least free

@@ -13,7 +13,7 @@ type fgd struct {
 }
 
 func newFGD(o PolicyOptions) Policy {
-	return &fgd{ties: newTieBreaker(o.Seed), frag: fragMemo{work: o.Workload}}
+	return &fgd{ties: newTieBreaker(o.Seed), frag: fragMemo{measure: o.Workload.Fragmentation}}
 }
 
 func (*fgd) Name() string { return "fgd" }
@@ -21,7 +21,7 @@ func (*fgd) Name() string { return "fgd" }
 func (p *fgd) Place(c *Cluster, d *Demand) (Placement, bool) {
 	return p.ties.pick(c, d, func(i int, n *Node, d *Demand) (int64, gpuMask) {
 		before := p.frag.of(i, n)
-		growth, gpus := leastGrowth(n, d, p.frag.work, func(after float64) float64 {
+		growth, gpus := leastGrowth(n, d, p.frag.measure, func(after float64) float64 {
 			return -float64(sigmoidScore(before - after))
 		})
 		return -int64(growth), gpus
@@ -34,10 +34,10 @@ func sigmoidScore(delta float64) int64 {
 	return int64(100 / (1 + math.Exp(-delta/MilliPerGPU)))
 }
 
-// leastGrowth tries d on n and returns the smallest cost(fragmentation
-// after) with the GPUs that give it. A single-GPU task tries every usable
-// GPU (the first wins ties); a multi-GPU task takes the tightest GPUs.
-func leastGrowth(n *Node, d *Demand, w Workload, cost func(after float64) float64) (float64, gpuMask) {
+// leastGrowth tries d on n and returns the smallest cost(measure after)
+// with the GPUs that give it. A single-GPU task tries every usable GPU (the
+// first wins ties); a multi-GPU task takes the tightest GPUs.
+func leastGrowth(n *Node, d *Demand, measure func(*Node) float64, cost func(after float64) float64) (float64, gpuMask) {
 	n.CPUFree -= d.CPUMilli
 	defer func() { n.CPUFree += d.CPUMilli }()
 	if d.GPUs != 1 {
@@ -46,25 +46,38 @@ func leastGrowth(n *Node, d *Demand, w Workload, cost func(after float64) float6
 			gpus = tightestGPUs(n, d)
 		}
 		shares := takeShares(n, d, gpus)
-		after := w.Fragmentation(n)
+		after := measure(n)
 		giveShares(n, gpus, shares)
 		return cost(after), gpus
 	}
 	best, pick := math.Inf(1), -1
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
-		if !d.usable(g) {
+		if !d.usable(g) || sameAsEarlier(n, i) {
 			continue
 		}
 		s := d.share(g)
 		g.Free -= s
-		c := cost(w.Fragmentation(n))
+		c := cost(measure(n))
 		g.Free += s
 		if c < best {
 			best, pick = c, i
 		}
 	}
 	return best, 1 << pick
+}
+
+// sameAsEarlier reports whether a GPU before i is alike in all a placement
+// weighs, so trying i would only repeat that GPU's outcome (which wins ties).
+func sameAsEarlier(n *Node, i int) bool {
+	g := &n.GPUs[i]
+	for j := range i {
+		h := &n.GPUs[j]
+		if h.Free == g.Free && h.Model == g.Model && h.Healthy == g.Healthy && h.MemoryBytes == g.MemoryBytes {
+			return true
+		}
+	}
+	return false
 }
 
 // takeShares and giveShares apply d to n's GPUs in place while a policy
@@ -84,9 +97,9 @@ func giveShares(n *Node, gpus gpuMask, shares [maxGPUsPerServer]int32) {
 	}
 }
 
-// fragMemo remembers each node's fragmentation for its current version.
+// fragMemo remembers a measure of each node for the node's current version.
 type fragMemo struct {
-	work Workload
+	measure func(*Node) float64
 	// seen holds Version+1 of the node when value was worked out; 0 is empty.
 	seen  []uint64
 	value []float64
@@ -98,7 +111,7 @@ func (m *fragMemo) of(i int, n *Node) float64 {
 		m.value = append(m.value, make([]float64, i+1-len(m.value))...)
 	}
 	if m.seen[i] != n.Version+1 {
-		m.seen[i], m.value[i] = n.Version+1, m.work.Fragmentation(n)
+		m.seen[i], m.value[i] = n.Version+1, m.measure(n)
 	}
 	return m.value[i]
 }

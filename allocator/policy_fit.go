@@ -87,4 +87,3 @@ func (p *random) Place(c *Cluster, d *Demand) (Placement, bool) {
 	slices.Sort(where.GPUs)
 	return where, true
 }
-
