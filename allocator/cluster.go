@@ -229,3 +229,36 @@ func shareBytes(d *Demand, g *NodeGPU, share int32) int64 {
 	}
 	return g.MemoryBytes * int64(share) / MilliPerGPU
 }
+
+// ResetNode replaces node i's resources with s's, nothing leased.
+func (c *Cluster) ResetNode(i int, s *Server) error {
+	version := c.Nodes[i].Version
+	tmp := Cluster{modelB: c.modelB, models: c.models}
+	if _, err := tmp.AddNode(s); err != nil {
+		return err
+	}
+	c.models, c.modelB = tmp.models, tmp.modelB
+	c.Nodes[i] = tmp.Nodes[0]
+	c.Nodes[i].Version = version + 1
+	c.maxCPU = max(c.maxCPU, tmp.maxCPU)
+	c.maxGPUMilli = max(c.maxGPUMilli, tmp.maxGPUMilli)
+	return nil
+}
+
+// SetGPUHealth marks one GPU healthy or not.
+func (c *Cluster) SetGPUHealth(node, gpu int, healthy bool) {
+	n := &c.Nodes[node]
+	if n.GPUs[gpu].Healthy != healthy {
+		n.GPUs[gpu].Healthy = healthy
+		n.Version++
+	}
+}
+
+// SetSchedulable marks a node as taking new placements or not.
+func (c *Cluster) SetSchedulable(node int, ok bool) {
+	n := &c.Nodes[node]
+	if n.Schedulable != ok {
+		n.Schedulable = ok
+		n.Version++
+	}
+}

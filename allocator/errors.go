@@ -50,24 +50,41 @@ type NoCapacityError struct {
 func (e *NoCapacityError) Error() string {
 	var b strings.Builder
 	b.WriteString("no server has ")
+	gpus := plural(e.GPUs, "GPU")
 	switch {
 	case e.GPUs == 0:
-		fmt.Fprintf(&b, "%dm CPU and %d bytes of memory free", e.CPUMilli, e.Memory)
 	case e.GPUBytes > 0:
-		fmt.Fprintf(&b, "%d GPUs with %d bytes of GPU memory free", e.GPUs, e.GPUBytes)
+		fmt.Fprintf(&b, "%s with %s of memory free", gpus, formatBytes(e.GPUBytes))
 	case e.Milli >= MilliPerGPU:
-		fmt.Fprintf(&b, "%d free GPUs", e.GPUs)
+		b.WriteString(plural(e.GPUs, "free GPU"))
 	default:
-		fmt.Fprintf(&b, "%d GPUs with %s%% free", e.GPUs, formatPercent(float64(e.Milli)/10))
+		fmt.Fprintf(&b, "%s with %s%% free", gpus, formatPercent(float64(e.Milli)/10))
 	}
 	if len(e.Models) > 0 {
 		b.WriteString(" of model ")
 		b.WriteString(strings.Join(e.Models, "|"))
 	}
-	if e.GPUs > 0 && (e.CPUMilli > 0 || e.Memory > 0) {
-		fmt.Fprintf(&b, " and %dm CPU and %d bytes of memory", e.CPUMilli, e.Memory)
+	var host []string
+	if e.CPUMilli > 0 {
+		host = append(host, fmt.Sprintf("%dm CPU", e.CPUMilli))
+	}
+	if e.Memory > 0 {
+		host = append(host, formatBytes(e.Memory)+" of memory")
+	}
+	if len(host) > 0 {
+		if e.GPUs > 0 {
+			b.WriteString(" and ")
+		}
+		b.WriteString(strings.Join(host, " and ") + " free")
 	}
 	return b.String()
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
 }
 
 // LeaseNotFoundError is returned for a lease that never existed, was

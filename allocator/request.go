@@ -107,7 +107,13 @@ func ParseGPUMemory(s string) (int64, error) {
 	return b, nil
 }
 
-// formatBytes prints a byte count the way Kubernetes quantities read.
+// formatBytes prints a byte count as a Kubernetes quantity when that is
+// exact and short (16Gi, 8000M), else in Gi with two decimals.
 func formatBytes(b int64) string {
-	return resource.NewQuantity(b, resource.BinarySI).String()
+	for _, f := range []resource.Format{resource.BinarySI, resource.DecimalSI} {
+		if s := resource.NewQuantity(b, f).String(); len(s) <= 6 {
+			return s
+		}
+	}
+	return strconv.FormatFloat(float64(b)/(1<<30), 'f', 2, 64) + "Gi"
 }

@@ -1,0 +1,57 @@
+package allocator
+
+import "time"
+
+// Lease is a grant of GPU shares on one server to one owner until it
+// expires, is renewed or is released.
+type Lease struct {
+	ID        string `json:"id"`
+	Namespace string `json:"namespace"`
+	Owner     Owner  `json:"owner"`
+	Server    string `json:"server"`
+	// GPUs are the shares granted, one per GPU.
+	GPUs        []LeaseGPU `json:"gpus,omitempty"`
+	CPUMilli    int64      `json:"cpuMilli,omitempty"`
+	MemoryBytes int64      `json:"memoryBytes,omitempty"`
+	// Request is what was asked, kept to tell a retry from a new request.
+	Request   Request       `json:"request"`
+	TTL       time.Duration `json:"ttl"`
+	GrantedAt time.Time     `json:"grantedAt"`
+	ExpiresAt time.Time     `json:"expiresAt"`
+}
+
+// LeaseGPU is a lease's share of one GPU.
+type LeaseGPU struct {
+	Index int    `json:"index"`
+	UUID  string `json:"uuid"`
+	Model string `json:"model"`
+	// Milli is the share of the GPU in thousandths; MemoryBytes the GPU
+	// memory that share stands for.
+	Milli       int32 `json:"milli"`
+	MemoryBytes int64 `json:"memoryBytes"`
+}
+
+// QuotaMilli is what the lease counts against its namespace's quota.
+func (l *Lease) QuotaMilli() int64 {
+	var m int64
+	for _, g := range l.GPUs {
+		m += int64(g.Milli)
+	}
+	return m
+}
+
+func (l *Lease) placement(node int) Placement {
+	p := Placement{Node: node, GPUs: make([]int, len(l.GPUs))}
+	for i, g := range l.GPUs {
+		p.GPUs[i] = g.Index
+	}
+	return p
+}
+
+func (l *Lease) shares() []int32 {
+	s := make([]int32, len(l.GPUs))
+	for i, g := range l.GPUs {
+		s[i] = g.Milli
+	}
+	return s
+}

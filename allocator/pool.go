@@ -1,0 +1,364 @@
+package allocator
+
+import (
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// PoolConfig sets a Pool's policy and lease lifetimes.
+type PoolConfig struct {
+	Policy Policy
+	// DefaultTTL is the lifetime of a lease whose request names none;
+	// MaxTTL caps what a request may ask for.
+	DefaultTTL time.Duration
+	MaxTTL     time.Duration
+}
+
+// Pool is the allocator's state: servers, quotas and leases. It is a pure
+// state machine: each operation takes the current time, so lease expiry
+// is a function of state and the clock the caller passes in. A Pool is not
+// safe for concurrent use; the service serializes calls.
+type Pool struct {
+	cfg       PoolConfig
+	cluster   *Cluster
+	servers   []Server       // by node index
+	nodeIndex map[string]int // server name -> node index
+	leases    map[string]*Lease
+	byKey     map[string]string // namespace/idempotency key -> lease ID
+	quota     map[string]int64  // namespace -> hard limit, milli-GPU
+	used      map[string]int64  // namespace -> leased, milli-GPU
+	nextID    uint64
+}
+
+// NewPool returns an empty pool.
+func NewPool(cfg PoolConfig) (*Pool, error) {
+	if cfg.Policy == nil {
+		return nil, &FieldError{"policy", "", "must be set"}
+	}
+	if cfg.DefaultTTL <= 0 || cfg.MaxTTL < cfg.DefaultTTL {
+		return nil, &FieldError{"default-ttl", cfg.DefaultTTL.String(), "must be positive and at most max-ttl " + cfg.MaxTTL.String()}
+	}
+	return &Pool{
+		cfg: cfg, cluster: NewCluster(), nodeIndex: map[string]int{},
+		leases: map[string]*Lease{}, byKey: map[string]string{},
+		quota: map[string]int64{}, used: map[string]int64{},
+	}, nil
+}
+
+// RegisterServer adds a server, or updates a known one: its labels, host
+// capacity and the health of its GPUs. A server's GPUs (count, UUIDs,
+// models, memory) can change only while it holds no leases.
+func (p *Pool) RegisterServer(s Server) error {
+	if s.Name == "" {
+		return &FieldError{"server.name", "", "must not be empty"}
+	}
+	for i, g := range s.GPUs {
+		if g.Index != i {
+			return &FieldError{"server.gpus[" + strconv.Itoa(i) + "].index", strconv.Itoa(g.Index), "must equal its position " + strconv.Itoa(i)}
+		}
+		if g.Model == "" {
+			return &FieldError{"server.gpus[" + strconv.Itoa(i) + "].model", "", "must not be empty"}
+		}
+	}
+	i, known := p.nodeIndex[s.Name]
+	if !known {
+		if _, err := p.cluster.AddNode(&s); err != nil {
+			return err
+		}
+		p.nodeIndex[s.Name] = len(p.servers)
+		p.servers = append(p.servers, s)
+		return nil
+	}
+	old := &p.servers[i]
+	if !sameDevices(old.GPUs, s.GPUs) || old.CPUMilli != s.CPUMilli || old.MemoryBytes != s.MemoryBytes {
+		if n := p.leasesOn(s.Name); n > 0 {
+			return &FieldError{"server.gpus", s.Name, fmt.Sprintf("cannot change while %d leases hold shares on it", n)}
+		}
+		if err := p.cluster.ResetNode(i, &s); err != nil {
+			return err
+		}
+	}
+	for gi := range s.GPUs {
+		p.cluster.SetGPUHealth(i, gi, s.GPUs[gi].Healthy)
+	}
+	p.servers[i] = s
+	return nil
+}
+
+// sameDevices reports whether two GPU lists describe the same devices,
+// health aside.
+func sameDevices(a, b []GPU) bool {
+	return slices.EqualFunc(a, b, func(x, y GPU) bool {
+		return x.Index == y.Index && x.UUID == y.UUID && x.Model == y.Model && x.MemoryBytes == y.MemoryBytes
+	})
+}
+
+func (p *Pool) leasesOn(server string) int {
+	n := 0
+	for _, l := range p.leases {
+		if l.Server == server {
+			n++
+		}
+	}
+	return n
+}
+
+// SetSchedulable marks a server as taking new leases or not (while its
+// heartbeat is lost); its leases stay until released or expired.
+func (p *Pool) SetSchedulable(server string, ok bool) error {
+	i, known := p.nodeIndex[server]
+	if !known {
+		return &ServerNotFoundError{Name: server}
+	}
+	p.cluster.SetSchedulable(i, ok)
+	return nil
+}
+
+// SetQuota sets a namespace's quota in percent of one GPU (100 = one whole
+// GPU), the unit of requests.bitfusion.io/gpu. A namespace without a quota
+// is unlimited. Lowering a quota below what is in use keeps the leases but
+// admits no more.
+func (p *Pool) SetQuota(namespace string, percent int64) error {
+	if err := validateNamespace(namespace); err != nil {
+		return err
+	}
+	if percent < 0 {
+		return &FieldError{"quota", strconv.FormatInt(percent, 10), "must be at least 0"}
+	}
+	p.quota[namespace] = percent * 10
+	return nil
+}
+
+// RemoveQuota lifts a namespace's quota.
+func (p *Pool) RemoveQuota(namespace string) { delete(p.quota, namespace) }
+
+// Acquire grants a lease for r, or returns why not: a *FieldError for bad
+// input, a *QuotaExceededError or a *NoCapacityError. A request whose
+// idempotency key matches a live lease of the namespace returns that lease.
+func (p *Pool) Acquire(now time.Time, r Request) (Lease, error) {
+	if err := r.Validate(); err != nil {
+		return Lease{}, err
+	}
+	if r.TTL > p.cfg.MaxTTL {
+		return Lease{}, &FieldError{"ttl", r.TTL.String(), "exceeds the pool's max-ttl " + p.cfg.MaxTTL.String()}
+	}
+	key := r.Namespace + "/" + r.IdempotencyKey
+	if r.IdempotencyKey != "" {
+		if id, ok := p.byKey[key]; ok {
+			l := p.leases[id]
+			if !reflect.DeepEqual(l.Request, r) {
+				return Lease{}, &IdempotencyConflictError{Key: r.IdempotencyKey, LeaseID: id}
+			}
+			return cloneLease(l), nil
+		}
+	}
+	d, err := p.demand(&r)
+	if err != nil {
+		return Lease{}, err
+	}
+	if d.GPUBytes == 0 {
+		if err := p.checkQuota(r.Namespace, int64(d.GPUs)*int64(d.Milli)); err != nil {
+			return Lease{}, err
+		}
+	}
+	where, ok := p.cfg.Policy.Place(p.cluster, &d)
+	if !ok {
+		return Lease{}, p.noCapacity(&r, &d)
+	}
+	l := p.newLease(now, &r, &d, where)
+	if err := p.checkQuota(r.Namespace, l.QuotaMilli()); err != nil {
+		return Lease{}, err
+	}
+	p.nextID++
+	l.ID = fmt.Sprintf("lease-%06d", p.nextID)
+	p.cluster.Commit(where, &d)
+	p.leases[l.ID] = l
+	p.used[l.Namespace] += l.QuotaMilli()
+	if r.IdempotencyKey != "" {
+		p.byKey[key] = l.ID
+	}
+	return cloneLease(l), nil
+}
+
+// demand resolves a request against the cluster's models.
+func (p *Pool) demand(r *Request) (Demand, error) {
+	d := Demand{GPUs: r.GPUs, GPUBytes: r.GPUMemoryBytes, CPUMilli: r.CPUMilli, Memory: r.MemoryBytes}
+	switch {
+	case r.GPUs == 0:
+	case r.GPUMemoryBytes > 0:
+	case r.Percent > 0:
+		d.Milli = int32(r.Percent * 10)
+	default:
+		d.Milli = MilliPerGPU
+	}
+	set, known := p.cluster.ModelSetOf(r.Models)
+	if !known {
+		return d, p.noCapacity(r, &d)
+	}
+	d.Models = set
+	return d, nil
+}
+
+func (p *Pool) noCapacity(r *Request, d *Demand) error {
+	return &NoCapacityError{GPUs: r.GPUs, Milli: int(d.Milli), GPUBytes: r.GPUMemoryBytes, Models: r.Models,
+		CPUMilli: r.CPUMilli, Memory: r.MemoryBytes}
+}
+
+func (p *Pool) checkQuota(ns string, asked int64) error {
+	hard, limited := p.quota[ns]
+	if limited && p.used[ns]+asked > hard {
+		return &QuotaExceededError{Namespace: ns, Hard: float64(hard) / 10, InUse: float64(p.used[ns]) / 10, Asked: float64(asked) / 10}
+	}
+	return nil
+}
+
+// newLease describes the lease a placement would grant; it has no ID yet.
+func (p *Pool) newLease(now time.Time, r *Request, d *Demand, where Placement) *Lease {
+	ttl := r.TTL
+	if ttl == 0 {
+		ttl = p.cfg.DefaultTTL
+	}
+	n := &p.cluster.Nodes[where.Node]
+	s := &p.servers[where.Node]
+	l := &Lease{
+		Namespace: r.Namespace, Owner: r.Owner, Server: s.Name,
+		CPUMilli: r.CPUMilli, MemoryBytes: r.MemoryBytes, Request: *r,
+		TTL: ttl, GrantedAt: now, ExpiresAt: now.Add(ttl),
+	}
+	for _, gi := range where.GPUs {
+		g := &n.GPUs[gi]
+		share := d.share(g)
+		l.GPUs = append(l.GPUs, LeaseGPU{
+			Index: gi, UUID: s.GPUs[gi].UUID, Model: s.GPUs[gi].Model,
+			Milli: share, MemoryBytes: shareBytes(d, g, share),
+		})
+	}
+	return l
+}
+
+// Renew extends a live lease by ttl from now (its own TTL when ttl is 0).
+func (p *Pool) Renew(now time.Time, id string, ttl time.Duration) (Lease, error) {
+	l, err := p.live(now, id)
+	if err != nil {
+		return Lease{}, err
+	}
+	if ttl < 0 || ttl > p.cfg.MaxTTL {
+		return Lease{}, &FieldError{"ttl", ttl.String(), "out of range 0.." + p.cfg.MaxTTL.String()}
+	}
+	if ttl == 0 {
+		ttl = l.TTL
+	}
+	l.TTL, l.ExpiresAt = ttl, now.Add(ttl)
+	return cloneLease(l), nil
+}
+
+// Release ends a live lease and frees its shares.
+func (p *Pool) Release(now time.Time, id string) (Lease, error) {
+	l, err := p.live(now, id)
+	if err != nil {
+		return Lease{}, err
+	}
+	p.end(l)
+	return *l, nil
+}
+
+// Expire ends every lease whose time ran out at or before now and returns
+// them in ID order.
+func (p *Pool) Expire(now time.Time) []Lease {
+	var out []Lease
+	for _, id := range slices.Sorted(maps.Keys(p.leases)) {
+		if l := p.leases[id]; !now.Before(l.ExpiresAt) {
+			p.end(l)
+			out = append(out, *l)
+		}
+	}
+	return out
+}
+
+// live returns a lease that has not expired by now; one found expired is
+// ended on the spot so no caller ever sees it.
+func (p *Pool) live(now time.Time, id string) (*Lease, error) {
+	l, ok := p.leases[id]
+	if !ok {
+		return nil, &LeaseNotFoundError{ID: id}
+	}
+	if !now.Before(l.ExpiresAt) {
+		p.end(l)
+		return nil, &LeaseNotFoundError{ID: id}
+	}
+	return l, nil
+}
+
+func (p *Pool) end(l *Lease) {
+	i := p.nodeIndex[l.Server]
+	d := Demand{CPUMilli: l.CPUMilli, Memory: l.MemoryBytes, GPUBytes: l.Request.GPUMemoryBytes}
+	p.cluster.Uncommit(l.placement(i), &d, l.shares())
+	p.used[l.Namespace] -= l.QuotaMilli()
+	if p.used[l.Namespace] == 0 {
+		delete(p.used, l.Namespace)
+	}
+	delete(p.leases, l.ID)
+	if l.Request.IdempotencyKey != "" {
+		delete(p.byKey, l.Namespace+"/"+l.Request.IdempotencyKey)
+	}
+}
+
+// Leases returns the live leases in ID order.
+func (p *Pool) Leases() []Lease {
+	out := make([]Lease, 0, len(p.leases))
+	for _, id := range slices.Sorted(maps.Keys(p.leases)) {
+		out = append(out, cloneLease(p.leases[id]))
+	}
+	return out
+}
+
+// Lease returns one live lease.
+func (p *Pool) Lease(now time.Time, id string) (Lease, error) {
+	l, err := p.live(now, id)
+	if err != nil {
+		return Lease{}, err
+	}
+	return cloneLease(l), nil
+}
+
+// QuotaStatus is a namespace's quota and use, in percent of one GPU.
+type QuotaStatus struct {
+	Namespace string  `json:"namespace"`
+	Hard      float64 `json:"hard"`
+	Limited   bool    `json:"limited"`
+	Used      float64 `json:"used"`
+}
+
+// Quotas lists every namespace with a quota or a lease, by name.
+func (p *Pool) Quotas() []QuotaStatus {
+	names := map[string]bool{}
+	for ns := range p.quota {
+		names[ns] = true
+	}
+	for ns := range p.used {
+		names[ns] = true
+	}
+	out := make([]QuotaStatus, 0, len(names))
+	for _, ns := range slices.Sorted(maps.Keys(names)) {
+		hard, limited := p.quota[ns]
+		out = append(out, QuotaStatus{Namespace: ns, Hard: float64(hard) / 10, Limited: limited, Used: float64(p.used[ns]) / 10})
+	}
+	return out
+}
+
+// Cluster exposes the placement view for status and metrics; callers must
+// not change it.
+func (p *Pool) Cluster() *Cluster { return p.cluster }
+
+// Servers returns the registered servers in registration order.
+func (p *Pool) Servers() []Server { return slices.Clone(p.servers) }
+
+func cloneLease(l *Lease) Lease {
+	c := *l
+	c.GPUs = slices.Clone(l.GPUs)
+	return c
+}
