@@ -40,8 +40,11 @@ type Result struct {
 	PlaceTime        time.Duration
 }
 
-// levels at which a replay records what it measures.
+// levels at which a replay reports unallocated share, and the level at
+// which it reports fragmentation (FGD's Fig. 8).
 var levels = []int{90, 100, 130}
+
+const fragLevel = 90
 
 // Replay places the trace's pods in a seeded shuffle, resampled with
 // replacement until the GPU share that arrived reaches 130% of capacity;
@@ -148,12 +151,9 @@ func (r *recorder) arrived(milli int64, placed bool) {
 	}
 	level := int(math.Round(100 * float64(r.asked) / float64(r.capacity)))
 	at(r.unalloc, level).add(100 - 100*float64(r.allocated)/float64(r.capacity))
-	// Fragmentation costs a pass over the cluster: only near the levels reported.
-	for _, l := range levels {
-		if level >= l-1 && level <= l+1 {
-			at(r.frag, level).add(r.fragmentationPct())
-			break
-		}
+	// Fragmentation costs a pass over the cluster: only near its level.
+	if level >= fragLevel-1 && level <= fragLevel+1 {
+		at(r.frag, level).add(r.fragmentationPct())
 	}
 }
 
@@ -185,11 +185,11 @@ func (m *mean) add(v float64) { m.sum += v; m.n++ }
 // results reads each level's mean; a level no arrival landed on exactly
 // (a large pod can step over it) takes its neighbours', as the paper does.
 func (r *recorder) results() (unalloc, frag map[int]float64) {
-	unalloc, frag = map[int]float64{}, map[int]float64{}
+	unalloc = map[int]float64{}
 	for _, l := range levels {
-		unalloc[l], frag[l] = nearest(r.unalloc, l), nearest(r.frag, l)
+		unalloc[l] = nearest(r.unalloc, l)
 	}
-	return unalloc, frag
+	return unalloc, map[int]float64{fragLevel: nearest(r.frag, fragLevel)}
 }
 
 func nearest(ms map[int]*mean, level int) float64 {
@@ -225,7 +225,7 @@ func Summarize(results []Result) []Summary {
 		s := &out[i]
 		s.UnallocatedAt100 += r.UnallocatedPct[100]
 		s.UnallocatedAt130 += r.UnallocatedPct[130]
-		s.FragmentationAt90 += r.FragmentationPct[90]
+		s.FragmentationAt90 += r.FragmentationPct[fragLevel]
 		s.DecisionsPerSec += float64(r.Decisions) / r.PlaceTime.Seconds()
 		s.Seeds++
 	}

@@ -1,0 +1,153 @@
+package simulate
+
+import (
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/gpupool/gpupool/allocator"
+)
+
+func loadTrace(t testing.TB, pods string) *Trace {
+	t.Helper()
+	var tr Trace
+	nf, err := Open(DefaultNodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nf.Close()
+	if tr.Servers, err = ReadNodes(nf); err != nil {
+		t.Fatal(err)
+	}
+	pf, err := Open(pods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pf.Close()
+	if tr.Pods, err = ReadPods(pf); err != nil {
+		t.Fatal(err)
+	}
+	return &tr
+}
+
+func TestEmbeddedOpenBCluster(t *testing.T) {
+	tr := loadTrace(t, DefaultPods)
+	gpus := 0
+	for _, s := range tr.Servers {
+		gpus += len(s.GPUs)
+	}
+	if len(tr.Servers) != 1213 || gpus != 6212 {
+		t.Errorf("cluster has %d servers and %d GPUs, want 1213 and 6212", len(tr.Servers), gpus)
+	}
+	if len(tr.Pods) != 8152 {
+		t.Errorf("default trace has %d pods, want 8152", len(tr.Pods))
+	}
+}
+
+func TestReadPodsRejectsBadRows(t *testing.T) {
+	for _, tc := range []struct{ csv, want string }{
+		{"name,cpu_milli\n", "lacks column memory_mib"},
+		{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,x,1\n", "line 2: column num_gpu: \"x\" is not an integer"},
+		{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,1200\n", "line 2: gpu_milli 1200 out of range 1..1000"},
+		{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,-2,100\n", "line 2: num_gpu -2 must be at least 0"},
+	} {
+		_, err := ReadPods(strings.NewReader(tc.csv))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ReadPods(%q) = %v, want an error containing %q", tc.csv, err, tc.want)
+		}
+	}
+}
+
+func TestParseSeeds(t *testing.T) {
+	got, err := ParseSeeds("42-44,1,3")
+	if err != nil || len(got) != 5 || got[0] != 42 || got[2] != 44 || got[4] != 3 {
+		t.Errorf("ParseSeeds = %v, %v", got, err)
+	}
+	for _, bad := range []string{"", "x", "5-3", "1-"} {
+		if _, err := ParseSeeds(bad); err == nil {
+			t.Errorf("ParseSeeds(%q) accepted", bad)
+		}
+	}
+}
+
+func TestReplayIsDeterministic(t *testing.T) {
+	tr := loadTrace(t, DefaultPods)
+	a, err := Replay(tr, "fgd-cpu", 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := Replay(tr, "fgd-cpu", 7)
+	c, _ := Replay(tr, "fgd-cpu", 8)
+	if a.UnallocatedPct[100] != b.UnallocatedPct[100] || a.FragmentationPct[90] != b.FragmentationPct[90] {
+		t.Errorf("same seed, different results: %v vs %v", a.UnallocatedPct, b.UnallocatedPct)
+	}
+	if a.UnallocatedPct[100] == c.UnallocatedPct[100] {
+		t.Errorf("seeds 7 and 8 gave the same result %v: is the seed used?", a.UnallocatedPct[100])
+	}
+}
+
+// published are the FGD paper's unallocated GPU % at 100% arrival, mean of
+// seeds 42-51 (Fig. 7 and 9 of Weng et al., USENIX ATC'23).
+var published = map[string]struct{ fgd, bestFit float64 }{
+	"default":    {4.77, 7.14},
+	"gpushare40": {6.04, 8.56},
+	"gpuspec10":  {5.34, 6.90},
+	"multigpu20": {4.47, 6.27},
+}
+
+// TestReproducesFGDPaper replays each trace as the paper did and checks
+// that FGD lands within half a point of its published figure and that
+// gpupool's own policy beats it.
+func TestReproducesFGDPaper(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays 4 traces x 3 policies x 10 seeds")
+	}
+	seeds, _ := ParseSeeds("42-51")
+	for name, want := range published {
+		t.Run(name, func(t *testing.T) {
+			tr := loadTrace(t, "traces/openb_pod_list_"+name+".csv")
+			results, err := RunAll(tr, []string{"fgd", "best-fit", "fgd-cpu"}, seeds, 2, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]float64{}
+			for _, s := range Summarize(results) {
+				got[s.Policy] = s.UnallocatedAt100
+			}
+			t.Logf("unallocated GPU %% at 100%% arrival: fgd %.2f (paper %.2f), best-fit %.2f (paper %.2f), fgd-cpu %.2f",
+				got["fgd"], want.fgd, got["best-fit"], want.bestFit, got["fgd-cpu"])
+			if math.Abs(got["fgd"]-want.fgd) > 0.5 {
+				t.Errorf("fgd: %.2f%%, paper %.2f%%: off by more than 0.5", got["fgd"], want.fgd)
+			}
+			if math.Abs(got["best-fit"]-want.bestFit) > 0.5 {
+				t.Errorf("best-fit: %.2f%%, paper %.2f%%: off by more than 0.5", got["best-fit"], want.bestFit)
+			}
+			if got["fgd-cpu"] >= got["fgd"] {
+				t.Errorf("fgd-cpu %.2f%% does not beat fgd %.2f%%", got["fgd-cpu"], got["fgd"])
+			}
+		})
+	}
+}
+
+// BenchmarkPlacement replays the default trace on the full OpenB cluster
+// (1213 servers, 6212 GPUs) once per iteration and reports placement
+// decisions per second of policy time on one core.
+func BenchmarkPlacement(b *testing.B) {
+	tr := loadTrace(b, DefaultPods)
+	for _, policy := range allocator.PolicyNames() {
+		b.Run(policy, func(b *testing.B) {
+			var decisions int
+			var seconds float64
+			for i := range b.N {
+				r, err := Replay(tr, policy, uint64(42+i%10))
+				if err != nil {
+					b.Fatal(err)
+				}
+				decisions += r.Decisions
+				seconds += r.PlaceTime.Seconds()
+			}
+			b.ReportMetric(float64(decisions)/seconds, "decisions/s")
+			b.ReportMetric(float64(decisions)/float64(b.N), "decisions/replay")
+		})
+	}
+}
