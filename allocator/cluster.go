@@ -2,7 +2,6 @@ package allocator
 
 import (
 	"fmt"
-	"math/bits"
 )
 
 // ModelSet is a set of GPU models as a bit per model interned in a Cluster.
@@ -18,15 +17,18 @@ const maxModels = 64
 func (s ModelSet) allows(m ModelSet) bool { return s == 0 || s&m != 0 }
 
 // Cluster is the placement view of the pool: what every server and GPU has
-// free. Policies read it; only Pool (and the simulator) change it, through
-// Commit and Uncommit, so that the invariants hold in one place.
+// free. Only Pool (and the simulator) change it, through Commit and
+// Uncommit, so that the invariants hold in one place; a policy may try a
+// placement on a node while weighing it but leaves the node as it found it.
 type Cluster struct {
 	Nodes  []Node
 	models []string
 	modelB map[string]ModelSet
-	// maxCPU and maxGPUMilli are the largest node's capacities, the scale
-	// of the fit-based policies' scores.
+	// maxCPU and maxGPUMilli are the largest capacities any node has had,
+	// the scale of the fit-based policies' scores; Scale counts their
+	// changes so that cached scores can tell they are out of date.
 	maxCPU, maxGPUMilli int64
+	Scale               uint64
 }
 
 // Node is one server's free resources.
@@ -95,21 +97,34 @@ func (c *Cluster) ModelSetOf(names []string) (set ModelSet, any bool) {
 	return set, len(names) == 0 || set != 0
 }
 
-// ModelNames lists the models in a set, in the order they were interned.
-func (c *Cluster) ModelNames(s ModelSet) []string {
-	var out []string
-	for s != 0 {
-		i := bits.TrailingZeros64(uint64(s))
-		out = append(out, c.models[i])
-		s &^= 1 << i
-	}
-	return out
-}
-
 // AddNode appends a server with nothing leased and returns its index.
 func (c *Cluster) AddNode(s *Server) (int, error) {
+	n, err := c.newNode(s)
+	if err != nil {
+		return 0, err
+	}
+	c.Nodes = append(c.Nodes, n)
+	c.grow(&n)
+	return len(c.Nodes) - 1, nil
+}
+
+// ResetNode replaces node i's resources with s's, nothing leased; the node
+// keeps whether it is schedulable.
+func (c *Cluster) ResetNode(i int, s *Server) error {
+	n, err := c.newNode(s)
+	if err != nil {
+		return err
+	}
+	old := &c.Nodes[i]
+	n.Schedulable, n.Version = old.Schedulable, old.Version+1
+	*old = n
+	c.grow(&n)
+	return nil
+}
+
+func (c *Cluster) newNode(s *Server) (Node, error) {
 	if len(s.GPUs) > maxGPUsPerServer {
-		return 0, &FieldError{"gpus", fmt.Sprint(len(s.GPUs)), fmt.Sprintf("out of range 0..%d per server", maxGPUsPerServer)}
+		return Node{}, &FieldError{"gpus", fmt.Sprint(len(s.GPUs)), fmt.Sprintf("out of range 0..%d per server", maxGPUsPerServer)}
 	}
 	n := Node{
 		Name: s.Name, CPUCap: s.CPUMilli, CPUFree: s.CPUMilli,
@@ -120,15 +135,22 @@ func (c *Cluster) AddNode(s *Server) (int, error) {
 		g := &s.GPUs[i]
 		m, err := c.model(g.Model)
 		if err != nil {
-			return 0, err
+			return Node{}, err
 		}
 		n.GPUs[i] = NodeGPU{Free: MilliPerGPU, FreeBytes: g.MemoryBytes, MemoryBytes: g.MemoryBytes, Model: m, Healthy: g.Healthy}
 		n.Models |= m
 	}
-	c.maxCPU = max(c.maxCPU, n.CPUCap)
-	c.maxGPUMilli = max(c.maxGPUMilli, int64(len(n.GPUs))*MilliPerGPU)
-	c.Nodes = append(c.Nodes, n)
-	return len(c.Nodes) - 1, nil
+	return n, nil
+}
+
+// grow raises the cluster's scale to cover n; a new scale changes every
+// fit-based score, so Scale moves on.
+func (c *Cluster) grow(n *Node) {
+	cpu, gpu := max(c.maxCPU, n.CPUCap), max(c.maxGPUMilli, int64(len(n.GPUs))*MilliPerGPU)
+	if cpu != c.maxCPU || gpu != c.maxGPUMilli {
+		c.maxCPU, c.maxGPUMilli = cpu, gpu
+		c.Scale++
+	}
 }
 
 // share is the milli-GPU that d takes of g; above MilliPerGPU when it cannot fit
@@ -191,20 +213,17 @@ type Placement struct {
 
 // Commit takes d's resources on the placement's node; the placement must
 // come from a policy on the current state.
-func (c *Cluster) Commit(p Placement, d *Demand) []int32 {
+func (c *Cluster) Commit(p Placement, d *Demand) {
 	n := &c.Nodes[p.Node]
 	n.Version++
 	n.CPUFree -= d.CPUMilli
 	n.MemFree -= d.Memory
-	shares := make([]int32, len(p.GPUs))
-	for i, gi := range p.GPUs {
+	for _, gi := range p.GPUs {
 		g := &n.GPUs[gi]
 		s := d.share(g)
-		shares[i] = s
 		g.Free -= s
 		g.FreeBytes -= shareBytes(d, g, s)
 	}
-	return shares
 }
 
 // Uncommit returns what Commit took.
@@ -228,21 +247,6 @@ func shareBytes(d *Demand, g *NodeGPU, share int32) int64 {
 		return d.GPUBytes
 	}
 	return g.MemoryBytes * int64(share) / MilliPerGPU
-}
-
-// ResetNode replaces node i's resources with s's, nothing leased.
-func (c *Cluster) ResetNode(i int, s *Server) error {
-	version := c.Nodes[i].Version
-	tmp := Cluster{modelB: c.modelB, models: c.models}
-	if _, err := tmp.AddNode(s); err != nil {
-		return err
-	}
-	c.models, c.modelB = tmp.models, tmp.modelB
-	c.Nodes[i] = tmp.Nodes[0]
-	c.Nodes[i].Version = version + 1
-	c.maxCPU = max(c.maxCPU, tmp.maxCPU)
-	c.maxGPUMilli = max(c.maxGPUMilli, tmp.maxGPUMilli)
-	return nil
 }
 
 // SetGPUHealth marks one GPU healthy or not.

@@ -1,6 +1,9 @@
 package allocator
 
-import "fmt"
+import (
+	"fmt"
+	"maps"
+)
 
 // CheckInvariants recomputes what the pool's bookkeeping must equal from
 // its live leases and reports the first mismatch: per GPU, leased share at
@@ -31,7 +34,9 @@ func (p *Pool) CheckInvariants() error {
 		}
 		cpu[i] += l.CPUMilli
 		mem[i] += l.MemoryBytes
-		used[l.Namespace] += l.QuotaMilli()
+		if q := l.QuotaMilli(); q > 0 {
+			used[l.Namespace] += q
+		}
 		if k := l.Request.IdempotencyKey; k != "" && p.byKey[l.Namespace+"/"+k] != id {
 			return fmt.Errorf("lease %s: idempotency key %q is not indexed", id, k)
 		}
@@ -56,15 +61,9 @@ func (p *Pool) CheckInvariants() error {
 				n.Name, n.CPUFree, n.MemFree, n.CPUCap-cpu[i], n.MemCap-mem[i])
 		}
 	}
-	for ns, u := range used {
-		if p.used[ns] != u {
-			return fmt.Errorf("namespace %s: quota use %d milli-GPU, leases sum to %d", ns, p.used[ns], u)
-		}
-	}
-	for ns, u := range p.used {
-		if used[ns] != u {
-			return fmt.Errorf("namespace %s: quota use %d milli-GPU, leases sum to %d", ns, u, used[ns])
-		}
+	// Namespaces appear in p.used while they hold GPU share, and only then.
+	if !maps.Equal(used, p.used) {
+		return fmt.Errorf("quota use per namespace %v (milli-GPU), leases sum to %v", p.used, used)
 	}
 	for key, id := range p.byKey {
 		if _, ok := p.leases[id]; !ok {

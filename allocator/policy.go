@@ -78,9 +78,10 @@ type rater func(i int, n *Node, d *Demand) (score int64, gpus gpuMask)
 // again and again, which packs, where a fresh coin toss per decision
 // would spread.
 //
-// Raters are pure functions of a node's state and the demand, so a rating
-// is kept until the node's Version changes: a decision rates afresh only
-// the nodes that changed since the last demand of the same shape.
+// Raters are pure functions of a node's state, the demand and the
+// cluster's Scale, so a rating is kept until the node's Version or the
+// Scale changes: a decision rates afresh only the nodes that changed since
+// the last demand of the same shape.
 type tieBreaker struct {
 	rng *rand.Rand
 	// rank is each node's place in the shuffle, grown as nodes appear.
@@ -152,16 +153,18 @@ type rating struct {
 // it the cache starts over, so odd shapes cannot grow it without end.
 const maxCachedDemands = 512
 
-// ratingCache keeps a row of ratings per demand shape, one per node.
+// ratingCache keeps a row of ratings per demand shape, one per node, for
+// one cluster at one Scale.
 type ratingCache struct {
 	cluster *Cluster
+	scale   uint64
 	ids     map[Demand]int
 	rows    [][]rating
 }
 
 func (rc *ratingCache) row(c *Cluster, d *Demand) []rating {
-	if rc.cluster != c || len(rc.rows) >= maxCachedDemands {
-		*rc = ratingCache{cluster: c, ids: map[Demand]int{}}
+	if rc.cluster != c || rc.scale != c.Scale || len(rc.rows) >= maxCachedDemands {
+		*rc = ratingCache{cluster: c, scale: c.Scale, ids: map[Demand]int{}}
 	}
 	id, ok := rc.ids[*d]
 	if !ok {

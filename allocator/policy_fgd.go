@@ -2,30 +2,35 @@ package allocator
 
 import "math"
 
-// fgd is Fragmentation Gradient Descent (Weng et al., "Beware of
-// Fragmentation", USENIX ATC'23): it places a task where the expected
-// workload's fragmentation grows least. Scores follow the paper's
-// simulator: 100*sigmoid(-growth/1000) truncated to an integer, the first
-// best GPU on a node, and a uniform pick among the top nodes.
-type fgd struct {
+// fragPolicy places a task where a fragmentation measure of the node grows
+// least; cost turns the growth (milli-GPU) into the score's unit, rounded
+// to an integer so that near-equal nodes tie.
+type fragPolicy struct {
+	name string
 	ties *tieBreaker
 	frag fragMemo
+	cost func(growth float64) float64
 }
 
-func newFGD(o PolicyOptions) Policy {
-	return &fgd{ties: newTieBreaker(o.Seed), frag: fragMemo{measure: o.Workload.Fragmentation}}
-}
+func (p *fragPolicy) Name() string { return p.name }
 
-func (*fgd) Name() string { return "fgd" }
-
-func (p *fgd) Place(c *Cluster, d *Demand) (Placement, bool) {
+func (p *fragPolicy) Place(c *Cluster, d *Demand) (Placement, bool) {
 	return p.ties.pick(c, d, func(i int, n *Node, d *Demand) (int64, gpuMask) {
-		before := p.frag.of(i, n)
-		growth, gpus := leastGrowth(n, d, p.frag.measure, func(after float64) float64 {
-			return -float64(sigmoidScore(before - after))
-		})
-		return -int64(growth), gpus
+		before := p.frag.of(c, i, n)
+		cost, gpus := leastCost(n, d, p.frag.measure, func(after float64) float64 { return p.cost(after - before) })
+		return -int64(math.Round(cost)), gpus
 	})
+}
+
+// newFGD is Fragmentation Gradient Descent (Weng et al., "Beware of
+// Fragmentation", USENIX ATC'23), scored as the paper's simulator does:
+// 100*sigmoid(-growth/1000) truncated to an integer, the first best GPU on
+// a node; ties between nodes go by the tieBreaker's seeded node order.
+func newFGD(o PolicyOptions) Policy {
+	return &fragPolicy{
+		name: "fgd", ties: newTieBreaker(o.Seed), frag: fragMemo{measure: o.Workload.Fragmentation},
+		cost: func(growth float64) float64 { return -float64(sigmoidScore(-growth)) },
+	}
 }
 
 // sigmoidScore is the FGD simulator's node score for a fragmentation drop
@@ -34,10 +39,10 @@ func sigmoidScore(delta float64) int64 {
 	return int64(100 / (1 + math.Exp(-delta/MilliPerGPU)))
 }
 
-// leastGrowth tries d on n and returns the smallest cost(measure after)
+// leastCost tries d on n and returns the smallest cost(measure after)
 // with the GPUs that give it. A single-GPU task tries every usable GPU (the
 // first wins ties); a multi-GPU task takes the tightest GPUs.
-func leastGrowth(n *Node, d *Demand, measure func(*Node) float64, cost func(after float64) float64) (float64, gpuMask) {
+func leastCost(n *Node, d *Demand, measure func(*Node) float64, cost func(after float64) float64) (float64, gpuMask) {
 	n.CPUFree -= d.CPUMilli
 	defer func() { n.CPUFree += d.CPUMilli }()
 	if d.GPUs != 1 {
@@ -97,15 +102,20 @@ func giveShares(n *Node, gpus gpuMask, shares [maxGPUsPerServer]int32) {
 	}
 }
 
-// fragMemo remembers a measure of each node for the node's current version.
+// fragMemo remembers a measure of each node of one cluster for the node's
+// current version.
 type fragMemo struct {
 	measure func(*Node) float64
+	cluster *Cluster
 	// seen holds Version+1 of the node when value was worked out; 0 is empty.
 	seen  []uint64
 	value []float64
 }
 
-func (m *fragMemo) of(i int, n *Node) float64 {
+func (m *fragMemo) of(c *Cluster, i int, n *Node) float64 {
+	if m.cluster != c {
+		m.cluster, m.seen, m.value = c, nil, nil
+	}
 	if i >= len(m.value) {
 		m.seen = append(m.seen, make([]uint64, i+1-len(m.seen))...)
 		m.value = append(m.value, make([]float64, i+1-len(m.value))...)

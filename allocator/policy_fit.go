@@ -5,38 +5,36 @@ import (
 	"slices"
 )
 
-// bestFit packs: it prefers the node left with the least free CPU and GPU
-// share after placement, as the FGD paper's BestFit baseline scores it
-// (each dimension weighs half, scaled by the largest node), and the
-// tightest GPUs on that node.
-type bestFit struct {
+// fitPolicy scores a node by what it keeps free after a placement, as the
+// FGD paper's BestFit baseline does: half CPU, half GPU share, each scaled
+// by the largest node.
+//
+// best-fit (pack) prefers the node left with the least and the tightest
+// GPUs there; spread prefers the most and the loosest GPUs, spreading load
+// for headroom and thermal balance at the cost of fragmentation.
+type fitPolicy struct {
+	name string
+	pack bool
 	ties *tieBreaker
 }
 
-func newBestFit(o PolicyOptions) Policy { return &bestFit{ties: newTieBreaker(o.Seed)} }
-
-func (*bestFit) Name() string { return "best-fit" }
-
-func (p *bestFit) Place(c *Cluster, d *Demand) (Placement, bool) {
-	return p.ties.pick(c, d, func(_ int, n *Node, d *Demand) (int64, gpuMask) {
-		return int64(100 * (1 - leftover(c, n, d))), tightestGPUs(n, d)
-	})
+func newBestFit(o PolicyOptions) Policy {
+	return &fitPolicy{name: "best-fit", pack: true, ties: newTieBreaker(o.Seed)}
 }
 
-// spread is worst-fit: it prefers the node left with the most free CPU and
-// GPU share, and the loosest GPUs there, spreading load for headroom and
-// thermal balance at the cost of fragmentation.
-type spread struct {
-	ties *tieBreaker
+func newSpread(o PolicyOptions) Policy {
+	return &fitPolicy{name: "spread", pack: false, ties: newTieBreaker(o.Seed)}
 }
 
-func newSpread(o PolicyOptions) Policy { return &spread{ties: newTieBreaker(o.Seed)} }
+func (p *fitPolicy) Name() string { return p.name }
 
-func (*spread) Name() string { return "spread" }
-
-func (p *spread) Place(c *Cluster, d *Demand) (Placement, bool) {
+func (p *fitPolicy) Place(c *Cluster, d *Demand) (Placement, bool) {
 	return p.ties.pick(c, d, func(_ int, n *Node, d *Demand) (int64, gpuMask) {
-		return int64(100 * leftover(c, n, d)), loosestGPUs(n, d)
+		left := leftover(c, n, d)
+		if p.pack {
+			return int64(100 * (1 - left)), tightestGPUs(n, d)
+		}
+		return int64(100 * left), loosestGPUs(n, d)
 	})
 }
 
@@ -47,7 +45,11 @@ func leftover(c *Cluster, n *Node, d *Demand) float64 {
 	if n.CPUCap > 0 && c.maxCPU > 0 {
 		cpu = float64(n.CPUFree-d.CPUMilli) / float64(c.maxCPU)
 	}
-	gpu := float64(n.FreeMilli()-int64(d.GPUs)*int64(d.Milli)) / float64(c.maxGPUMilli)
+	var asked int64
+	if d.GPUs > 0 {
+		asked = int64(d.GPUs) * int64(d.share(&n.GPUs[0]))
+	}
+	gpu := float64(n.FreeMilli()-asked) / float64(c.maxGPUMilli)
 	return 0.5*cpu + 0.5*gpu
 }
 

@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"reflect"
@@ -19,9 +20,11 @@ type PoolConfig struct {
 }
 
 // Pool is the allocator's state: servers, quotas and leases. It is a pure
-// state machine: each operation takes the current time, so lease expiry
-// is a function of state and the clock the caller passes in. A Pool is not
-// safe for concurrent use; the service serializes calls.
+// state machine: every operation on leases takes the current time and
+// first ends the leases whose time ran out, so lease expiry is a function
+// of state and the clock the caller passes in; Expire hands the ended
+// leases to the caller. A Pool is not safe for concurrent use; the service
+// serializes calls.
 type Pool struct {
 	cfg       PoolConfig
 	cluster   *Cluster
@@ -32,6 +35,8 @@ type Pool struct {
 	quota     map[string]int64  // namespace -> hard limit, milli-GPU
 	used      map[string]int64  // namespace -> leased, milli-GPU
 	nextID    uint64
+	// expired holds leases ended by expiry until Expire hands them out.
+	expired []Lease
 }
 
 // NewPool returns an empty pool.
@@ -64,6 +69,7 @@ func (p *Pool) RegisterServer(s Server) error {
 			return &FieldError{"server.gpus[" + strconv.Itoa(i) + "].model", "", "must not be empty"}
 		}
 	}
+	s = cloneServer(&s)
 	i, known := p.nodeIndex[s.Name]
 	if !known {
 		if _, err := p.cluster.AddNode(&s); err != nil {
@@ -76,7 +82,7 @@ func (p *Pool) RegisterServer(s Server) error {
 	old := &p.servers[i]
 	if !sameDevices(old.GPUs, s.GPUs) || old.CPUMilli != s.CPUMilli || old.MemoryBytes != s.MemoryBytes {
 		if n := p.leasesOn(s.Name); n > 0 {
-			return &FieldError{"server.gpus", s.Name, fmt.Sprintf("cannot change while %d leases hold shares on it", n)}
+			return &FieldError{"server", s.Name, fmt.Sprintf("cannot change its GPUs, CPU or memory while %d leases hold shares on it", n)}
 		}
 		if err := p.cluster.ResetNode(i, &s); err != nil {
 			return err
@@ -140,12 +146,14 @@ func (p *Pool) RemoveQuota(namespace string) { delete(p.quota, namespace) }
 // input, a *QuotaExceededError or a *NoCapacityError. A request whose
 // idempotency key matches a live lease of the namespace returns that lease.
 func (p *Pool) Acquire(now time.Time, r Request) (Lease, error) {
+	p.expireDue(now)
 	if err := r.Validate(); err != nil {
 		return Lease{}, err
 	}
 	if r.TTL > p.cfg.MaxTTL {
 		return Lease{}, &FieldError{"ttl", r.TTL.String(), "exceeds the pool's max-ttl " + p.cfg.MaxTTL.String()}
 	}
+	r = cloneRequest(&r)
 	key := r.Namespace + "/" + r.IdempotencyKey
 	if r.IdempotencyKey != "" {
 		if id, ok := p.byKey[key]; ok {
@@ -177,7 +185,9 @@ func (p *Pool) Acquire(now time.Time, r Request) (Lease, error) {
 	l.ID = fmt.Sprintf("lease-%06d", p.nextID)
 	p.cluster.Commit(where, &d)
 	p.leases[l.ID] = l
-	p.used[l.Namespace] += l.QuotaMilli()
+	if q := l.QuotaMilli(); q > 0 {
+		p.used[l.Namespace] += q
+	}
 	if r.IdempotencyKey != "" {
 		p.byKey[key] = l.ID
 	}
@@ -210,7 +220,7 @@ func (p *Pool) noCapacity(r *Request, d *Demand) error {
 
 func (p *Pool) checkQuota(ns string, asked int64) error {
 	hard, limited := p.quota[ns]
-	if limited && p.used[ns]+asked > hard {
+	if limited && asked > 0 && p.used[ns]+asked > hard {
 		return &QuotaExceededError{Namespace: ns, Hard: float64(hard) / 10, InUse: float64(p.used[ns]) / 10, Asked: float64(asked) / 10}
 	}
 	return nil
@@ -267,30 +277,41 @@ func (p *Pool) Release(now time.Time, id string) (Lease, error) {
 }
 
 // Expire ends every lease whose time ran out at or before now and returns
-// them in ID order.
+// them, with those other operations ended since the last call, in the order
+// they ended (by ID within one call).
 func (p *Pool) Expire(now time.Time) []Lease {
-	var out []Lease
-	for _, id := range slices.Sorted(maps.Keys(p.leases)) {
-		if l := p.leases[id]; !now.Before(l.ExpiresAt) {
-			p.end(l)
-			out = append(out, *l)
-		}
-	}
+	p.expireDue(now)
+	out := p.expired
+	p.expired = nil
 	return out
 }
 
-// live returns a lease that has not expired by now; one found expired is
-// ended on the spot so no caller ever sees it.
+func (p *Pool) expireDue(now time.Time) {
+	for _, id := range sortedIDs(p.leases) {
+		if l := p.leases[id]; !now.Before(l.ExpiresAt) {
+			p.end(l)
+			p.expired = append(p.expired, *l)
+		}
+	}
+}
+
+// live returns a lease that has not expired by now, after ending those
+// that have.
 func (p *Pool) live(now time.Time, id string) (*Lease, error) {
+	p.expireDue(now)
 	l, ok := p.leases[id]
 	if !ok {
 		return nil, &LeaseNotFoundError{ID: id}
 	}
-	if !now.Before(l.ExpiresAt) {
-		p.end(l)
-		return nil, &LeaseNotFoundError{ID: id}
-	}
 	return l, nil
+}
+
+// sortedIDs orders lease IDs by their number: shorter first, as IDs are
+// zero-padded to a minimum width.
+func sortedIDs(leases map[string]*Lease) []string {
+	ids := slices.Collect(maps.Keys(leases))
+	slices.SortFunc(ids, func(a, b string) int { return cmp.Or(cmp.Compare(len(a), len(b)), cmp.Compare(a, b)) })
+	return ids
 }
 
 func (p *Pool) end(l *Lease) {
@@ -307,10 +328,11 @@ func (p *Pool) end(l *Lease) {
 	}
 }
 
-// Leases returns the live leases in ID order.
-func (p *Pool) Leases() []Lease {
+// Leases returns the leases live at now, in ID order.
+func (p *Pool) Leases(now time.Time) []Lease {
+	p.expireDue(now)
 	out := make([]Lease, 0, len(p.leases))
-	for _, id := range slices.Sorted(maps.Keys(p.leases)) {
+	for _, id := range sortedIDs(p.leases) {
 		out = append(out, cloneLease(p.leases[id]))
 	}
 	return out
@@ -333,8 +355,10 @@ type QuotaStatus struct {
 	Used      float64 `json:"used"`
 }
 
-// Quotas lists every namespace with a quota or a lease, by name.
-func (p *Pool) Quotas() []QuotaStatus {
+// Quotas lists every namespace with a quota or GPU share leased at now, by
+// name.
+func (p *Pool) Quotas(now time.Time) []QuotaStatus {
+	p.expireDue(now)
 	names := map[string]bool{}
 	for ns := range p.quota {
 		names[ns] = true
@@ -355,10 +379,35 @@ func (p *Pool) Quotas() []QuotaStatus {
 func (p *Pool) Cluster() *Cluster { return p.cluster }
 
 // Servers returns the registered servers in registration order.
-func (p *Pool) Servers() []Server { return slices.Clone(p.servers) }
+func (p *Pool) Servers() []Server {
+	out := make([]Server, len(p.servers))
+	for i := range p.servers {
+		out[i] = cloneServer(&p.servers[i])
+	}
+	return out
+}
+
+// The clones below keep callers from reaching into the pool's state
+// through the slices and maps of what they pass in or get back.
+
+func cloneServer(s *Server) Server {
+	c := *s
+	c.Labels = maps.Clone(s.Labels)
+	c.GPUs = slices.Clone(s.GPUs)
+	return c
+}
+
+func cloneRequest(r *Request) Request {
+	c := *r
+	c.Models = slices.Clone(r.Models)
+	c.Owner.Labels = maps.Clone(r.Owner.Labels)
+	return c
+}
 
 func cloneLease(l *Lease) Lease {
 	c := *l
 	c.GPUs = slices.Clone(l.GPUs)
+	c.Request = cloneRequest(&l.Request)
+	c.Owner = c.Request.Owner
 	return c
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -11,22 +12,25 @@ import (
 // poolDriver turns a stream of bytes into pool operations, so the same
 // driver serves the seeded property test and the fuzzer.
 type poolDriver struct {
-	t    *testing.T
-	pool *Pool
-	now  time.Time
-	ids  []string
+	t      *testing.T
+	pool   *Pool
+	policy Policy
+	opts   PolicyOptions
+	now    time.Time
+	ids    []string
 	// granted and expired count what the stream made happen, so a test can
 	// tell that it exercised the pool.
 	granted, expired int
 }
 
 func newPoolDriver(t *testing.T, policy string, seed uint64) *poolDriver {
-	pol, err := NewPolicy(policy, PolicyOptions{Seed: seed, Workload: Workload{
+	opts := PolicyOptions{Seed: seed, Workload: Workload{
 		{GPUs: 1, Milli: 1000, CPUMilli: 8000, Weight: 0.5},
 		{GPUs: 1, Milli: 500, CPUMilli: 4000, Weight: 0.3},
 		{GPUs: 2, Milli: 1000, CPUMilli: 16000, Weight: 0.1},
 		{CPUMilli: 2000, Weight: 0.1},
-	}})
+	}}
+	pol, err := NewPolicy(policy, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,15 +38,19 @@ func newPoolDriver(t *testing.T, policy string, seed uint64) *poolDriver {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &poolDriver{t: t, pool: p, now: time.Unix(0, 0)}
+	d := &poolDriver{t: t, pool: p, policy: pol, opts: opts, now: time.Unix(0, 0)}
 	for i, model := range []string{"A100", "A100", "T4", "V100"} {
-		gpus := []GPU{}
-		for g := range 2 + 2*(i%2) {
-			gpus = append(gpus, GPU{Index: g, UUID: fmt.Sprintf("GPU-%d-%d", i, g), Model: model, MemoryBytes: 16 << 30, Healthy: true})
-		}
-		d.must(p.RegisterServer(Server{Name: fmt.Sprintf("s%d", i), CPUMilli: 64000, MemoryBytes: 256 << 30, GPUs: gpus}))
+		d.must(p.RegisterServer(testServer(fmt.Sprintf("s%d", i), model, 2+2*(i%2), int64(16+8*i)<<30, 64000)))
 	}
 	return d
+}
+
+func testServer(name, model string, gpus int, gpuMemory, cpu int64) Server {
+	s := Server{Name: name, CPUMilli: cpu, MemoryBytes: 256 << 30}
+	for g := range gpus {
+		s.GPUs = append(s.GPUs, GPU{Index: g, UUID: fmt.Sprintf("GPU-%s-%d", name, g), Model: model, MemoryBytes: gpuMemory, Healthy: true})
+	}
+	return s
 }
 
 func (d *poolDriver) must(err error) {
@@ -95,11 +103,19 @@ func (d *poolDriver) step(op, arg byte) {
 	case 6:
 		d.must(d.pool.SetQuota([]string{"a", "b", "c"}[arg%3], int64(arg)*4))
 	case 7:
-		server := fmt.Sprintf("s%d", arg%4)
-		if arg&0x10 != 0 {
-			d.must(d.pool.SetSchedulable(server, arg&0x20 != 0))
-		} else {
-			s := d.pool.Servers()[arg%4]
+		servers := d.pool.Servers()
+		s := servers[int(arg)%len(servers)]
+		switch {
+		case arg&0xc0 == 0xc0 && len(servers) < 12:
+			// A new, larger server moves the fit policies' scale.
+			d.must(d.pool.RegisterServer(testServer(fmt.Sprint("n", len(servers)), "H100", 8, 80<<30, int64(64000+8000*len(servers)))))
+		case arg&0xc0 == 0x80:
+			// New devices: refused while leases hold shares on the server.
+			s.GPUs = append(s.GPUs, GPU{Index: len(s.GPUs), UUID: fmt.Sprint("GPU-new-", arg), Model: "T4", MemoryBytes: 16 << 30, Healthy: true})
+			err = d.pool.RegisterServer(s)
+		case arg&0x10 != 0:
+			d.must(d.pool.SetSchedulable(s.Name, arg&0x20 != 0))
+		default:
 			s.GPUs[0].Healthy = arg&0x20 != 0
 			d.must(d.pool.RegisterServer(s))
 		}
@@ -116,12 +132,35 @@ func (d *poolDriver) step(op, arg byte) {
 	if err := d.pool.CheckInvariants(); err != nil {
 		d.t.Fatalf("op %d arg %d: %v", op%8, arg, err)
 	}
+	d.checkCache(op, arg)
+}
+
+// checkCache compares the long-lived policy, with its cached ratings, to a
+// fresh one with the same seed: a stale cache would place differently.
+func (d *poolDriver) checkCache(op, arg byte) {
+	d.t.Helper()
+	if d.policy.Name() == "random" { // draws from its source on every call
+		return
+	}
+	fresh, err := NewPolicy(d.policy.Name(), d.opts)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	c := d.pool.Cluster()
+	for _, probe := range []Demand{{GPUs: 1, Milli: 500, CPUMilli: 4000}, {GPUs: 2, Milli: 1000}, {CPUMilli: 8000}} {
+		warmAt, warmOK := d.policy.Place(c, &probe)
+		freshAt, freshOK := fresh.Place(c, &probe)
+		if warmOK != freshOK || !reflect.DeepEqual(warmAt, freshAt) {
+			d.t.Fatalf("op %d arg %d: %s with cached ratings places %+v at %v (%v), a fresh one at %v (%v)",
+				op%8, arg, d.policy.Name(), probe, warmAt, warmOK, freshAt, freshOK)
+		}
+	}
 }
 
 // finish releases everything and checks that nothing leaked.
 func (d *poolDriver) finish() {
 	d.t.Helper()
-	for _, l := range d.pool.Leases() {
+	for _, l := range d.pool.Leases(d.now) {
 		if _, err := d.pool.Release(d.now, l.ID); err != nil {
 			d.t.Fatal(err)
 		}
@@ -139,7 +178,7 @@ func (d *poolDriver) finish() {
 			d.t.Fatalf("server %s leaks host resources after all leases ended", n.Name)
 		}
 	}
-	for _, q := range d.pool.Quotas() {
+	for _, q := range d.pool.Quotas(d.now) {
 		if q.Used != 0 {
 			d.t.Fatalf("namespace %s still uses %v%% after all leases ended", q.Namespace, q.Used)
 		}

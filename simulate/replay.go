@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -117,7 +117,7 @@ func arrivals(pods []Pod, capacity int64, seed uint64) []int {
 	}
 	rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 	limit := capacity * arrivalLimitPct / 100
-	for len(pods) > 0 {
+	for asked > 0 { // a trace that asks for no GPU would never get there
 		i := rng.IntN(len(pods))
 		if asked+pods[i].GPUMilli() > limit {
 			break
@@ -201,14 +201,26 @@ func nearest(ms map[int]*mean, level int) float64 {
 	return math.NaN()
 }
 
-// Summary is a policy's results, averaged over seeds.
+// Summary is a policy's results, averaged over seeds. A level the replay
+// never reached (a trace too small to reach 130%) is NaN, null in JSON.
 type Summary struct {
-	Policy            string  `json:"policy"`
-	UnallocatedAt100  float64 `json:"unallocated_gpu_pct_at_100"`
-	UnallocatedAt130  float64 `json:"unallocated_gpu_pct_at_130"`
-	FragmentationAt90 float64 `json:"fragmentation_ratio_pct_at_90"`
-	DecisionsPerSec   float64 `json:"decisions_per_second"`
-	Seeds             int     `json:"seeds"`
+	Policy            string `json:"policy"`
+	UnallocatedAt100  Value  `json:"unallocated_gpu_pct_at_100"`
+	UnallocatedAt130  Value  `json:"unallocated_gpu_pct_at_130"`
+	FragmentationAt90 Value  `json:"fragmentation_ratio_pct_at_90"`
+	DecisionsPerSec   Value  `json:"decisions_per_second"`
+	Seeds             int    `json:"seeds"`
+}
+
+// Value is a measured number that may be missing (NaN).
+type Value float64
+
+// MarshalJSON writes a missing value as null.
+func (v Value) MarshalJSON() ([]byte, error) {
+	if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+		return []byte("null"), nil
+	}
+	return strconv.AppendFloat(nil, float64(v), 'f', -1, 64), nil
 }
 
 // Summarize averages results per policy, in the order policies first appear.
@@ -223,14 +235,14 @@ func Summarize(results []Result) []Summary {
 			out = append(out, Summary{Policy: r.Policy})
 		}
 		s := &out[i]
-		s.UnallocatedAt100 += r.UnallocatedPct[100]
-		s.UnallocatedAt130 += r.UnallocatedPct[130]
-		s.FragmentationAt90 += r.FragmentationPct[fragLevel]
-		s.DecisionsPerSec += float64(r.Decisions) / r.PlaceTime.Seconds()
+		s.UnallocatedAt100 += Value(r.UnallocatedPct[100])
+		s.UnallocatedAt130 += Value(r.UnallocatedPct[130])
+		s.FragmentationAt90 += Value(r.FragmentationPct[fragLevel])
+		s.DecisionsPerSec += Value(float64(r.Decisions) / r.PlaceTime.Seconds())
 		s.Seeds++
 	}
 	for i := range out {
-		n := float64(out[i].Seeds)
+		n := Value(out[i].Seeds)
 		out[i].UnallocatedAt100 /= n
 		out[i].UnallocatedAt130 /= n
 		out[i].FragmentationAt90 /= n
@@ -239,24 +251,38 @@ func Summarize(results []Result) []Summary {
 	return out
 }
 
-// ParseSeeds reads a seed list such as "42-51" or "1,5,9-11".
+// maxSeeds bounds a seed list, so a typo such as 1-1000000 fails fast.
+const maxSeeds = 10000
+
+// ParseSeeds reads a seed list such as "42-51" or "1,5,9-11"; a seed
+// listed twice is replayed once.
 func ParseSeeds(s string) ([]uint64, error) {
 	var seeds []uint64
+	seen := map[uint64]bool{}
 	for _, part := range strings.Split(s, ",") {
 		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
-		var a, b uint64
-		if _, err := fmt.Sscan(lo, &a); err != nil {
+		a, err := strconv.ParseUint(lo, 10, 64)
+		if err != nil {
 			return nil, fmt.Errorf("seeds %q: %q is not a number", s, lo)
 		}
-		b = a
+		b := a
 		if isRange {
-			if _, err := fmt.Sscan(hi, &b); err != nil || b < a {
+			if b, err = strconv.ParseUint(hi, 10, 64); err != nil || b < a {
 				return nil, fmt.Errorf("seeds %q: %q is not a range low-high", s, part)
 			}
 		}
-		for x := a; x <= b; x++ {
-			seeds = append(seeds, x)
+		if b-a >= maxSeeds {
+			return nil, fmt.Errorf("seeds %q: %q has more than %d seeds", s, part, maxSeeds)
+		}
+		for k := range b - a + 1 {
+			if x := a + k; !seen[x] {
+				seen[x] = true
+				seeds = append(seeds, x)
+			}
+		}
+		if len(seeds) > maxSeeds {
+			return nil, fmt.Errorf("seeds %q: more than %d seeds", s, maxSeeds)
 		}
 	}
-	return slices.Compact(seeds), nil
+	return seeds, nil
 }

@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"encoding/json"
 	"math"
 	"strings"
 	"testing"
@@ -49,7 +50,8 @@ func TestReadPodsRejectsBadRows(t *testing.T) {
 		{"name,cpu_milli\n", "lacks column memory_mib"},
 		{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,x,1\n", "line 2: column num_gpu: \"x\" is not an integer"},
 		{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,1200\n", "line 2: gpu_milli 1200 out of range 1..1000"},
-		{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,-2,100\n", "line 2: num_gpu -2 must be at least 0"},
+		{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,-2,100\n", "line 2: num_gpu -2 out of range 0..64"},
+		{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,4294967396\n", "line 2: gpu_milli 4294967396 out of range 1..1000"},
 	} {
 		_, err := ReadPods(strings.NewReader(tc.csv))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -58,12 +60,49 @@ func TestReadPodsRejectsBadRows(t *testing.T) {
 	}
 }
 
+func TestReadNodesRejectsBadRows(t *testing.T) {
+	for _, tc := range []struct{ csv, want string }{
+		{"sn,cpu_milli,memory_mib,gpu\n", "lacks column model"},
+		{"sn,cpu_milli,memory_mib,gpu,model\nn,1,1,70,A\n", "line 2: gpu 70 out of range 0..64"},
+		{"sn,cpu_milli,memory_mib,gpu,model\nn,1,1,2,\n", "line 2: model is empty"},
+		{"sn,cpu_milli,memory_mib,gpu,model\nn,z,1,2,A\n", `line 2: column cpu_milli: "z" is not an integer`},
+	} {
+		_, err := ReadNodes(strings.NewReader(tc.csv))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ReadNodes(%q) = %v, want an error containing %q", tc.csv, err, tc.want)
+		}
+	}
+}
+
+// TestReplayEndsWithoutGPUPods: a trace that asks for no GPU cannot reach
+// the arrival limit; the replay must still end.
+func TestReplayEndsWithoutGPUPods(t *testing.T) {
+	tr := &Trace{
+		Servers: []allocator.Server{{Name: "n", CPUMilli: 8000, GPUs: []allocator.GPU{{Model: "T4", Healthy: true}}}},
+		Pods:    []Pod{{Name: "cpu-only", CPUMilli: 1000}},
+	}
+	r, err := Replay(tr, "fgd", 1)
+	if err != nil || r.Decisions != 1 {
+		t.Errorf("Replay = %d decisions, %v; want 1 decision", r.Decisions, err)
+	}
+}
+
+func TestSummaryJSONWritesMissingAsNull(t *testing.T) {
+	b, err := json.Marshal(Summary{Policy: "p", UnallocatedAt100: 4.5, UnallocatedAt130: Value(math.NaN())})
+	if err != nil || !strings.Contains(string(b), `"unallocated_gpu_pct_at_100":4.5,"unallocated_gpu_pct_at_130":null`) {
+		t.Errorf("json = %s, %v", b, err)
+	}
+}
+
 func TestParseSeeds(t *testing.T) {
-	got, err := ParseSeeds("42-44,1,3")
+	got, err := ParseSeeds("42-44,1,3,43")
 	if err != nil || len(got) != 5 || got[0] != 42 || got[2] != 44 || got[4] != 3 {
 		t.Errorf("ParseSeeds = %v, %v", got, err)
 	}
-	for _, bad := range []string{"", "x", "5-3", "1-"} {
+	if got, err := ParseSeeds("18446744073709551614-18446744073709551615"); err != nil || len(got) != 2 {
+		t.Errorf("ParseSeeds at the top of the range = %v, %v", got, err)
+	}
+	for _, bad := range []string{"", "x", "5-3", "1-", "4x", "0-18446744073709551615", "1-20000"} {
 		if _, err := ParseSeeds(bad); err == nil {
 			t.Errorf("ParseSeeds(%q) accepted", bad)
 		}
@@ -112,7 +151,7 @@ func TestReproducesFGDPaper(t *testing.T) {
 			}
 			got := map[string]float64{}
 			for _, s := range Summarize(results) {
-				got[s.Policy] = s.UnallocatedAt100
+				got[s.Policy] = float64(s.UnallocatedAt100)
 			}
 			t.Logf("unallocated GPU %% at 100%% arrival: fgd %.2f (paper %.2f), best-fit %.2f (paper %.2f), fgd-cpu %.2f",
 				got["fgd"], want.fgd, got["best-fit"], want.bestFit, got["fgd-cpu"])

@@ -32,6 +32,9 @@ const (
 
 const mib = 1 << 20
 
+// maxPodGPUs bounds GPU counts in traces (a server holds at most 64).
+const maxPodGPUs = 64
+
 // Pod is one task of a trace.
 type Pod struct {
 	Name     string
@@ -62,13 +65,23 @@ func ReadNodes(r io.Reader) ([]allocator.Server, error) {
 	err := readCSV(r, []string{"sn", "cpu_milli", "memory_mib", "gpu", "model"}, func(row rowReader) error {
 		s := allocator.Server{Name: row.str("sn"), CPUMilli: row.int("cpu_milli"), MemoryBytes: row.int("memory_mib") * mib}
 		gpus, model := row.int("gpu"), row.str("model")
+		switch {
+		case row.err != nil:
+			return row.err
+		case gpus < 0 || gpus > maxPodGPUs:
+			return fmt.Errorf("gpu %d out of range 0..%d", gpus, maxPodGPUs)
+		case gpus > 0 && model == "":
+			return fmt.Errorf("model is empty for a node with %d GPUs", gpus)
+		case s.CPUMilli < 0 || s.MemoryBytes < 0:
+			return fmt.Errorf("cpu_milli %d and memory_mib %d must be at least 0", s.CPUMilli, s.MemoryBytes/mib)
+		}
 		for i := range int(gpus) {
 			s.GPUs = append(s.GPUs, allocator.GPU{
 				Index: i, UUID: fmt.Sprintf("%s-gpu%d", s.Name, i), Model: model, Healthy: true,
 			})
 		}
 		servers = append(servers, s)
-		return row.err
+		return nil
 	})
 	return servers, err
 }
@@ -78,21 +91,22 @@ func ReadNodes(r io.Reader) ([]allocator.Server, error) {
 func ReadPods(r io.Reader) ([]Pod, error) {
 	var pods []Pod
 	err := readCSV(r, []string{"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"}, func(row rowReader) error {
-		p := Pod{
-			Name: row.str("name"), CPUMilli: row.int("cpu_milli"), Memory: row.int("memory_mib") * mib,
-			GPUs: int(row.int("num_gpu")), Milli: int32(row.int("gpu_milli")),
-		}
+		gpus, milli := row.int("num_gpu"), row.int("gpu_milli")
+		p := Pod{Name: row.str("name"), CPUMilli: row.int("cpu_milli"), Memory: row.int("memory_mib") * mib}
 		if spec := row.str("gpu_spec"); spec != "" {
 			p.Models = strings.Split(spec, "|")
 		}
 		switch {
 		case row.err != nil:
 			return row.err
-		case p.GPUs < 0:
-			return fmt.Errorf("num_gpu %d must be at least 0", p.GPUs)
-		case p.GPUs > 0 && (p.Milli < 1 || p.Milli > allocator.MilliPerGPU):
-			return fmt.Errorf("gpu_milli %d out of range 1..%d", p.Milli, allocator.MilliPerGPU)
+		case gpus < 0 || gpus > maxPodGPUs:
+			return fmt.Errorf("num_gpu %d out of range 0..%d", gpus, maxPodGPUs)
+		case gpus > 0 && (milli < 1 || milli > allocator.MilliPerGPU):
+			return fmt.Errorf("gpu_milli %d out of range 1..%d", milli, allocator.MilliPerGPU)
+		case p.CPUMilli < 0 || p.Memory < 0:
+			return fmt.Errorf("cpu_milli %d and memory_mib %d must be at least 0", p.CPUMilli, p.Memory/mib)
 		}
+		p.GPUs, p.Milli = int(gpus), int32(milli)
 		pods = append(pods, p)
 		return nil
 	})
