@@ -226,16 +226,16 @@ func (c *Cluster) Commit(p Placement, d *Demand) {
 	}
 }
 
-// Uncommit returns what Commit took.
-func (c *Cluster) Uncommit(p Placement, d *Demand, shares []int32) {
-	n := &c.Nodes[p.Node]
+// hold takes (sign 1) or returns (sign -1) what a lease holds on node i.
+func (c *Cluster) hold(i int, l *Lease, sign int64) {
+	n := &c.Nodes[i]
 	n.Version++
-	n.CPUFree += d.CPUMilli
-	n.MemFree += d.Memory
-	for i, gi := range p.GPUs {
-		g := &n.GPUs[gi]
-		g.Free += shares[i]
-		g.FreeBytes += shareBytes(d, g, shares[i])
+	n.CPUFree -= sign * l.CPUMilli
+	n.MemFree -= sign * l.MemoryBytes
+	for _, g := range l.GPUs {
+		ng := &n.GPUs[g.Index]
+		ng.Free -= int32(sign) * g.Milli
+		ng.FreeBytes -= sign * g.MemoryBytes
 	}
 }
 

@@ -39,19 +39,3 @@ func (l *Lease) QuotaMilli() int64 {
 	}
 	return m
 }
-
-func (l *Lease) placement(node int) Placement {
-	p := Placement{Node: node, GPUs: make([]int, len(l.GPUs))}
-	for i, g := range l.GPUs {
-		p.GPUs[i] = g.Index
-	}
-	return p
-}
-
-func (l *Lease) shares() []int32 {
-	s := make([]int32, len(l.GPUs))
-	for i, g := range l.GPUs {
-		s[i] = g.Milli
-	}
-	return s
-}

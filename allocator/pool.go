@@ -183,15 +183,20 @@ func (p *Pool) Acquire(now time.Time, r Request) (Lease, error) {
 	}
 	p.nextID++
 	l.ID = fmt.Sprintf("lease-%06d", p.nextID)
-	p.cluster.Commit(where, &d)
+	p.add(where.Node, l)
+	return cloneLease(l), nil
+}
+
+// add books a lease on node i: its share, its quota use, its key.
+func (p *Pool) add(i int, l *Lease) {
+	p.cluster.hold(i, l, 1)
 	p.leases[l.ID] = l
 	if q := l.QuotaMilli(); q > 0 {
 		p.used[l.Namespace] += q
 	}
-	if r.IdempotencyKey != "" {
-		p.byKey[key] = l.ID
+	if k := l.Request.IdempotencyKey; k != "" {
+		p.byKey[l.Namespace+"/"+k] = l.ID
 	}
-	return cloneLease(l), nil
 }
 
 // demand resolves a request against the cluster's models.
@@ -315,9 +320,7 @@ func sortedIDs(leases map[string]*Lease) []string {
 }
 
 func (p *Pool) end(l *Lease) {
-	i := p.nodeIndex[l.Server]
-	d := Demand{CPUMilli: l.CPUMilli, Memory: l.MemoryBytes, GPUBytes: l.Request.GPUMemoryBytes}
-	p.cluster.Uncommit(l.placement(i), &d, l.shares())
+	p.cluster.hold(p.nodeIndex[l.Server], l, -1)
 	p.used[l.Namespace] -= l.QuotaMilli()
 	if p.used[l.Namespace] == 0 {
 		delete(p.used, l.Namespace)
@@ -411,3 +414,37 @@ func cloneLease(l *Lease) Lease {
 	c.Owner = c.Request.Owner
 	return c
 }
+
+// Restore puts back a lease recovered from durable storage, on the GPUs it
+// was granted, after its server has been registered again. Leases that no
+// longer fit (their server changed) are refused with an error, not placed
+// elsewhere. Restore keeps lease IDs unique by moving the ID counter past
+// the restored ID; SetNextID sets the counter from the store.
+func (p *Pool) Restore(l Lease) error {
+	i, ok := p.nodeIndex[l.Server]
+	if !ok {
+		return &ServerNotFoundError{Name: l.Server}
+	}
+	if _, dup := p.leases[l.ID]; dup {
+		return &FieldError{"lease.id", l.ID, "is restored twice"}
+	}
+	n := &p.cluster.Nodes[i]
+	for _, g := range l.GPUs {
+		if g.Index < 0 || g.Index >= len(n.GPUs) || n.GPUs[g.Index].Free < g.Milli || n.GPUs[g.Index].FreeBytes < g.MemoryBytes {
+			return &FieldError{"lease.gpus", fmt.Sprintf("%s gpu %d", l.Server, g.Index), "no longer has the share the lease holds"}
+		}
+	}
+	l = cloneLease(&l)
+	p.add(i, &l)
+	var seq uint64
+	if _, err := fmt.Sscanf(l.ID, "lease-%d", &seq); err == nil {
+		p.nextID = max(p.nextID, seq)
+	}
+	return nil
+}
+
+// NextID is the lease ID counter, for the store.
+func (p *Pool) NextID() uint64 { return p.nextID }
+
+// SetNextID moves the lease ID counter forward (never back).
+func (p *Pool) SetNextID(n uint64) { p.nextID = max(p.nextID, n) }

@@ -157,9 +157,11 @@ func (d *poolDriver) checkCache(op, arg byte) {
 	}
 }
 
-// finish releases everything and checks that nothing leaked.
+// finish checks that the state restores into a new pool, then releases
+// everything and checks that nothing leaked.
 func (d *poolDriver) finish() {
 	d.t.Helper()
+	d.checkRestore()
 	for _, l := range d.pool.Leases(d.now) {
 		if _, err := d.pool.Release(d.now, l.ID); err != nil {
 			d.t.Fatal(err)
@@ -182,6 +184,42 @@ func (d *poolDriver) finish() {
 		if q.Used != 0 {
 			d.t.Fatalf("namespace %s still uses %v%% after all leases ended", q.Namespace, q.Used)
 		}
+	}
+}
+
+// checkRestore rebuilds the pool from what a store keeps (servers, leases,
+// the ID counter) and expects the same leases, quotas and free shares.
+func (d *poolDriver) checkRestore() {
+	d.t.Helper()
+	p, err := NewPool(d.pool.cfg)
+	d.must(err)
+	for _, s := range d.pool.Servers() {
+		d.must(p.RegisterServer(s))
+		d.must(p.SetSchedulable(s.Name, d.pool.Cluster().Nodes[d.pool.nodeIndex[s.Name]].Schedulable))
+	}
+	for _, q := range d.pool.Quotas(d.now) {
+		if q.Limited { // quotas come from the config file, not the store
+			d.must(p.SetQuota(q.Namespace, int64(q.Hard)))
+		}
+	}
+	leases := d.pool.Leases(d.now)
+	for _, l := range leases {
+		d.must(p.Restore(l))
+	}
+	p.SetNextID(d.pool.NextID())
+	d.must(p.CheckInvariants())
+	if !reflect.DeepEqual(p.Leases(d.now), d.pool.Leases(d.now)) || !reflect.DeepEqual(p.Quotas(d.now), d.pool.Quotas(d.now)) {
+		d.t.Fatal("restored pool differs in leases or quotas")
+	}
+	for i := range p.cluster.Nodes {
+		a, b := p.cluster.Nodes[i], d.pool.cluster.Nodes[i]
+		a.Version, b.Version = 0, 0
+		if !reflect.DeepEqual(a, b) {
+			d.t.Fatalf("restored node %s = %+v, want %+v", a.Name, a, b)
+		}
+	}
+	if len(leases) > 0 && p.Restore(leases[0]) == nil {
+		d.t.Fatal("restoring a lease twice was accepted")
 	}
 }
 
