@@ -448,3 +448,7 @@ func (p *Pool) NextID() uint64 { return p.nextID }
 
 // SetNextID moves the lease ID counter forward (never back).
 func (p *Pool) SetNextID(n uint64) { p.nextID = max(p.nextID, n) }
+
+// SetPolicy replaces the placement policy, for one built on a fresher
+// expected workload.
+func (p *Pool) SetPolicy(pol Policy) { p.cfg.Policy = pol }

@@ -1,0 +1,200 @@
+// Package api holds the allocator's HTTP wire types, shared by the server
+// (allocator/service) and the typed client (allocator/client). All paths
+// are under /v1; bodies are JSON.
+//
+//	PUT    /v1/servers/{name}            register or update a GPU server (Server)
+//	POST   /v1/servers/{name}/heartbeat  heartbeat with GPU health (Heartbeat)
+//	POST   /v1/leases                    acquire (AcquireRequest) -> Lease
+//	GET    /v1/leases?namespace=&server=&selector=   list leases
+//	GET    /v1/leases/{id}               one lease
+//	POST   /v1/leases/{id}/renew         renew (RenewRequest) -> Lease
+//	DELETE /v1/leases/{id}               release
+//	GET    /v1/pool                      servers, GPUs, allocated share, health (PoolStatus)
+//	GET    /v1/quotas                    quota hard and used per namespace
+//
+// Errors come back as an Error body with an HTTP status that says who
+// must act: 400 bad input, 401 no or unknown token, 403 another namespace
+// or quota exceeded, 404 unknown lease or server, 409 no capacity or an
+// idempotency conflict, 503 not the leader or the store failed.
+package api
+
+import (
+	"strconv"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/gpupool/gpupool/allocator"
+)
+
+// AcquireRequest asks for a lease, in the units users write in pod specs.
+type AcquireRequest struct {
+	Namespace string `json:"namespace"`
+	// GPUAmount, GPUPercent and GPUMemory are bitfusion.io/gpu-amount,
+	// gpu-percent and gpu-memory (a quantity such as "8000M" or "16Gi").
+	GPUAmount  int    `json:"gpuAmount"`
+	GPUPercent int    `json:"gpuPercent,omitempty"`
+	GPUMemory  string `json:"gpuMemory,omitempty"`
+	// CPU and Memory are quantities as in a pod's requests ("500m", "4Gi").
+	CPU            string          `json:"cpu,omitempty"`
+	Memory         string          `json:"memory,omitempty"`
+	Models         []string        `json:"models,omitempty"`
+	Owner          allocator.Owner `json:"owner"`
+	IdempotencyKey string          `json:"idempotencyKey,omitempty"`
+	// TTL is how long the lease lives unrenewed ("30s"); empty takes the
+	// allocator's default. Wait queues the request up to that long when
+	// there is no capacity or quota, instead of failing at once.
+	TTL  string `json:"ttl,omitempty"`
+	Wait string `json:"wait,omitempty"`
+}
+
+// MaxWait bounds how long one request may queue.
+const MaxWait = time.Hour
+
+// Parse turns the wire form into the allocator's request and the time to
+// wait; bad fields come back as *allocator.FieldError.
+func (a *AcquireRequest) Parse() (allocator.Request, time.Duration, error) {
+	r := allocator.Request{
+		Namespace: a.Namespace, GPUs: a.GPUAmount, Percent: a.GPUPercent, Models: a.Models,
+		Owner: a.Owner, IdempotencyKey: a.IdempotencyKey,
+	}
+	var err error
+	if a.GPUMemory != "" {
+		if r.GPUMemoryBytes, err = allocator.ParseGPUMemory(a.GPUMemory); err != nil {
+			return r, 0, err
+		}
+	}
+	if r.CPUMilli, err = quantity("cpu", a.CPU, true); err != nil {
+		return r, 0, err
+	}
+	if r.MemoryBytes, err = quantity("memory", a.Memory, false); err != nil {
+		return r, 0, err
+	}
+	if r.TTL, err = Duration("ttl", a.TTL, 0); err != nil {
+		return r, 0, err
+	}
+	wait, err := Duration("wait", a.Wait, MaxWait)
+	if err != nil {
+		return r, 0, err
+	}
+	if len(a.IdempotencyKey) > 253 {
+		return r, 0, &allocator.FieldError{Field: "idempotencyKey", Value: a.IdempotencyKey[:16] + "...", Limit: "longer than 253 characters"}
+	}
+	return r, wait, r.Validate()
+}
+
+// quantity parses a Kubernetes quantity; milli returns thousandths (CPU).
+func quantity(field, s string, milli bool) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	q, err := resource.ParseQuantity(s)
+	if err != nil || q.Sign() < 0 {
+		return 0, &allocator.FieldError{Field: field, Value: s, Limit: "is not a non-negative quantity (e.g. 500m, 2, 4Gi)"}
+	}
+	v := q.Value()
+	if milli {
+		v = q.MilliValue()
+	}
+	return v, nil
+}
+
+// Duration parses a Go duration such as "30s" within 0..limit (no limit
+// when limit is 0).
+func Duration(field, s string, limit time.Duration) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 || limit > 0 && d > limit {
+		bound := "must be a duration such as 30s or 5m, at least 0"
+		if limit > 0 {
+			bound = "must be a duration such as 30s or 5m, in 0.." + limit.String()
+		}
+		return 0, &allocator.FieldError{Field: field, Value: s, Limit: bound}
+	}
+	return d, nil
+}
+
+// RenewRequest extends a lease; an empty TTL renews by the lease's own.
+type RenewRequest struct {
+	TTL string `json:"ttl,omitempty"`
+}
+
+// Heartbeat tells the allocator a server is alive and how its GPUs are.
+type Heartbeat struct {
+	GPUs []GPUHealth `json:"gpus"`
+}
+
+// GPUHealth is one GPU's health in a heartbeat.
+type GPUHealth struct {
+	Index   int  `json:"index"`
+	Healthy bool `json:"healthy"`
+}
+
+// PoolStatus is the pool as `gpupool pool status` shows it.
+type PoolStatus struct {
+	Servers []ServerStatus `json:"servers"`
+}
+
+// ServerStatus is one server and what is leased on it.
+type ServerStatus struct {
+	Name          string            `json:"name"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	Schedulable   bool              `json:"schedulable"`
+	LastHeartbeat time.Time         `json:"lastHeartbeat"`
+	CPUMilli      int64             `json:"cpuMilli,omitempty"`
+	CPUFreeMilli  int64             `json:"cpuFreeMilli,omitempty"`
+	GPUs          []GPUStatus       `json:"gpus"`
+	Leases        int               `json:"leases"`
+}
+
+// GPUStatus is one GPU's capacity and leased share.
+type GPUStatus struct {
+	Index          int    `json:"index"`
+	UUID           string `json:"uuid"`
+	Model          string `json:"model"`
+	MemoryBytes    int64  `json:"memoryBytes"`
+	Healthy        bool   `json:"healthy"`
+	AllocatedMilli int32  `json:"allocatedMilli"`
+	AllocatedBytes int64  `json:"allocatedMemoryBytes"`
+}
+
+// LeaseList is the answer to GET /v1/leases.
+type LeaseList struct {
+	Leases []allocator.Lease `json:"leases"`
+}
+
+// QuotaList is the answer to GET /v1/quotas.
+type QuotaList struct {
+	Quotas []allocator.QuotaStatus `json:"quotas"`
+}
+
+// Error is the body of every non-2xx answer.
+type Error struct {
+	Reason  string `json:"reason"` // one of the Reason constants
+	Message string `json:"message"`
+	// Field, Value and Limit repeat a FieldError's parts.
+	Field string `json:"field,omitempty"`
+	Value string `json:"value,omitempty"`
+	Limit string `json:"limit,omitempty"`
+}
+
+// Reasons in Error bodies.
+const (
+	ReasonInvalid         = "Invalid"
+	ReasonUnauthorized    = "Unauthorized"
+	ReasonForbidden       = "Forbidden"
+	ReasonQuotaExceeded   = "QuotaExceeded"
+	ReasonNotFound        = "NotFound"
+	ReasonNoCapacity      = "NoCapacity"
+	ReasonConflict        = "Conflict"
+	ReasonUnavailable     = "Unavailable"
+	ReasonInternal        = "Internal"
+	ReasonRequestTooLarge = "RequestTooLarge"
+)
+
+func (e *Error) Error() string { return e.Message }
+
+// FormatMilli prints a share of a GPU as percent ("46.6").
+func FormatMilli(m int64) string { return strconv.FormatFloat(float64(m)/10, 'f', -1, 64) }

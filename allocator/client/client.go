@@ -1,0 +1,212 @@
+// Package client is the typed Go client of the allocator's HTTP API, used
+// by the GPU-server daemon, the CLI, the adapter and the tests.
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
+)
+
+// Client talks to one allocator, or to the replicas of one, trying the next
+// endpoint when one is down or not the leader.
+type Client struct {
+	endpoints []string
+	token     string
+	http      *http.Client
+	// Retries bounds attempts per call across endpoints when the allocator
+	// is unreachable or unavailable (a failover in progress).
+	Retries int
+	// Backoff is the pause between rounds over all endpoints.
+	Backoff time.Duration
+}
+
+// New returns a client for the allocator at the given base URLs
+// (comma-separated replicas are split), authenticating with token.
+func New(endpoints []string, token string) (*Client, error) {
+	var eps []string
+	for _, e := range endpoints {
+		for _, part := range strings.Split(e, ",") {
+			part = strings.TrimRight(strings.TrimSpace(part), "/")
+			if part == "" {
+				continue
+			}
+			if u, err := url.Parse(part); err != nil || u.Scheme == "" || u.Host == "" {
+				return nil, fmt.Errorf("allocator address %q is not a URL such as http://127.0.0.1:8470", part)
+			}
+			eps = append(eps, part)
+		}
+	}
+	if len(eps) == 0 {
+		return nil, errors.New("no allocator address given")
+	}
+	return &Client{endpoints: eps, token: token, http: &http.Client{Timeout: 2 * time.Minute}, Retries: 20, Backoff: 250 * time.Millisecond}, nil
+}
+
+// RegisterServer registers or updates a GPU server.
+func (c *Client) RegisterServer(ctx context.Context, s allocator.Server) error {
+	return c.do(ctx, http.MethodPut, "/v1/servers/"+url.PathEscape(s.Name), s, nil)
+}
+
+// Heartbeat reports a server alive, with its GPUs' health.
+func (c *Client) Heartbeat(ctx context.Context, server string, hb api.Heartbeat) error {
+	return c.do(ctx, http.MethodPost, "/v1/servers/"+url.PathEscape(server)+"/heartbeat", hb, nil)
+}
+
+// Acquire asks for a lease. Without an idempotency key it makes one, so
+// that retries through a failover never allocate twice.
+func (c *Client) Acquire(ctx context.Context, r api.AcquireRequest) (allocator.Lease, error) {
+	if r.IdempotencyKey == "" {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return allocator.Lease{}, err
+		}
+		r.IdempotencyKey = hex.EncodeToString(b)
+	}
+	var l allocator.Lease
+	err := c.do(ctx, http.MethodPost, "/v1/leases", r, &l)
+	return l, err
+}
+
+// Renew extends a lease by ttl (its own TTL when 0).
+func (c *Client) Renew(ctx context.Context, id string, ttl time.Duration) (allocator.Lease, error) {
+	var in api.RenewRequest
+	if ttl > 0 {
+		in.TTL = ttl.String()
+	}
+	var l allocator.Lease
+	err := c.do(ctx, http.MethodPost, "/v1/leases/"+url.PathEscape(id)+"/renew", in, &l)
+	return l, err
+}
+
+// Release ends a lease. Releasing one already gone is not an error, so a
+// retried release is safe.
+func (c *Client) Release(ctx context.Context, id string) error {
+	err := c.do(ctx, http.MethodDelete, "/v1/leases/"+url.PathEscape(id), nil, nil)
+	if IsReason(err, api.ReasonNotFound) {
+		return nil
+	}
+	return err
+}
+
+// Lease returns one lease.
+func (c *Client) Lease(ctx context.Context, id string) (allocator.Lease, error) {
+	var l allocator.Lease
+	err := c.do(ctx, http.MethodGet, "/v1/leases/"+url.PathEscape(id), nil, &l)
+	return l, err
+}
+
+// LeaseFilter selects leases; empty fields match all.
+type LeaseFilter struct {
+	Namespace, Server string
+	Selector          string // a label selector on the owner's labels: app=tf-training
+}
+
+// Leases lists live leases.
+func (c *Client) Leases(ctx context.Context, f LeaseFilter) ([]allocator.Lease, error) {
+	q := url.Values{}
+	for k, v := range map[string]string{"namespace": f.Namespace, "server": f.Server, "selector": f.Selector} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	var out api.LeaseList
+	err := c.do(ctx, http.MethodGet, "/v1/leases?"+q.Encode(), nil, &out)
+	return out.Leases, err
+}
+
+// Pool returns the pool's servers and GPUs.
+func (c *Client) Pool(ctx context.Context) (api.PoolStatus, error) {
+	var out api.PoolStatus
+	err := c.do(ctx, http.MethodGet, "/v1/pool", nil, &out)
+	return out, err
+}
+
+// Quotas returns quota and use per namespace.
+func (c *Client) Quotas(ctx context.Context) ([]allocator.QuotaStatus, error) {
+	var out api.QuotaList
+	err := c.do(ctx, http.MethodGet, "/v1/quotas", nil, &out)
+	return out.Quotas, err
+}
+
+// IsReason reports whether err is an API error with that reason.
+func IsReason(err error, reason string) bool {
+	var e *api.Error
+	return errors.As(err, &e) && e.Reason == reason
+}
+
+// do sends a request, trying the endpoints in turn while they are
+// unreachable or answer 503, and decodes the answer into out.
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body []byte
+	if in != nil {
+		var err error
+		if body, err = json.Marshal(in); err != nil {
+			return err
+		}
+	}
+	var last error
+	for attempt := 0; attempt < max(c.Retries, 1); attempt++ {
+		if attempt > 0 && attempt%len(c.endpoints) == 0 {
+			select {
+			case <-time.After(c.Backoff):
+			case <-ctx.Done():
+				return fmt.Errorf("%w (last: %w)", ctx.Err(), last)
+			}
+		}
+		ep := c.endpoints[attempt%len(c.endpoints)]
+		retry, err := c.once(ctx, method, ep+path, body, out)
+		if err == nil || !retry {
+			return err
+		}
+		last = err
+	}
+	return last
+}
+
+func (c *Client) once(ctx context.Context, method, u string, body []byte, out any) (retry bool, err error) {
+	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
+	if err != nil {
+		return false, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return ctx.Err() == nil, fmt.Errorf("allocator %s: %w", u, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return true, fmt.Errorf("allocator %s: reading answer: %w", u, err)
+	}
+	if resp.StatusCode >= 300 {
+		e := &api.Error{}
+		if json.Unmarshal(data, e) != nil || e.Reason == "" {
+			e = &api.Error{Reason: api.ReasonInternal, Message: fmt.Sprintf("allocator answered %s: %s", resp.Status, bytes.TrimSpace(data))}
+		}
+		return resp.StatusCode == http.StatusServiceUnavailable, e
+	}
+	if out != nil && len(data) > 0 {
+		if err := json.Unmarshal(data, out); err != nil {
+			return false, fmt.Errorf("allocator %s: decoding answer: %w", u, err)
+		}
+	}
+	return false, nil
+}

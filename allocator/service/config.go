@@ -1,0 +1,158 @@
+package service
+
+import (
+	"crypto/subtle"
+	"fmt"
+	"os"
+	"strconv"
+
+	"sigs.k8s.io/yaml"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/gpupool/gpupool/allocator"
+)
+
+// QuotaResource is the ResourceQuota key whose value is a namespace's GPU
+// quota in percent of one GPU (100 = one whole GPU).
+const QuotaResource = "requests.bitfusion.io/gpu"
+
+// FileConfig is the allocator's config file: namespace quotas in the
+// shape of a ResourceQuota's hard limits, and bearer tokens.
+//
+//	admin:   {tokens: [...]}          # every namespace, every operation
+//	servers: {tokens: [...]}          # GPU-server daemons: register, heartbeat
+//	namespaces:
+//	  team-a:
+//	    hard: {requests.bitfusion.io/gpu: 200}
+//	    tokens: [...]                 # leases in team-a only
+type FileConfig struct {
+	Admin      TokenSet                   `json:"admin"`
+	Servers    TokenSet                   `json:"servers"`
+	Namespaces map[string]NamespaceConfig `json:"namespaces"`
+}
+
+// TokenSet lists bearer tokens.
+type TokenSet struct {
+	Tokens []string `json:"tokens"`
+}
+
+// NamespaceConfig is one namespace's quota and tokens.
+type NamespaceConfig struct {
+	Hard   map[string]resource.Quantity `json:"hard"`
+	Tokens []string                     `json:"tokens"`
+}
+
+// LoadConfig reads and checks a config file.
+func LoadConfig(path string) (*FileConfig, error) {
+	data, err := os.ReadFile(path) //nolint:gosec // the operator names the config file
+	if err != nil {
+		return nil, err
+	}
+	var c FileConfig
+	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &c, nil
+}
+
+func (c *FileConfig) validate() error {
+	seen := map[string]string{}
+	check := func(where string, tokens []string) error {
+		for i, t := range tokens {
+			field := where + ".tokens[" + strconv.Itoa(i) + "]"
+			if len(t) < 16 {
+				return &allocator.FieldError{Field: field, Value: strconv.Itoa(len(t)) + " characters", Limit: "is shorter than 16 characters"}
+			}
+			if other, dup := seen[t]; dup {
+				return &allocator.FieldError{Field: field, Value: "(redacted)", Limit: "is also a token of " + other}
+			}
+			seen[t] = where
+		}
+		return nil
+	}
+	if err := check("admin", c.Admin.Tokens); err != nil {
+		return err
+	}
+	if err := check("servers", c.Servers.Tokens); err != nil {
+		return err
+	}
+	for ns, nc := range c.Namespaces {
+		if err := check("namespaces."+ns, nc.Tokens); err != nil {
+			return err
+		}
+		for k, q := range nc.Hard {
+			field := "namespaces." + ns + ".hard." + k
+			if k != QuotaResource {
+				return &allocator.FieldError{Field: field, Value: q.String(), Limit: "is not a known resource (want " + QuotaResource + ")"}
+			}
+			if v, ok := q.AsInt64(); !ok || v < 0 {
+				return &allocator.FieldError{Field: field, Value: q.String(), Limit: "must be a whole number of percent of one GPU, at least 0"}
+			}
+		}
+	}
+	return nil
+}
+
+// Quotas returns each namespace's GPU quota in percent of one GPU.
+func (c *FileConfig) Quotas() map[string]int64 {
+	out := map[string]int64{}
+	for ns, nc := range c.Namespaces {
+		if q, ok := nc.Hard[QuotaResource]; ok {
+			v, _ := q.AsInt64()
+			out[ns] = v
+		}
+	}
+	return out
+}
+
+// Principal is who a request acts as.
+type Principal struct {
+	Admin     bool
+	Server    bool
+	Namespace string // for namespace tokens
+}
+
+// mayUse reports whether p may act on leases of namespace ns.
+func (p Principal) mayUse(ns string) bool { return p.Admin || p.Namespace != "" && p.Namespace == ns }
+
+// Authenticator maps bearer tokens to principals.
+type Authenticator struct {
+	tokens []tokenEntry // constant-time compared, so a scan
+}
+
+type tokenEntry struct {
+	token []byte
+	who   Principal
+}
+
+// NewAuthenticator builds the token table of a config.
+func NewAuthenticator(c *FileConfig) *Authenticator {
+	a := &Authenticator{}
+	add := func(tokens []string, who Principal) {
+		for _, t := range tokens {
+			a.tokens = append(a.tokens, tokenEntry{[]byte(t), who})
+		}
+	}
+	add(c.Admin.Tokens, Principal{Admin: true})
+	add(c.Servers.Tokens, Principal{Server: true})
+	for ns, nc := range c.Namespaces {
+		add(nc.Tokens, Principal{Namespace: ns})
+	}
+	return a
+}
+
+// Lookup returns the principal of a token.
+func (a *Authenticator) Lookup(token string) (Principal, bool) {
+	var found Principal
+	ok := false
+	for _, e := range a.tokens {
+		if subtle.ConstantTimeCompare(e.token, []byte(token)) == 1 {
+			found, ok = e.who, true
+		}
+	}
+	return found, ok
+}

@@ -1,0 +1,572 @@
+// Package service runs the allocator core as a service: it serializes
+// operations on the pool, makes every change durable through a store before
+// it is acknowledged, expires leases and marks servers whose heartbeat
+// stopped, queues requests that asked to wait, and serves it all over HTTP.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/store"
+)
+
+// Config configures a Service.
+type Config struct {
+	Store  store.Store
+	Policy string
+	Seed   uint64
+	// DefaultTTL and MaxTTL bound lease lifetimes.
+	DefaultTTL, MaxTTL time.Duration
+	// HeartbeatTimeout is how long a server may stay silent before its
+	// GPUs take no new leases.
+	HeartbeatTimeout time.Duration
+	// Quotas are GPU quotas in percent of one GPU, by namespace.
+	Quotas map[string]int64
+	// Clock returns the current time; time.Now when nil.
+	Clock    func() time.Time
+	Registry prometheus.Registerer
+	Logger   *slog.Logger
+}
+
+// Service is the allocator behind the HTTP API.
+type Service struct {
+	cfg   Config
+	log   *slog.Logger
+	clock func() time.Time
+
+	mu       sync.Mutex
+	pool     *allocator.Pool
+	lastSeen map[string]time.Time
+	// freed is closed, and replaced, whenever share or quota frees up, to
+	// wake the requests that wait for it.
+	freed   chan struct{}
+	pending int
+	recent  []allocator.Demand // ring of recent demands, the expected workload
+	next    int
+
+	commits chan commit
+	failed  chan struct{} // closed when the store failed: the process must restart
+	failErr error
+	metrics *metrics
+}
+
+type commit struct {
+	change store.Change
+	done   chan error
+}
+
+// recentDemands is how many granted demands make up the workload that
+// fragmentation (and the FGD-based policies) are measured against.
+const recentDemands = 1024
+
+// New recovers the pool from the store: servers are registered again (and
+// given a heartbeat timeout from now to check in), leases restored on their
+// GPUs, and leases whose TTL ran out while the allocator was down expired.
+func New(ctx context.Context, cfg Config) (*Service, error) {
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	s := &Service{
+		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, lastSeen: map[string]time.Time{},
+		freed: make(chan struct{}), commits: make(chan commit, 4096), failed: make(chan struct{}),
+	}
+	pol, err := allocator.NewPolicy(cfg.Policy, allocator.PolicyOptions{Seed: cfg.Seed})
+	if err != nil {
+		return nil, err
+	}
+	if s.pool, err = allocator.NewPool(allocator.PoolConfig{Policy: pol, DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL}); err != nil {
+		return nil, err
+	}
+	for ns, q := range cfg.Quotas {
+		if err := s.pool.SetQuota(ns, q); err != nil {
+			return nil, fmt.Errorf("quota of namespace %s: %w", ns, err)
+		}
+	}
+	if err := s.recover(ctx); err != nil {
+		return nil, err
+	}
+	if s.metrics, err = newMetrics(s, cfg.Registry); err != nil {
+		return nil, err
+	}
+	go s.committer()
+	return s, nil
+}
+
+func (s *Service) recover(ctx context.Context) error {
+	st, err := s.cfg.Store.Load(ctx)
+	if err != nil {
+		return fmt.Errorf("loading state from the %s store: %w", s.cfg.Store.Name(), err)
+	}
+	now := s.clock()
+	for _, srv := range st.Servers {
+		if err := s.pool.RegisterServer(srv); err != nil {
+			return fmt.Errorf("restoring server %s: %w", srv.Name, err)
+		}
+		s.lastSeen[srv.Name] = now
+	}
+	var dropped []string
+	for _, l := range st.Leases {
+		if err := s.pool.Restore(l); err != nil {
+			s.log.Error("dropping a stored lease that no longer fits", "lease", l.ID, "err", err)
+			dropped = append(dropped, l.ID)
+		}
+	}
+	s.pool.SetNextID(st.NextID)
+	expired := s.pool.Expire(now)
+	for _, l := range expired {
+		dropped = append(dropped, l.ID)
+	}
+	if len(dropped) > 0 {
+		if err := s.cfg.Store.Apply(ctx, []store.Change{{Ended: dropped}}); err != nil {
+			return fmt.Errorf("recording leases expired while down: %w", err)
+		}
+	}
+	s.log.Info("recovered state", "store", s.cfg.Store.Name(), "servers", len(st.Servers),
+		"leases", len(st.Leases)-len(dropped), "expired_or_dropped", len(dropped))
+	return nil
+}
+
+// Failed is closed when the store failed; the in-memory pool may then be
+// ahead of what is durable, and the process must exit and recover.
+func (s *Service) Failed() <-chan struct{} { return s.failed }
+
+// committer writes changes in the order they were made, as many per sync
+// as are waiting (group commit).
+func (s *Service) committer() {
+	batch := make([]commit, 0, 256)
+	changes := make([]store.Change, 0, 256)
+	for c := range s.commits {
+		batch, changes = append(batch[:0], c), append(changes[:0], c.change)
+	drain:
+		for len(batch) < cap(batch) {
+			select {
+			case c := <-s.commits:
+				batch, changes = append(batch, c), append(changes, c.change)
+			default:
+				break drain
+			}
+		}
+		start := time.Now()
+		err := s.cfg.Store.Apply(context.Background(), changes)
+		s.metrics.storeApply.Observe(time.Since(start).Seconds())
+		if err != nil {
+			s.metrics.storeErrors.Inc()
+			s.fail(fmt.Errorf("%s store: %w", s.cfg.Store.Name(), err))
+		}
+		for _, c := range batch {
+			c.done <- err
+		}
+	}
+}
+
+func (s *Service) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failErr == nil {
+		s.failErr = err
+		s.log.Error("store failed; the allocator must restart to recover", "err", err)
+		close(s.failed)
+	}
+}
+
+// errUnavailable answers every operation once the store has failed.
+var errUnavailable = errors.New("allocator store failed; restarting")
+
+// queue hands a change to the committer; it must be called with s.mu held
+// so that changes reach the store in the order they were made.
+func (s *Service) queue(c store.Change) chan error {
+	done := make(chan error, 1)
+	s.commits <- commit{change: c, done: done}
+	return done
+}
+
+// durable waits for a queued change to be written.
+func durable(ctx context.Context, done chan error) error {
+	select {
+	case err := <-done:
+		if err != nil {
+			return errUnavailable
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// endedIDs lists leases for a change.
+func endedIDs(ls []allocator.Lease) []string {
+	ids := make([]string, len(ls))
+	for i := range ls {
+		ids[i] = ls[i].ID
+	}
+	return ids
+}
+
+// wakeLocked wakes the waiting requests after share or quota freed up.
+func (s *Service) wakeLocked() {
+	close(s.freed)
+	s.freed = make(chan struct{})
+}
+
+// Acquire grants a lease, waiting up to wait for capacity or quota.
+func (s *Service) Acquire(ctx context.Context, r allocator.Request, wait time.Duration) (allocator.Lease, error) {
+	start := time.Now()
+	deadline := start.Add(wait)
+	for {
+		s.mu.Lock()
+		if s.failErr != nil {
+			s.mu.Unlock()
+			return allocator.Lease{}, errUnavailable
+		}
+		now := s.clock()
+		l, err := s.pool.Acquire(now, r)
+		expired := s.pool.Expire(now)
+		var done chan error
+		if err == nil || len(expired) > 0 {
+			c := store.Change{Ended: endedIDs(expired)}
+			if err == nil {
+				c.Leases, c.NextID = []allocator.Lease{l}, s.pool.NextID()
+				s.remember(r)
+			}
+			done = s.queue(c)
+		}
+		if len(expired) > 0 {
+			s.metrics.expirations.Add(float64(len(expired)))
+			s.wakeLocked()
+		}
+		freed := s.freed
+		s.mu.Unlock()
+		if done != nil {
+			if derr := durable(ctx, done); derr != nil {
+				return allocator.Lease{}, derr
+			}
+		}
+		if err == nil {
+			s.metrics.acquired(start, "")
+			return l, nil
+		}
+		if !waitable(err) || !time.Now().Before(deadline) {
+			s.metrics.acquired(start, reason(err))
+			return allocator.Lease{}, err
+		}
+		if werr := s.waitForFreed(ctx, freed, deadline); werr != nil {
+			s.metrics.acquired(start, reason(err))
+			return allocator.Lease{}, err
+		}
+	}
+}
+
+// waitable reports whether capacity or quota may free up for err.
+func waitable(err error) bool {
+	var capacity *allocator.NoCapacityError
+	var quota *allocator.QuotaExceededError
+	return errors.As(err, &capacity) || errors.As(err, &quota)
+}
+
+func (s *Service) waitForFreed(ctx context.Context, freed chan struct{}, deadline time.Time) error {
+	s.mu.Lock()
+	s.pending++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.pending--
+		s.mu.Unlock()
+	}()
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-freed:
+		return nil
+	case <-t.C:
+		return context.DeadlineExceeded
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// remember records a granted demand for the expected workload; every
+// recentDemands grants the frag-based policies are rebuilt on it.
+func (s *Service) remember(r allocator.Request) {
+	d := allocator.Demand{GPUs: r.GPUs, Milli: int32(r.Percent * 10), CPUMilli: r.CPUMilli}
+	if r.Percent == 0 && r.GPUMemoryBytes == 0 && r.GPUs > 0 {
+		d.Milli = allocator.MilliPerGPU
+	}
+	if len(s.recent) < recentDemands {
+		s.recent = append(s.recent, d)
+	} else {
+		s.recent[s.next] = d
+	}
+	s.next = (s.next + 1) % recentDemands
+	if s.next == 0 {
+		s.refreshPolicyLocked()
+	}
+}
+
+func (s *Service) workloadLocked() allocator.Workload {
+	return allocator.TypicalWorkload(s.recent, 0.95)
+}
+
+func (s *Service) refreshPolicyLocked() {
+	pol, err := allocator.NewPolicy(s.cfg.Policy, allocator.PolicyOptions{Seed: s.cfg.Seed, Workload: s.workloadLocked()})
+	if err == nil {
+		s.pool.SetPolicy(pol)
+	}
+}
+
+// Renew extends a lease.
+func (s *Service) Renew(ctx context.Context, p Principal, id string, ttl time.Duration) (allocator.Lease, error) {
+	return s.onLease(ctx, p, id, func(now time.Time) (allocator.Lease, store.Change, error) {
+		l, err := s.pool.Renew(now, id, ttl)
+		return l, store.Change{Leases: []allocator.Lease{l}}, err
+	})
+}
+
+// Release ends a lease.
+func (s *Service) Release(ctx context.Context, p Principal, id string) (allocator.Lease, error) {
+	l, err := s.onLease(ctx, p, id, func(now time.Time) (allocator.Lease, store.Change, error) {
+		l, err := s.pool.Release(now, id)
+		if err == nil {
+			s.wakeLocked()
+		}
+		return l, store.Change{Ended: []string{id}}, err
+	})
+	if err == nil {
+		s.metrics.releases.Inc()
+	}
+	return l, err
+}
+
+// Lease returns one lease.
+func (s *Service) Lease(p Principal, id string) (allocator.Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, err := s.pool.Lease(s.clock(), id)
+	if err != nil {
+		return l, err
+	}
+	if !p.mayUse(l.Namespace) {
+		return allocator.Lease{}, errForbidden(l.Namespace)
+	}
+	return l, nil
+}
+
+// onLease runs op on a lease the principal may use and makes it durable.
+func (s *Service) onLease(ctx context.Context, p Principal, id string, op func(now time.Time) (allocator.Lease, store.Change, error)) (allocator.Lease, error) {
+	s.mu.Lock()
+	if s.failErr != nil {
+		s.mu.Unlock()
+		return allocator.Lease{}, errUnavailable
+	}
+	now := s.clock()
+	l, err := s.pool.Lease(now, id)
+	if err == nil && !p.mayUse(l.Namespace) {
+		err = errForbidden(l.Namespace)
+	}
+	var c store.Change
+	if err == nil {
+		l, c, err = op(now)
+	}
+	expired := s.pool.Expire(now)
+	if err != nil {
+		c = store.Change{}
+	}
+	c.Ended = append(c.Ended, endedIDs(expired)...)
+	var done chan error
+	if err == nil || len(c.Ended) > 0 {
+		done = s.queue(c)
+	}
+	if len(expired) > 0 {
+		s.metrics.expirations.Add(float64(len(expired)))
+		s.wakeLocked()
+	}
+	s.mu.Unlock()
+	if done != nil {
+		if derr := durable(ctx, done); derr != nil {
+			return allocator.Lease{}, derr
+		}
+	}
+	return l, err
+}
+
+// ForbiddenError refuses an operation on another namespace.
+type ForbiddenError struct{ Namespace string }
+
+func (e *ForbiddenError) Error() string {
+	return "this token may not act in namespace " + e.Namespace
+}
+
+func errForbidden(ns string) error { return &ForbiddenError{Namespace: ns} }
+
+// LeaseFilter selects leases to list.
+type LeaseFilter struct {
+	Namespace string
+	Server    string
+	Selector  func(labels map[string]string) bool
+}
+
+// Leases lists the live leases that match f.
+func (s *Service) Leases(f LeaseFilter) []allocator.Lease {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []allocator.Lease
+	for _, l := range s.pool.Leases(s.clock()) {
+		if f.Namespace != "" && l.Namespace != f.Namespace || f.Server != "" && l.Server != f.Server ||
+			f.Selector != nil && !f.Selector(l.Owner.Labels) {
+			continue
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// Quotas lists quota and use per namespace.
+func (s *Service) Quotas() []allocator.QuotaStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pool.Quotas(s.clock())
+}
+
+// RegisterServer adds or updates a GPU server; it counts as a heartbeat.
+func (s *Service) RegisterServer(ctx context.Context, srv allocator.Server) error {
+	s.mu.Lock()
+	if err := s.pool.RegisterServer(srv); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	s.lastSeen[srv.Name] = s.clock()
+	_ = s.pool.SetSchedulable(srv.Name, true)
+	s.wakeLocked()
+	done := s.queue(store.Change{Servers: []allocator.Server{srv}})
+	s.mu.Unlock()
+	return durable(ctx, done)
+}
+
+// Heartbeat records that a server is alive and updates its GPUs' health.
+func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) error {
+	s.mu.Lock()
+	var srv *allocator.Server
+	servers := s.pool.Servers()
+	for i := range servers {
+		if servers[i].Name == name {
+			srv = &servers[i]
+		}
+	}
+	if srv == nil {
+		s.mu.Unlock()
+		return &allocator.ServerNotFoundError{Name: name}
+	}
+	changed := false
+	for _, g := range hb.GPUs {
+		if g.Index < 0 || g.Index >= len(srv.GPUs) {
+			s.mu.Unlock()
+			return &allocator.FieldError{Field: "gpus.index", Value: fmt.Sprint(g.Index), Limit: fmt.Sprintf("out of range 0..%d", len(srv.GPUs)-1)}
+		}
+		if srv.GPUs[g.Index].Healthy != g.Healthy {
+			srv.GPUs[g.Index].Healthy, changed = g.Healthy, true
+		}
+	}
+	s.lastSeen[name] = s.clock()
+	_ = s.pool.SetSchedulable(name, true)
+	var done chan error
+	if changed {
+		if err := s.pool.RegisterServer(*srv); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+		s.wakeLocked()
+		done = s.queue(store.Change{Servers: []allocator.Server{*srv}})
+	}
+	s.mu.Unlock()
+	if done != nil {
+		return durable(ctx, done)
+	}
+	return nil
+}
+
+// Run expires leases and marks silent servers until ctx ends.
+func (s *Service) Run(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.tick()
+		}
+	}
+}
+
+func (s *Service) tick() {
+	s.mu.Lock()
+	now := s.clock()
+	for name, seen := range s.lastSeen {
+		if now.Sub(seen) > s.cfg.HeartbeatTimeout {
+			_ = s.pool.SetSchedulable(name, false)
+		}
+	}
+	expired := s.pool.Expire(now)
+	var done chan error
+	if len(expired) > 0 && s.failErr == nil {
+		s.metrics.expirations.Add(float64(len(expired)))
+		s.wakeLocked()
+		done = s.queue(store.Change{Ended: endedIDs(expired)})
+		for _, l := range expired {
+			s.log.Info("lease expired", "lease", l.ID, "namespace", l.Namespace, "pod", l.Owner.Pod, "server", l.Server)
+		}
+	}
+	s.mu.Unlock()
+	if done != nil {
+		_ = durable(context.Background(), done)
+	}
+}
+
+// Status reports the pool for `gpupool pool status`.
+func (s *Service) Status() api.PoolStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.pool.Cluster()
+	leases := map[string]int{}
+	for _, l := range s.pool.Leases(s.clock()) {
+		leases[l.Server]++
+	}
+	var st api.PoolStatus
+	for i, srv := range s.pool.Servers() {
+		n := &c.Nodes[i]
+		ss := api.ServerStatus{
+			Name: srv.Name, Labels: srv.Labels, Schedulable: n.Schedulable, LastHeartbeat: s.lastSeen[srv.Name],
+			CPUMilli: n.CPUCap, CPUFreeMilli: n.CPUFree, Leases: leases[srv.Name],
+		}
+		for gi, g := range srv.GPUs {
+			ng := &n.GPUs[gi]
+			ss.GPUs = append(ss.GPUs, api.GPUStatus{
+				Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: ng.Healthy,
+				AllocatedMilli: allocator.MilliPerGPU - ng.Free, AllocatedBytes: ng.MemoryBytes - ng.FreeBytes,
+			})
+		}
+		st.Servers = append(st.Servers, ss)
+	}
+	return st
+}
+
+// CheckInvariants checks the pool's bookkeeping (tests and debugging).
+func (s *Service) CheckInvariants() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pool.CheckInvariants()
+}

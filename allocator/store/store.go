@@ -1,0 +1,42 @@
+// Package store keeps the allocator's state durable: the registered
+// servers, the live leases and the lease ID counter. Quotas and tokens come
+// from the config file and are not stored.
+//
+// The allocator applies a change to its in-memory pool first, then hands
+// it to the store, and acknowledges the client only once Apply returned:
+// an acknowledged lease survives a crash; an unacknowledged one may not,
+// and its client retries with the same idempotency key.
+package store
+
+import (
+	"context"
+
+	"github.com/gpupool/gpupool/allocator"
+)
+
+// State is what an allocator recovers on start.
+type State struct {
+	Servers []allocator.Server
+	Leases  []allocator.Lease
+	NextID  uint64
+}
+
+// Change is one step of the pool to make durable.
+type Change struct {
+	Servers []allocator.Server // registered or changed
+	Leases  []allocator.Lease  // granted or renewed
+	Ended   []string           // IDs of leases released or expired
+	NextID  uint64             // the lease ID counter after the step; 0 leaves it
+}
+
+// Store is where the allocator's state lives between restarts.
+type Store interface {
+	// Load returns everything stored.
+	Load(ctx context.Context) (State, error)
+	// Apply makes changes durable, in order, before it returns; a batch of
+	// changes costs one sync (group commit).
+	Apply(ctx context.Context, changes []Change) error
+	// Name says which store this is, for logs and metrics.
+	Name() string
+	Close() error
+}
