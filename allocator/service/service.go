@@ -570,3 +570,9 @@ func (s *Service) CheckInvariants() error {
 	defer s.mu.Unlock()
 	return s.pool.CheckInvariants()
 }
+
+func (s *Service) pendingCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pending
+}

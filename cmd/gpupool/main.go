@@ -13,7 +13,11 @@ Usage:
   gpupool <command> [flags]
 
 Commands:
-  simulate   replay an OpenB GPU trace against the placement policies
+  run          run a command on pooled GPUs: gpupool run -n 1 -p 50 -- python3 train.py
+  pool status  the pool's servers and GPUs, leased share and health
+  leases       live leases: who holds which share of which GPU
+  quota        GPU quota and use per namespace
+  simulate     replay an OpenB GPU trace against the placement policies
 
 Run "gpupool <command> --help" for a command's flags.
 `
@@ -32,6 +36,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "simulate":
 		return simulateCmd(args[1:], stdout, stderr)
+	case "run":
+		return runCmd(args[1:], stdout, stderr)
+	case "pool":
+		return poolCmd(args[1:], stdout, stderr)
+	case "leases":
+		return leasesCmd(args[1:], stdout, stderr)
+	case "quota":
+		return quotaCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

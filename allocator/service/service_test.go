@@ -1,0 +1,278 @@
+package service
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/allocator/store"
+)
+
+const (
+	adminToken  = "admin-token-0123456789"
+	serverToken = "server-token-0123456789"
+	teamAToken  = "team-a-token-0123456789"
+	teamBToken  = "team-b-token-0123456789"
+)
+
+// fakeClock is a settable clock for the service.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+type testAllocator struct {
+	svc   *Service
+	url   string
+	clock *fakeClock
+	reg   *prometheus.Registry
+	store store.Store
+	dir   string
+	close func()
+}
+
+func testConfig() *FileConfig {
+	return &FileConfig{
+		Admin:   TokenSet{Tokens: []string{adminToken}},
+		Servers: TokenSet{Tokens: []string{serverToken}},
+		Namespaces: map[string]NamespaceConfig{
+			"team-a": {Tokens: []string{teamAToken}},
+			"team-b": {Tokens: []string{teamBToken}},
+		},
+	}
+}
+
+// startAllocator serves a service on a real bolt store in dir.
+func startAllocator(t *testing.T, dir string, clock *fakeClock, quotas map[string]int64) *testAllocator {
+	t.Helper()
+	st, err := store.OpenBolt(dir, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	svc, err := New(context.Background(), Config{
+		Store: st, Policy: "best-fit", DefaultTTL: time.Minute, MaxTTL: time.Hour, HeartbeatTimeout: 10 * time.Second,
+		Quotas: quotas, Clock: clock.Now, Registry: reg, Logger: log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(Handler(svc, NewAuthenticator(testConfig()), reg, log))
+	a := &testAllocator{svc: svc, url: srv.URL, clock: clock, reg: reg, store: st, dir: dir}
+	a.close = func() { srv.Close(); _ = st.Close() }
+	t.Cleanup(a.close)
+	return a
+}
+
+func (a *testAllocator) client(t *testing.T, token string) *client.Client {
+	t.Helper()
+	c, err := client.New([]string{a.url}, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Retries = 1
+	return c
+}
+
+func gpuServer(name string, gpus int) allocator.Server {
+	s := allocator.Server{Name: name, CPUMilli: 64000, MemoryBytes: 256 << 30}
+	for i := range gpus {
+		s.GPUs = append(s.GPUs, allocator.GPU{Index: i, UUID: name + "-gpu" + string(rune('0'+i)), Model: "A100", MemoryBytes: 80 << 30, Healthy: true})
+	}
+	return s
+}
+
+func TestAuthAndNamespaces(t *testing.T) {
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, nil)
+	ctx := context.Background()
+	if err := a.client(t, serverToken).RegisterServer(ctx, gpuServer("s1", 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.client(t, teamAToken).RegisterServer(ctx, gpuServer("s2", 2)); !client.IsReason(err, api.ReasonForbidden) {
+		t.Errorf("a namespace token registered a server: %v", err)
+	}
+	if _, err := a.client(t, "").Pool(ctx); !client.IsReason(err, api.ReasonUnauthorized) {
+		t.Errorf("no token: %v, want Unauthorized", err)
+	}
+	if _, err := a.client(t, "wrong-token-0123456789").Leases(ctx, client.LeaseFilter{}); !client.IsReason(err, api.ReasonUnauthorized) {
+		t.Errorf("unknown token: %v, want Unauthorized", err)
+	}
+	teamA, teamB := a.client(t, teamAToken), a.client(t, teamBToken)
+	l, err := teamA.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, GPUPercent: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := teamA.Acquire(ctx, api.AcquireRequest{Namespace: "team-b", GPUAmount: 1}); !client.IsReason(err, api.ReasonForbidden) {
+		t.Errorf("team-a acquired in team-b: %v", err)
+	}
+	if _, err := teamB.Lease(ctx, l.ID); !client.IsReason(err, api.ReasonForbidden) {
+		t.Errorf("team-b read team-a's lease: %v", err)
+	}
+	if err := teamB.Release(ctx, l.ID); !client.IsReason(err, api.ReasonForbidden) {
+		t.Errorf("team-b released team-a's lease: %v", err)
+	}
+	if ls, err := teamB.Leases(ctx, client.LeaseFilter{}); err != nil || len(ls) != 0 {
+		t.Errorf("team-b lists %d leases (%v), want none of team-a's", len(ls), err)
+	}
+	if _, err := teamB.Leases(ctx, client.LeaseFilter{Namespace: "team-a"}); !client.IsReason(err, api.ReasonForbidden) {
+		t.Errorf("team-b listed team-a: %v", err)
+	}
+	if ls, err := a.client(t, adminToken).Leases(ctx, client.LeaseFilter{}); err != nil || len(ls) != 1 {
+		t.Errorf("admin lists %d leases (%v), want 1", len(ls), err)
+	}
+	if err := teamA.Release(ctx, l.ID); err != nil {
+		t.Errorf("team-a cannot release its own lease: %v", err)
+	}
+}
+
+func TestBadInputNamesTheField(t *testing.T) {
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, nil)
+	for _, tc := range []struct {
+		body, field, message string
+	}{
+		{`{"namespace":"team-a","gpuAmount":1,"gpuPercent":120}`, "gpu-percent", "gpu-percent 120 out of range 1..100"},
+		{`{"namespace":"team-a","gpuAmount":1,"gpuMemory":"lots"}`, "gpu-memory", "gpu-memory lots is not a quantity"},
+		{`{"namespace":"team-a","gpuAmount":1,"ttl":"forever"}`, "ttl", "ttl forever must be a duration"},
+		{`{"namespace":"team-a","gpuAmount":1,"wait":"2h"}`, "wait", "wait 2h must be a duration such as 30s or 5m, in 0..1h0m0s"},
+		{`{"namespace":"team-a","gpuAmount":1,"cpu":"-1"}`, "cpu", "cpu -1 is not a non-negative quantity"},
+		{`{"namespace":"team-a","gpuAmount":-2}`, "gpu-amount", "gpu-amount -2 must be at least 0"},
+		{`{"namespace":"team-a","gpuAmount":1,"bogus":1}`, "", `unknown field`},
+		{`not json`, "", "body is not valid JSON"},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, a.url+"/v1/leases", strings.NewReader(tc.body))
+		req.Header.Set("Authorization", "Bearer "+teamAToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), tc.message) || !strings.Contains(string(body), `"field":"`+tc.field+`"`) && tc.field != "" {
+			t.Errorf("%s: %d %s; want 400 naming %q: %q", tc.body, resp.StatusCode, body, tc.field, tc.message)
+		}
+	}
+}
+
+func TestWaitQueuesUntilShareFrees(t *testing.T) {
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, map[string]int64{"team-a": 100})
+	ctx := context.Background()
+	admin := a.client(t, adminToken)
+	if err := admin.RegisterServer(ctx, gpuServer("s1", 1)); err != nil {
+		t.Fatal(err)
+	}
+	first, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, GPUPercent: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, GPUPercent: 50}); !client.IsReason(err, api.ReasonQuotaExceeded) {
+		t.Fatalf("over quota without --wait: %v", err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, GPUPercent: 50, Wait: "30s"})
+		got <- err
+	}()
+	waitFor(t, func() bool { return a.svc.pendingCount() == 1 })
+	select {
+	case err := <-got:
+		t.Fatalf("the queued request returned before anything was released: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := admin.Release(ctx, first.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Errorf("the queued request failed after the release: %v", err)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatal("condition not met within 5s")
+}
+
+func TestRecoveryRestoresLeasesAndExpiresThoseThatRanOut(t *testing.T) {
+	dir, clock := t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}
+	a := startAllocator(t, dir, clock, nil)
+	ctx := context.Background()
+	admin := a.client(t, adminToken)
+	if err := admin.RegisterServer(ctx, gpuServer("s1", 2)); err != nil {
+		t.Fatal(err)
+	}
+	short, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, GPUPercent: 30, TTL: "10s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, GPUPercent: 60, TTL: "10m", IdempotencyKey: "job-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.close()
+
+	clock.Add(time.Minute) // down for a minute: the 10s lease ran out
+	b := startAllocator(t, dir, clock, nil)
+	admin = b.client(t, adminToken)
+	leases, err := admin.Leases(ctx, client.LeaseFilter{})
+	if err != nil || len(leases) != 1 || leases[0].ID != long.ID {
+		t.Fatalf("after restart: %v leases (%v), want only %s (%s expired)", leases, err, long.ID, short.ID)
+	}
+	retry, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, GPUPercent: 60, TTL: "10m", IdempotencyKey: "job-1"})
+	if err != nil || retry.ID != long.ID {
+		t.Errorf("retry of job-1 after restart: %s (%v), want the same lease %s", retry.ID, err, long.ID)
+	}
+	next, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, GPUPercent: 10})
+	if err != nil || next.ID == short.ID || next.ID == long.ID {
+		t.Errorf("new lease after restart got ID %s (%v): IDs must not be reused", next.ID, err)
+	}
+	if err := b.svc.CheckInvariants(); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestSilentServerTakesNoNewLeases(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1e9, 0)}
+	a := startAllocator(t, t.TempDir(), clock, nil)
+	ctx := context.Background()
+	admin := a.client(t, adminToken)
+	if err := admin.RegisterServer(ctx, gpuServer("s1", 1)); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(11 * time.Second)
+	a.svc.tick()
+	if _, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1}); !client.IsReason(err, api.ReasonNoCapacity) {
+		t.Errorf("placed on a server silent for 11s: %v", err)
+	}
+	if err := admin.Heartbeat(ctx, "s1", api.Heartbeat{GPUs: []api.GPUHealth{{Index: 0, Healthy: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1}); err != nil {
+		t.Errorf("heartbeat did not bring the server back: %v", err)
+	}
+	if err := admin.Heartbeat(ctx, "nope", api.Heartbeat{}); !client.IsReason(err, api.ReasonNotFound) {
+		t.Errorf("heartbeat of an unknown server: %v, want NotFound (the daemon then registers)", err)
+	}
+}

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
+)
+
+// Exit statuses of `gpupool run` when the command did not run, after
+// sysexits.h, so scripts can tell "try later" from "not allowed".
+const (
+	exitUsage       = 2
+	exitUnavailable = 69 // the allocator cannot be reached
+	exitNoCapacity  = 75 // no capacity now: retry later or pass --wait
+	exitNoPermit    = 77 // quota exceeded, or the token may not act here
+)
+
+func runCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf clientFlags
+	cf.register(fs)
+	amount := fs.Int("n", 1, "bitfusion.io/gpu-amount: GPUs to use, all on one server")
+	percent := fs.Int("p", 0, "bitfusion.io/gpu-percent: share of each GPU, 1..100")
+	memory := fs.String("m", "", "bitfusion.io/gpu-memory: GPU memory of each GPU, e.g. 8000M or 16Gi (instead of -p)")
+	model := fs.String("model", "", "allowed GPU models, '|'-separated (e.g. A100|H100)")
+	ttl := fs.Duration("ttl", 30*time.Second, "lease lifetime; the lease is renewed every third of it while the command runs")
+	wait := fs.Duration("wait", 0, "queue up to this long for capacity or quota instead of failing")
+	namespace := fs.String("namespace", envOr("GPUPOOL_NAMESPACE", "default"), "namespace to charge (env GPUPOOL_NAMESPACE)")
+	pod := fs.String("pod", envOr("POD_NAME", ""), "pod that owns the lease, for attribution (env POD_NAME)")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `Usage: gpupool run -n N (-p P | -m M) [flags] -- command [args...]
+
+Acquires a lease on N GPUs of one server (each at P percent or M memory),
+runs the command with the lease in its environment, renews the lease while
+it runs and releases it when it exits; SIGINT, SIGTERM and SIGHUP go to the
+command. Exits with the command's status, or when the command did not run:
+2 bad usage, 69 allocator unreachable, 75 no capacity (retry, or --wait),
+77 quota exceeded or not allowed.
+
+The command sees GPUPOOL_LEASE_ID, GPUPOOL_SERVER, GPUPOOL_GPU_UUIDS,
+GPUPOOL_GPU_PERCENT, GPUPOOL_GPU_MEMORY_BYTES, and CUDA_VISIBLE_DEVICES and
+NVIDIA_VISIBLE_DEVICES set to the GPUs' UUIDs.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return exitUsage
+	}
+	command := fs.Args()
+	if len(command) == 0 {
+		fmt.Fprintln(stderr, "gpupool run: no command given (gpupool run -n 1 -p 50 -- python3 train.py)")
+		return exitUsage
+	}
+	if *ttl < 3*time.Second {
+		fmt.Fprintf(stderr, "gpupool run: --ttl %s is below the minimum 3s\n", *ttl)
+		return exitUsage
+	}
+	cl, ok := cf.client(stderr)
+	if !ok {
+		return exitUsage
+	}
+	req := api.AcquireRequest{
+		Namespace: *namespace, GPUAmount: *amount, GPUPercent: *percent, GPUMemory: *memory,
+		TTL: ttl.String(), Owner: allocator.Owner{Pod: *pod},
+	}
+	if *model != "" {
+		req.Models = strings.Split(*model, "|")
+	}
+	if *wait > 0 {
+		req.Wait = wait.String()
+	}
+	ctx := context.Background()
+	lease, err := cl.Acquire(ctx, req)
+	if err != nil {
+		return acquireFailed(stderr, err, *wait)
+	}
+	return runLeased(ctx, cl, lease, *ttl, command, stdout, stderr)
+}
+
+func acquireFailed(stderr io.Writer, err error, wait time.Duration) int {
+	var e *api.Error
+	if !errors.As(err, &e) {
+		fmt.Fprintln(stderr, "gpupool run: cannot reach the allocator:", err)
+		return exitUnavailable
+	}
+	switch e.Reason {
+	case api.ReasonNoCapacity:
+		hint := " (pass --wait 10m to queue for it)"
+		if wait > 0 {
+			hint = fmt.Sprintf(" after waiting %s", wait)
+		}
+		fmt.Fprintf(stderr, "gpupool run: %s%s\n", e.Message, hint)
+		return exitNoCapacity
+	case api.ReasonQuotaExceeded, api.ReasonForbidden, api.ReasonUnauthorized:
+		fmt.Fprintln(stderr, "gpupool run:", e.Message)
+		return exitNoPermit
+	case api.ReasonInvalid:
+		fmt.Fprintln(stderr, "gpupool run:", e.Message)
+		return exitUsage
+	}
+	fmt.Fprintln(stderr, "gpupool run:", e.Message)
+	return exitUnavailable
+}
+
+// runLeased runs the command under the lease and releases it afterwards.
+func runLeased(ctx context.Context, cl *client.Client, lease allocator.Lease, ttl time.Duration, command []string, stdout, stderr io.Writer) int {
+	release := func() {
+		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := cl.Release(rctx, lease.ID); err != nil {
+			fmt.Fprintf(stderr, "gpupool run: releasing %s: %v (it expires by itself within %s)\n", lease.ID, err, ttl)
+		}
+	}
+	cmd := exec.CommandContext(ctx, command[0], command[1:]...) //nolint:gosec // running the user's command is the point
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
+	cmd.Env = append(os.Environ(), leaseEnv(lease)...)
+	signals := make(chan os.Signal, 4)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(signals)
+	if err := cmd.Start(); err != nil {
+		release()
+		fmt.Fprintln(stderr, "gpupool run:", err)
+		return 127
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	renew := time.NewTicker(ttl / 3)
+	defer renew.Stop()
+	for {
+		select {
+		case sig := <-signals:
+			_ = cmd.Process.Signal(sig)
+		case <-renew.C:
+			rctx, cancel := context.WithTimeout(ctx, ttl/3)
+			_, err := cl.Renew(rctx, lease.ID, ttl)
+			cancel()
+			if client.IsReason(err, api.ReasonNotFound) {
+				fmt.Fprintf(stderr, "gpupool run: lease %s is gone (expired or released elsewhere); stopping the command\n", lease.ID)
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+			} else if err != nil {
+				fmt.Fprintf(stderr, "gpupool run: renewing %s: %v (will retry)\n", lease.ID, err)
+			}
+		case err := <-exited:
+			release()
+			return exitStatus(err)
+		}
+	}
+}
+
+func leaseEnv(l allocator.Lease) []string {
+	uuids := make([]string, len(l.GPUs))
+	var milli int32
+	var bytes int64
+	for i, g := range l.GPUs {
+		uuids[i], milli, bytes = g.UUID, g.Milli, g.MemoryBytes
+	}
+	list := strings.Join(uuids, ",")
+	return []string{
+		"GPUPOOL_LEASE_ID=" + l.ID, "GPUPOOL_SERVER=" + l.Server, "GPUPOOL_GPU_UUIDS=" + list,
+		"GPUPOOL_GPU_PERCENT=" + api.FormatMilli(int64(milli)),
+		"GPUPOOL_GPU_MEMORY_BYTES=" + strconv.FormatInt(bytes, 10),
+		"CUDA_VISIBLE_DEVICES=" + list, "NVIDIA_VISIBLE_DEVICES=" + list,
+	}
+}
+
+// exitStatus is the shell's view of how the command ended.
+func exitStatus(err error) int {
+	if err == nil {
+		return 0
+	}
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return exit.ExitCode()
+	}
+	return 1
+}
