@@ -241,7 +241,7 @@ func (s *Service) Acquire(ctx context.Context, r allocator.Request, wait time.Du
 			c := store.Change{Ended: endedIDs(expired)}
 			if err == nil {
 				c.Leases, c.NextID = []allocator.Lease{l}, s.pool.NextID()
-				s.remember(r)
+				s.remember(&l)
 			}
 			done = s.queue(c)
 		}
@@ -299,12 +299,13 @@ func (s *Service) waitForFreed(ctx context.Context, freed chan struct{}, deadlin
 	}
 }
 
-// remember records a granted demand for the expected workload; every
-// recentDemands grants the frag-based policies are rebuilt on it.
-func (s *Service) remember(r allocator.Request) {
-	d := allocator.Demand{GPUs: r.GPUs, Milli: int32(r.Percent * 10), CPUMilli: r.CPUMilli}
-	if r.Percent == 0 && r.GPUMemoryBytes == 0 && r.GPUs > 0 {
-		d.Milli = allocator.MilliPerGPU
+// remember records a granted lease's shape for the expected workload (a
+// memory request by the share it got); every recentDemands grants the
+// frag-based policies are rebuilt on it.
+func (s *Service) remember(l *allocator.Lease) {
+	d := allocator.Demand{GPUs: len(l.GPUs), CPUMilli: l.CPUMilli}
+	if len(l.GPUs) > 0 {
+		d.Milli = l.GPUs[0].Milli
 	}
 	if len(s.recent) < recentDemands {
 		s.recent = append(s.recent, d)

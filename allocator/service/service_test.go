@@ -276,3 +276,7 @@ func TestSilentServerTakesNoNewLeases(t *testing.T) {
 		t.Errorf("heartbeat of an unknown server: %v, want NotFound (the daemon then registers)", err)
 	}
 }
+
+func podOwner(pod string) allocator.Owner {
+	return allocator.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "tf-training"}}
+}

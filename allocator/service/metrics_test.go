@@ -1,0 +1,90 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/gpupool/gpupool/allocator/api"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/metrics.golden from what the allocator exports (read the diff!)")
+
+// TestMetricsGolden exports a known pool and compares the exposition with
+// testdata/metrics.golden. Durations vary run to run and are left out;
+// promtool checks the whole exposition, durations included.
+func TestMetricsGolden(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1.8e9, 0)}
+	a := startAllocator(t, t.TempDir(), clock, map[string]int64{"team-a": 150})
+	ctx := context.Background()
+	admin := a.client(t, adminToken)
+	for _, s := range []string{"s1", "s2"} {
+		if err := admin.RegisterServer(ctx, gpuServer(s, 2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range []api.AcquireRequest{
+		{Namespace: "team-a", GPUAmount: 1, GPUPercent: 50, Owner: podOwner("trainer-0")},
+		{Namespace: "team-a", GPUAmount: 1, GPUMemory: "40Gi", Owner: podOwner("trainer-1")},
+		{Namespace: "team-b", GPUAmount: 2, Owner: podOwner("big-0")},
+		{Namespace: "team-a", GPUAmount: 1, GPUPercent: 60}, // over quota
+	} {
+		_, _ = admin.Acquire(ctx, r)
+	}
+	if err := admin.Heartbeat(ctx, "s2", api.Heartbeat{GPUs: []api.GPUHealth{{Index: 1, Healthy: false}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	var out bytes.Buffer
+	families, err := a.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if strings.HasSuffix(f.GetName(), "_duration_seconds") {
+			continue
+		}
+		if _, err := expfmt.MetricFamilyToText(&out, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	golden := "testdata/metrics.golden"
+	if *update {
+		if err := os.WriteFile(golden, out.Bytes(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test ./allocator/service -run TestMetricsGolden -update)", err)
+	}
+	if !bytes.Equal(out.Bytes(), want) {
+		t.Errorf("exposition differs from %s (rewrite with -update and read the diff):\n%s", golden, out.String())
+	}
+
+	problems, err := testutil.GatherAndLint(a.reg)
+	if err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool not installed (make deps installs it)")
+	}
+	var all bytes.Buffer
+	for _, f := range families {
+		_, _ = expfmt.MetricFamilyToText(&all, f)
+	}
+	cmd := exec.Command(promtool, "check", "metrics")
+	cmd.Stdin = &all
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("promtool check metrics: %v\n%s", err, msg)
+	}
+}
