@@ -1,0 +1,272 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
+)
+
+// TestRunEndToEnd: `gpupool run -n 1 -p 50 -- cmd` against the allocator
+// binary; the lease shows in /metrics and `gpupool leases` while the command
+// runs and is gone after it exits, whose status `gpupool run` passes on.
+func TestRunEndToEnd(t *testing.T) {
+	a := startAllocator(t, "--data-dir", t.TempDir())
+	register(t, newClient(t, a.URL, ""), gpuServer("gpu-a", 2), gpuServer("gpu-b", 4))
+	env := []string{"GPUPOOL_ALLOCATOR=" + a.URL, "GPUPOOL_NAMESPACE=ml", "POD_NAME=trainer-0"}
+
+	marker := filepath.Join(t.TempDir(), "lease")
+	run := exec.Command(filepath.Join(binDir, "gpupool"), "run", "-n", "1", "-p", "50", "--ttl", "3s", "--",
+		"sh", "-c", `echo "$GPUPOOL_LEASE_ID $CUDA_VISIBLE_DEVICES $GPUPOOL_GPU_PERCENT" > `+marker+`; sleep 2; exit 7`)
+	run.Env = append(os.Environ(), env...)
+	var out strings.Builder
+	run.Stdout, run.Stderr = &out, &out
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var leaseID, uuid, percent string
+	waitFor(t, func() bool {
+		b, err := os.ReadFile(marker)
+		_, _ = fmt.Sscan(string(b), &leaseID, &uuid, &percent)
+		return err == nil && leaseID != ""
+	})
+	if !strings.HasPrefix(uuid, "GPU-gpu-") || percent != "50" {
+		t.Errorf("the command saw CUDA_VISIBLE_DEVICES=%q GPUPOOL_GPU_PERCENT=%q", uuid, percent)
+	}
+	if m := metrics(t, a.URL); !strings.Contains(m, `bitfusion_lease_info{lease="`+leaseID+`",namespace="ml",pod="trainer-0"`) {
+		t.Errorf("lease %s not in /metrics:\n%s", leaseID, grep(m, "bitfusion_lease_info"))
+	}
+	listed, code := gpupool(t, env, "leases", "--output", "json")
+	if code != 0 || !strings.Contains(listed, leaseID) {
+		t.Errorf("gpupool leases (exit %d) does not list %s:\n%s", code, leaseID, listed)
+	}
+	err := run.Wait()
+	if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() != 7 {
+		t.Errorf("gpupool run exited with %v, want the command's status 7; output:\n%s", err, out.String())
+	}
+	if m := metrics(t, a.URL); strings.Contains(m, leaseID) {
+		t.Errorf("lease %s still in /metrics after the command exited", leaseID)
+	}
+	if listed, _ := gpupool(t, env, "leases"); strings.Contains(listed, leaseID) {
+		t.Errorf("lease %s still listed after the command exited:\n%s", leaseID, listed)
+	}
+
+	if out, code := gpupool(t, env, "run", "-n", "8", "--", "true"); code != 75 || !strings.Contains(out, "no server has 8 free GPUs") {
+		t.Errorf("no capacity: exit %d, %q; want 75 and the reason", code, out)
+	}
+	if out, code := gpupool(t, env, "run", "-n", "1", "-p", "120", "--", "true"); code != 2 || !strings.Contains(out, "gpu-percent 120 out of range 1..100") {
+		t.Errorf("bad percent: exit %d, %q", code, out)
+	}
+	if out, code := gpupool(t, env, "pool", "status"); code != 0 || !strings.Contains(out, "gpu-b") {
+		t.Errorf("pool status: exit %d\n%s", code, out)
+	}
+}
+
+// TestCrashKeepsAcknowledgedLeases kills the allocator with SIGKILL under a
+// concurrent acquire/release load and restarts it on the same data dir: no
+// acknowledged lease is lost, no acknowledged release comes back, a retried
+// request never gets a second lease, and the books balance.
+func TestCrashKeepsAcknowledgedLeases(t *testing.T) {
+	dir := t.TempDir()
+	config := filepath.Join(dir, "config.yaml")
+	const token = "crash-test-admin-token"
+	if err := os.WriteFile(config, []byte(`admin: {tokens: [`+token+`]}
+namespaces:
+  load: {hard: {requests.bitfusion.io/gpu: 100000}}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--data-dir", filepath.Join(dir, "data"), "--config", config}
+	a := startAllocator(t, args...)
+	c := newClient(t, a.URL, token)
+	c.Retries = 1
+	var servers []allocator.Server
+	for i := range 4 {
+		servers = append(servers, gpuServer(fmt.Sprint("s", i), 8))
+	}
+	register(t, c, servers...)
+
+	type outcome struct {
+		req      api.AcquireRequest
+		lease    allocator.Lease
+		acked    bool // the acquire was answered
+		released bool // a release was answered
+	}
+	var mu sync.Mutex
+	var all []*outcome
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			var mine []*outcome
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if len(mine) > 0 && rng.IntN(3) == 0 {
+					o := mine[rng.IntN(len(mine))]
+					if o.acked && !o.released && c.Release(context.Background(), o.lease.ID) == nil {
+						mu.Lock()
+						o.released = true
+						mu.Unlock()
+					}
+					continue
+				}
+				o := &outcome{req: api.AcquireRequest{Namespace: "load", GPUAmount: 1, GPUPercent: 1 + rng.IntN(5),
+					IdempotencyKey: fmt.Sprintf("w%d-%d", w, i), TTL: "10m"}}
+				mu.Lock()
+				all = append(all, o)
+				mu.Unlock()
+				l, err := c.Acquire(context.Background(), o.req)
+				if err != nil {
+					continue // in flight when the allocator died, or no capacity
+				}
+				mu.Lock()
+				o.lease, o.acked = l, true
+				mu.Unlock()
+				mine = append(mine, o)
+			}
+		})
+	}
+	time.Sleep(1500 * time.Millisecond)
+	a.kill() // SIGKILL, mid-flight
+	close(stop)
+	wg.Wait()
+
+	b := startAllocator(t, args...)
+	c = newClient(t, b.URL, token)
+	leases, err := c.Leases(context.Background(), client.LeaseFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := map[string]allocator.Lease{}
+	for _, l := range leases {
+		live[l.ID] = l
+	}
+	acked, released := 0, 0
+	for _, o := range all {
+		switch {
+		case o.released:
+			released++
+			if _, ok := live[o.lease.ID]; ok {
+				t.Errorf("acknowledged release of %s came back after the crash", o.lease.ID)
+			}
+		case o.acked:
+			acked++
+			if _, ok := live[o.lease.ID]; !ok {
+				t.Errorf("acknowledged lease %s (%s) lost in the crash", o.lease.ID, o.req.IdempotencyKey)
+			}
+		}
+	}
+	// Retry every request: each key must map to one lease, the one granted
+	// before the crash when it was acknowledged.
+	for _, o := range all {
+		if o.released {
+			continue
+		}
+		l, err := c.Acquire(context.Background(), o.req)
+		if err != nil {
+			continue // no capacity for a request that never got in
+		}
+		if o.acked && l.ID != o.lease.ID {
+			t.Errorf("retry of %s got %s, not its lease %s", o.req.IdempotencyKey, l.ID, o.lease.ID)
+		}
+	}
+	leases, _ = c.Leases(context.Background(), client.LeaseFilter{})
+	byKey := map[string]string{}
+	for _, l := range leases {
+		if other, dup := byKey[l.Request.IdempotencyKey]; dup {
+			t.Errorf("key %s granted twice: %s and %s", l.Request.IdempotencyKey, other, l.ID)
+		}
+		byKey[l.Request.IdempotencyKey] = l.ID
+	}
+	checkBooks(t, c, leases)
+	t.Logf("%d requests: %d acknowledged leases kept, %d acknowledged releases, %d leases live after restart and retries",
+		len(all), acked, released, len(leases))
+	if acked < 50 {
+		t.Errorf("only %d acknowledged leases: the load did not exercise the allocator", acked)
+	}
+}
+
+// checkBooks: per GPU, leased share <= 100% and equal to the sum of the
+// leases on it; quota use equals the sum of the namespace's leases.
+func checkBooks(t *testing.T, c *client.Client, leases []allocator.Lease) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := c.Pool(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := map[string]int32{}
+	perNS := map[string]int64{}
+	for _, l := range leases {
+		for _, g := range l.GPUs {
+			held[fmt.Sprint(l.Server, "/", g.Index)] += g.Milli
+		}
+		perNS[l.Namespace] += l.QuotaMilli()
+	}
+	for _, s := range pool.Servers {
+		for _, g := range s.GPUs {
+			key := fmt.Sprint(s.Name, "/", g.Index)
+			if g.AllocatedMilli > allocator.MilliPerGPU || g.AllocatedMilli != held[key] {
+				t.Errorf("GPU %s: allocated %d milli, leases hold %d", key, g.AllocatedMilli, held[key])
+			}
+		}
+	}
+	quotas, err := c.Quotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range quotas {
+		if int64(q.Used*10) != perNS[q.Namespace] {
+			t.Errorf("namespace %s: quota use %v%%, leases sum to %v%%", q.Namespace, q.Used, float64(perNS[q.Namespace])/10)
+		}
+	}
+}
+
+func metrics(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func grep(s, substr string) string {
+	var out []string
+	for _, line := range strings.Split(s, "\n") {
+		if strings.Contains(line, substr) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatal("condition not met within 10s")
+}
+
