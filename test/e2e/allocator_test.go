@@ -269,4 +269,3 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 	t.Fatal("condition not met within 10s")
 }
-
