@@ -24,8 +24,9 @@ test: verify ## vet, unit, scenario and property tests, the FGD reproduction, an
 	$(GO) test -count=1 -race -short ./...
 
 .PHONY: bench
-bench: build ## placement decisions per second per policy, and one whole replay timed
+bench: build ## placement decisions/s per policy, one whole replay timed, durable acquisitions/s over HTTP
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./simulate
+	$(GO) test -run '^$$' -bench AcquireRelease -benchtime 4000x ./allocator/service
 	@echo "whole replay, all policies x seeds 42-51, default trace:"
 	bin/gpupool simulate --seeds 42-51 --policies all
 

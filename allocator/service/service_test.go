@@ -61,7 +61,7 @@ func testConfig() *FileConfig {
 }
 
 // startAllocator serves a service on a real bolt store in dir.
-func startAllocator(t *testing.T, dir string, clock *fakeClock, quotas map[string]int64) *testAllocator {
+func startAllocator(t testing.TB, dir string, clock *fakeClock, quotas map[string]int64) *testAllocator {
 	t.Helper()
 	st, err := store.OpenBolt(dir, time.Second)
 	if err != nil {
@@ -83,7 +83,7 @@ func startAllocator(t *testing.T, dir string, clock *fakeClock, quotas map[strin
 	return a
 }
 
-func (a *testAllocator) client(t *testing.T, token string) *client.Client {
+func (a *testAllocator) client(t testing.TB, token string) *client.Client {
 	t.Helper()
 	c, err := client.New([]string{a.url}, token)
 	if err != nil {
@@ -279,4 +279,8 @@ func TestSilentServerTakesNoNewLeases(t *testing.T) {
 
 func podOwner(pod string) allocator.Owner {
 	return allocator.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "tf-training"}}
+}
+
+func startAllocatorB(b *testing.B) *testAllocator {
+	return startAllocator(b, b.TempDir(), &fakeClock{now: time.Now()}, nil)
 }
