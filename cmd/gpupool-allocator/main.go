@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,13 +14,16 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/service"
 	"github.com/gpupool/gpupool/allocator/store"
 )
@@ -32,7 +36,11 @@ func run(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpupool-allocator", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:8470", "address to serve the API and /metrics on")
+	storeKind := fs.String("store", "bolt", "where state lives: bolt (embedded, one file in --data-dir) or etcd (replicas with leader election)")
 	dataDir := fs.String("data-dir", "gpupool-data", "directory of the embedded store (one bbolt file)")
+	etcdEndpoints := fs.String("etcd-endpoints", "http://127.0.0.1:2379", "etcd endpoints, comma-separated (--store etcd)")
+	etcdPrefix := fs.String("etcd-prefix", "/gpupool", "key prefix in etcd (--store etcd)")
+	sessionTTL := fs.Duration("etcd-session-ttl", 5*time.Second, "how long after a leader dies a standby takes over (--store etcd)")
 	configFile := fs.String("config", "", "config file with namespace quotas and bearer tokens; without one, no quotas and NO AUTHENTICATION (loopback demos only)")
 	policy := fs.String("policy", "fgd-cpu", "placement policy: "+strings.Join(allocator.PolicyNames(), ", "))
 	defaultTTL := fs.Duration("default-ttl", 30*time.Second, "lifetime of a lease whose request names none")
@@ -73,17 +81,74 @@ Flags:
 		log.Warn("no --config: authentication is OFF and namespaces have no quota; serve on loopback only")
 	}
 
-	st, err := store.OpenBolt(*dataDir, 10*time.Second)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	reg := prometheus.NewRegistry()
+	leader := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "bitfusion_allocator_leader", Help: "1 while this allocator replica leads and serves; 0 while it stands by.",
+	})
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), leader)
+
+	// Until this replica leads, it answers 503 so clients try the others.
+	var current atomic.Pointer[http.Handler]
+	var standby http.Handler = standbyHandler(reg)
+	current.Store(&standby)
+	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
-		log.Error("opening the store", "err", err)
+		log.Error("listening", "err", err)
 		return 1
+	}
+	srv := &http.Server{
+		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*current.Load()).ServeHTTP(w, r) }),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			log.Error("serving", "err", err)
+			stop()
+		}
+	}()
+	log.Info("allocator serving", "address", "http://"+ln.Addr().String(), "store", *storeKind, "policy", *policy)
+	defer func() {
+		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+
+	var st store.Store
+	var lost <-chan struct{}
+	switch *storeKind {
+	case "bolt":
+		b, err := store.OpenBolt(*dataDir, 10*time.Second)
+		if err != nil {
+			log.Error("opening the store", "err", err)
+			return 1
+		}
+		st = b
+	case "etcd":
+		e, err := store.OpenEtcd(ctx, strings.Split(*etcdEndpoints, ","), *etcdPrefix, *sessionTTL)
+		if err != nil {
+			log.Error("opening the store", "err", err)
+			return 1
+		}
+		st, lost = e, e.Lost()
+		host, _ := os.Hostname()
+		log.Info("standing by for leadership", "etcd", *etcdEndpoints)
+		if err := e.Campaign(ctx, fmt.Sprintf("%s/%d/%s", host, os.Getpid(), ln.Addr())); err != nil {
+			_ = st.Close()
+			if ctx.Err() != nil {
+				return 0
+			}
+			log.Error("campaigning for leadership", "err", err)
+			return 1
+		}
+		log.Info("leading")
+	default:
+		log.Error("bad flag", "err", fmt.Sprintf("--store %q is not one of bolt, etcd", *storeKind))
+		return 2
 	}
 	defer st.Close()
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	svc, err := service.New(ctx, service.Config{
 		Store: st, Policy: *policy, DefaultTTL: *defaultTTL, MaxTTL: *maxTTL,
 		HeartbeatTimeout: *heartbeatTimeout, Quotas: quotas, Registry: reg, Logger: log,
@@ -92,29 +157,34 @@ Flags:
 		log.Error("starting the allocator", "err", err)
 		return 1
 	}
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		log.Error("listening", "err", err)
-		return 1
-	}
-	srv := &http.Server{Handler: service.Handler(svc, auth, reg, log), ReadHeaderTimeout: 10 * time.Second}
 	go svc.Run(ctx, *tick)
-	go func() {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			log.Error("serving", "err", err)
-			stop()
-		}
-	}()
-	log.Info("allocator serving", "address", "http://"+ln.Addr().String(), "store", st.Name(), "data_dir", *dataDir, "policy", *policy)
+	serving := service.Handler(svc, auth, reg, log)
+	current.Store(&serving)
+	leader.Set(1)
+	log.Info("allocator ready", "store", st.Name())
 
 	code := 0
 	select {
 	case <-ctx.Done():
 	case <-svc.Failed():
 		code = 1
+	case <-lost:
+		log.Error("lost leadership (etcd session ended); exiting so a standby serves")
+		code = 1
 	}
-	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(shutdown)
 	return code
+}
+
+// standbyHandler serves a replica that does not lead: metrics and health,
+// and 503 for the API so that clients try another replica.
+func standbyHandler(reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "standby\n") })
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(api.Error{Reason: api.ReasonUnavailable, Message: "this allocator replica is standing by; ask the leader"})
+	})
+	return mux
 }

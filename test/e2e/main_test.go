@@ -65,7 +65,11 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-var addressLine = regexp.MustCompile(`address=(http://\S+)`)
+var (
+	addressLine = regexp.MustCompile(`address=(http://\S+)`)
+	// readyLine is logged when the replica serves the API or stands by.
+	readyLine = regexp.MustCompile(`allocator ready|standing by for leadership`)
+)
 
 // startAllocator starts the binary on a free loopback port and waits until
 // it serves.
@@ -80,7 +84,7 @@ func startAllocator(t *testing.T, args ...string) *allocatorProcess {
 		t.Fatal(err)
 	}
 	p := &allocatorProcess{cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
-	found := make(chan string, 1)
+	found, ready := make(chan string, 1), make(chan struct{}, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
@@ -89,19 +93,32 @@ func startAllocator(t *testing.T, args ...string) *allocatorProcess {
 			if m := addressLine.FindStringSubmatch(line); m != nil {
 				found <- m[1]
 			}
+			if readyLine.MatchString(line) {
+				ready <- struct{}{}
+			}
 		}
 		_, _ = io.Copy(io.Discard, stderr)
 	}()
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() { p.kill() })
+	p.URL = await(t, p, found)
+	await(t, p, ready)
+	return p
+}
+
+// await waits for the process to log what ch reports.
+func await[T any](t *testing.T, p *allocatorProcess, ch <-chan T) T {
+	t.Helper()
 	select {
-	case p.URL = <-found:
+	case v := <-ch:
+		return v
 	case <-p.done:
 		t.Fatalf("allocator exited:\n%s", p.logs)
 	case <-time.After(20 * time.Second):
 		t.Fatalf("allocator did not start:\n%s", p.logs)
 	}
-	return p
+	var zero T
+	return zero
 }
 
 func (p *allocatorProcess) kill() {

@@ -1,0 +1,93 @@
+package e2e
+
+import (
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpupool/gpupool/allocator/client"
+)
+
+// startEtcd runs Debian's etcd on loopback ports in a temp dir.
+func startEtcd(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		t.Skip("etcd not installed (make deps installs Debian's etcd-server)")
+	}
+	client, peer := freePort(t), freePort(t)
+	clientURL, peerURL := "http://127.0.0.1:"+client, "http://127.0.0.1:"+peer
+	cmd := exec.Command(bin, "--name", "e2e", "--data-dir", filepath.Join(t.TempDir(), "etcd"),
+		"--listen-client-urls", clientURL, "--advertise-client-urls", clientURL,
+		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+		"--initial-cluster", "e2e="+peerURL, "--log-level", "warn")
+	var logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if conn, err := net.Dial("tcp", "127.0.0.1:"+client); err == nil {
+			_ = conn.Close()
+			return clientURL
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd did not start:\n%s", logs.String())
+		}
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
+}
+
+// TestEtcdLeaderFailover runs two allocator replicas on etcd, kills the
+// leader with SIGKILL under load, and checks that the standby takes over,
+// clients retry through it, and nothing acknowledged is lost.
+func TestEtcdLeaderFailover(t *testing.T) {
+	endpoints := startEtcd(t)
+	dir := t.TempDir()
+	args := []string{"--store", "etcd", "--etcd-endpoints", endpoints, "--etcd-session-ttl", "2s", "--config", writeConfig(t, dir)}
+	leader := startAllocator(t, args...)
+	standby := startAllocator(t, args...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("leader logs:\n%s\nstandby logs:\n%s", leader.logs, standby.logs)
+		}
+	})
+	if !strings.Contains(standby.logs.String(), "standing by") {
+		t.Fatalf("second replica did not stand by:\n%s", standby.logs)
+	}
+	c, err := client.New([]string{leader.URL, standby.URL}, adminToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Retries, c.Backoff = 200, 100*time.Millisecond // ride out the takeover
+	var tookOver time.Duration
+	crashUnderLoad(t, c, func() {
+		killed := time.Now()
+		leader.kill()
+		go func() {
+			for !strings.Contains(standby.logs.String(), "allocator ready") {
+				time.Sleep(10 * time.Millisecond)
+			}
+			tookOver = time.Since(killed)
+		}()
+	}, func() *client.Client {
+		waitFor(t, func() bool { return strings.Contains(standby.logs.String(), "allocator ready") })
+		return c
+	})
+
+	t.Logf("the standby served %s after the leader was killed (etcd session TTL 2s)", tookOver.Round(10*time.Millisecond))
+}
