@@ -17,22 +17,33 @@ build: ## build every binary into bin/
 simulate: ## replay the embedded OpenB trace against every placement policy
 	$(GO) run ./cmd/gpupool simulate
 
+# Debian packages the tests run for real: promtool checks the metrics,
+# etcd backs the replicated allocator.
+DEBIAN_PACKAGES := prometheus etcd-server
+
+.PHONY: deps
+deps: ## install the Debian packages the tests use (prometheus, etcd-server) if missing
+	@command -v promtool >/dev/null && command -v etcd >/dev/null || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES); }
+
 .PHONY: test
-test: verify ## vet, unit, scenario and property tests, the FGD reproduction, and a race pass
+test: deps verify ## vet; unit, scenario, property and e2e tests (real etcd, promtool); a race pass
 	$(GO) vet ./...
 	$(GO) test -count=1 ./...
 	$(GO) test -count=1 -race -short ./...
 
 .PHONY: bench
-bench: build ## placement decisions/s per policy, one whole replay timed, durable acquisitions/s over HTTP
+bench: deps build ## placement decisions/s per policy, one whole replay timed, durable acquisitions/s over HTTP
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./simulate
-	$(GO) test -run '^$$' -bench AcquireRelease -benchtime 4000x ./allocator/service
+	$(GO) test -run '^$$' -bench AcquireRelease -benchtime 4000x ./test/e2e
 	@echo "whole replay, all policies x seeds 42-51, default trace:"
 	bin/gpupool simulate --seeds 42-51 --policies all
 
 .PHONY: fuzz
-fuzz: ## fuzz the pool's operation stream for 60s
+fuzz: ## fuzz the pool's operation stream, request decoding and quantity parsing (60s each)
 	$(GO) test ./allocator -run '^$$' -fuzz FuzzPool -fuzztime 60s
+	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzAcquireRequest -fuzztime 60s
+	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzParseGPUMemory -fuzztime 60s
 
 .PHONY: rewrite
 rewrite: ## rewrite the scenario files' expected output (read the diff!)

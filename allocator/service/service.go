@@ -103,7 +103,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if s.metrics, err = newMetrics(s, cfg.Registry); err != nil {
 		return nil, err
 	}
-	go s.committer()
+	go s.committer() //nolint:gosec // the committer outlives every request: it serves them all
 	return s, nil
 }
 

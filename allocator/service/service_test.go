@@ -280,7 +280,3 @@ func TestSilentServerTakesNoNewLeases(t *testing.T) {
 func podOwner(pod string) allocator.Owner {
 	return allocator.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "tf-training"}}
 }
-
-func startAllocatorB(b *testing.B) *testAllocator {
-	return startAllocator(b, b.TempDir(), &fakeClock{now: time.Now()}, nil)
-}

@@ -91,7 +91,7 @@ Flags:
 
 	// Until this replica leads, it answers 503 so clients try the others.
 	var current atomic.Pointer[http.Handler]
-	var standby http.Handler = standbyHandler(reg)
+	standby := standbyHandler(reg)
 	current.Store(&standby)
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -147,7 +147,7 @@ Flags:
 		log.Error("bad flag", "err", fmt.Sprintf("--store %q is not one of bolt, etcd", *storeKind))
 		return 2
 	}
-	defer st.Close()
+	defer func() { _ = st.Close() }()
 
 	svc, err := service.New(ctx, service.Config{
 		Store: st, Policy: *policy, DefaultTTL: *defaultTTL, MaxTTL: *maxTTL,

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -53,7 +54,8 @@ func TestRunEndToEnd(t *testing.T) {
 		t.Errorf("gpupool leases (exit %d) does not list %s:\n%s", code, leaseID, listed)
 	}
 	err := run.Wait()
-	if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() != 7 {
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 7 {
 		t.Errorf("gpupool run exited with %v, want the command's status 7; output:\n%s", err, out.String())
 	}
 	if m := metrics(t, a.URL); strings.Contains(m, leaseID) {

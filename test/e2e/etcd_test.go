@@ -12,7 +12,7 @@ import (
 )
 
 // startEtcd runs Debian's etcd on loopback ports in a temp dir.
-func startEtcd(t *testing.T) string {
+func startEtcd(t testing.TB) string {
 	t.Helper()
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
@@ -41,13 +41,13 @@ func startEtcd(t *testing.T) string {
 	}
 }
 
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }()
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	return port
 }

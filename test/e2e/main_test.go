@@ -4,6 +4,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -73,7 +74,7 @@ var (
 
 // startAllocator starts the binary on a free loopback port and waits until
 // it serves.
-func startAllocator(t *testing.T, args ...string) *allocatorProcess {
+func startAllocator(t testing.TB, args ...string) *allocatorProcess {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(binDir, "gpupool-allocator"), append([]string{"--listen", "127.0.0.1:0"}, args...)...)
 	stderr, err := cmd.StderrPipe()
@@ -107,7 +108,7 @@ func startAllocator(t *testing.T, args ...string) *allocatorProcess {
 }
 
 // await waits for the process to log what ch reports.
-func await[T any](t *testing.T, p *allocatorProcess, ch <-chan T) T {
+func await[T any](t testing.TB, p *allocatorProcess, ch <-chan T) T {
 	t.Helper()
 	select {
 	case v := <-ch:
@@ -126,7 +127,7 @@ func (p *allocatorProcess) kill() {
 	<-p.done
 }
 
-func newClient(t *testing.T, url, token string) *client.Client {
+func newClient(t testing.TB, url, token string) *client.Client {
 	t.Helper()
 	c, err := client.New([]string{url}, token)
 	if err != nil {
@@ -143,7 +144,7 @@ func gpuServer(name string, gpus int) allocator.Server {
 	return s
 }
 
-func register(t *testing.T, c *client.Client, servers ...allocator.Server) {
+func register(t testing.TB, c *client.Client, servers ...allocator.Server) {
 	t.Helper()
 	for _, s := range servers {
 		if err := c.RegisterServer(context.Background(), s); err != nil {
@@ -159,7 +160,8 @@ func gpupool(t *testing.T, env []string, args ...string) (string, int) {
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	code := 0
-	if exit, ok := err.(*exec.ExitError); ok {
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
 		code = exit.ExitCode()
 	} else if err != nil {
 		t.Fatal(err)

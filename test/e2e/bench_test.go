@@ -1,4 +1,4 @@
-package service
+package e2e
 
 import (
 	"context"
@@ -9,28 +9,37 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
 )
 
 // BenchmarkAcquireRelease measures acquire+release round trips through the
-// HTTP API on loopback with the embedded store (every grant and release
-// fsynced before it is answered), from 16 concurrent clients, and reports
-// durable acquisitions per second and the acquire latency's p50 and p99.
+// allocator binary's HTTP API on loopback, from 16 concurrent clients, with
+// each store: every grant and release is durable before it is answered.
+// It reports durable acquisitions per second and the acquire latency's p50
+// and p99.
 func BenchmarkAcquireRelease(b *testing.B) {
-	a := startAllocatorB(b)
+	b.Run("store=bolt", func(b *testing.B) {
+		benchAcquireRelease(b, "--data-dir", b.TempDir())
+	})
+	b.Run("store=etcd", func(b *testing.B) {
+		benchAcquireRelease(b, "--store", "etcd", "--etcd-endpoints", startEtcd(b))
+	})
+}
+
+func benchAcquireRelease(b *testing.B, args ...string) {
+	a := startAllocator(b, args...)
 	ctx := context.Background()
-	admin := a.client(b, adminToken)
+	admin := newClient(b, a.URL, "")
 	for i := range 8 {
-		if err := admin.RegisterServer(ctx, gpuServer(fmt.Sprint("s", i), 8)); err != nil {
-			b.Fatal(err)
-		}
+		register(b, admin, gpuServer(fmt.Sprint("s", i), 8))
 	}
 	var mu sync.Mutex
 	var latencies []time.Duration
-	b.SetParallelism(8) // 8 x GOMAXPROCS clients
+	b.SetParallelism(8) // 8 x GOMAXPROCS (2 here) clients
 	b.ResetTimer()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
-		c := a.client(b, adminToken)
+		c, _ := client.New([]string{a.URL}, "")
 		var mine []time.Duration
 		for pb.Next() {
 			t0 := time.Now()
@@ -51,11 +60,13 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	})
 	elapsed := time.Since(start)
 	b.StopTimer()
-	slices.Sort(latencies)
 	if len(latencies) == 0 {
 		return
 	}
-	q := func(p float64) float64 { return float64(latencies[int(p*float64(len(latencies)-1))].Microseconds()) / 1000 }
+	slices.Sort(latencies)
+	q := func(p float64) float64 {
+		return float64(latencies[int(p*float64(len(latencies)-1))].Microseconds()) / 1000
+	}
 	b.ReportMetric(float64(len(latencies))/elapsed.Seconds(), "acquisitions/s")
 	b.ReportMetric(q(0.5), "p50-ms")
 	b.ReportMetric(q(0.99), "p99-ms")

@@ -1,0 +1,59 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/gpupool/gpupool/allocator"
+)
+
+// FuzzAcquireRequest decodes arbitrary bodies as the HTTP handler does:
+// Parse must never panic, must reject with a *FieldError naming a field,
+// and what it accepts must be within every limit.
+// The corpus lives in testdata/fuzz/FuzzAcquireRequest.
+func FuzzAcquireRequest(f *testing.F) {
+	for _, seed := range []string{
+		`{"namespace":"ml","gpuAmount":1,"gpuPercent":50}`,
+		`{"namespace":"ml","gpuAmount":2,"gpuMemory":"16Gi","cpu":"500m","memory":"4Gi","ttl":"30s","wait":"1m"}`,
+		`{"namespace":"ml","gpuAmount":1,"gpuMemory":"8000M","models":["A100","H100"],"idempotencyKey":"k"}`,
+		`{"namespace":"Bad_NS","gpuAmount":-1,"gpuPercent":101,"gpuMemory":"1e400","ttl":"-1s"}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var in AcquireRequest
+		if json.Unmarshal(body, &in) != nil {
+			return
+		}
+		r, wait, err := in.Parse()
+		if err != nil {
+			var field *allocator.FieldError
+			if !errors.As(err, &field) || field.Field == "" || field.Limit == "" {
+				t.Fatalf("rejection %v is not a FieldError naming the field and the limit", err)
+			}
+			return
+		}
+		if r.Validate() != nil || wait < 0 || wait > MaxWait || r.Percent < 0 || r.Percent > 100 || r.GPUs < 0 ||
+			r.GPUMemoryBytes < 0 || r.CPUMilli < 0 || r.MemoryBytes < 0 || r.TTL < 0 {
+			t.Fatalf("accepted out-of-range request %+v (wait %s)", r, wait)
+		}
+	})
+}
+
+// FuzzParseGPUMemory: any string gives positive bytes or a FieldError.
+func FuzzParseGPUMemory(f *testing.F) {
+	for _, s := range []string{"8000M", "16Gi", "0", "-1Gi", "1e3", "9223372036854775807", "99999999999999999999Ei", "1.5Gi", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b, err := allocator.ParseGPUMemory(s)
+		var field *allocator.FieldError
+		switch {
+		case err == nil && b <= 0:
+			t.Fatalf("ParseGPUMemory(%q) = %d, want a positive size", s, b)
+		case err != nil && (!errors.As(err, &field) || field.Field != "gpu-memory"):
+			t.Fatalf("ParseGPUMemory(%q): %v is not a gpu-memory FieldError", s, err)
+		}
+	})
+}
