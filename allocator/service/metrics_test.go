@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -86,5 +87,52 @@ func TestMetricsGolden(t *testing.T) {
 	cmd.Stdin = &all
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		t.Errorf("promtool check metrics: %v\n%s", err, msg)
+	}
+}
+
+var metricCell = regexp.MustCompile("^`bitfusion_[a-z_]+`$")
+
+// TestMetricsDocumented checks docs/metrics.md against the metrics the
+// allocator exports: every one documented with its type, nothing
+// documented that does not exist.
+func TestMetricsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]string{}
+	for _, line := range strings.Split(string(doc), "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) > 3 && metricCell.MatchString(strings.TrimSpace(cells[1])) {
+			documented[strings.Trim(strings.TrimSpace(cells[1]), "`")] = strings.TrimSpace(cells[2])
+		}
+	}
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1.8e9, 0)}, map[string]int64{"ns": 100})
+	admin := a.client(t, adminToken)
+	if err := admin.RegisterServer(context.Background(), gpuServer("s1", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Acquire(context.Background(), api.AcquireRequest{Namespace: "ns", GPUAmount: 1}); err != nil {
+		t.Fatal(err)
+	}
+	families, err := a.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, f := range families {
+		name := f.GetName()
+		exported[name] = true
+		typ := strings.ToLower(f.GetType().String())
+		if got, ok := documented[name]; !ok {
+			t.Errorf("%s (%s) is exported but not in docs/metrics.md", name, typ)
+		} else if got != typ {
+			t.Errorf("%s is a %s, docs/metrics.md says %s", name, typ, got)
+		}
+	}
+	for name := range documented {
+		if !exported[name] && name != "bitfusion_allocator_leader" { // registered by the binary
+			t.Errorf("docs/metrics.md documents %s, which is not exported", name)
+		}
 	}
 }
