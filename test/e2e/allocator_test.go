@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -291,4 +292,52 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 	t.Fatal("condition not met within 10s")
+}
+
+// TestRunForwardsSignalsAndStopsWhenTheLeaseIsGone: SIGTERM to `gpupool run`
+// reaches the command, whose status it returns, and the lease is released;
+// a lease that disappears (released elsewhere) stops the command.
+func TestRunForwardsSignalsAndStopsWhenTheLeaseIsGone(t *testing.T) {
+	a := startAllocator(t, "--data-dir", t.TempDir())
+	c := newClient(t, a.URL, "")
+	register(t, c, gpuServer("gpu-a", 1))
+	env := []string{"GPUPOOL_ALLOCATOR=" + a.URL}
+	start := func() (*exec.Cmd, *strings.Builder) {
+		cmd := exec.Command(filepath.Join(binDir, "gpupool"), "run", "-n", "1", "-p", "30", "--ttl", "3s", "--",
+			"sh", "-c", `trap 'kill $!; exit 42' TERM; sleep 30 & wait`)
+		cmd.Env = append(os.Environ(), env...)
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { ls, _ := c.Leases(context.Background(), client.LeaseFilter{}); return len(ls) == 1 })
+		time.Sleep(200 * time.Millisecond) // let the shell set its trap
+		return cmd, &out
+	}
+	exitCode := func(cmd *exec.Cmd) int {
+		var exit *exec.ExitError
+		if err := cmd.Wait(); errors.As(err, &exit) {
+			return exit.ExitCode()
+		}
+		return 0
+	}
+
+	cmd, out := start()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if code := exitCode(cmd); code != 42 {
+		t.Errorf("after SIGTERM gpupool run exited %d, want the command's 42; output:\n%s", code, out)
+	}
+	if ls, _ := c.Leases(context.Background(), client.LeaseFilter{}); len(ls) != 0 {
+		t.Errorf("lease not released after SIGTERM: %v", ls)
+	}
+
+	cmd, out = start()
+	ls, _ := c.Leases(context.Background(), client.LeaseFilter{})
+	if err := c.Release(context.Background(), ls[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitCode(cmd); code != 42 || !strings.Contains(out.String(), "is gone") {
+		t.Errorf("after its lease vanished gpupool run exited %d, want 42 (command stopped); output:\n%s", code, out)
+	}
 }
