@@ -3,6 +3,7 @@ module github.com/gpupool/gpupool
 go 1.26.0
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/cockroachdb/datadriven v1.0.3
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/common v0.72.0

@@ -400,10 +400,18 @@ func cloneServer(s *Server) Server {
 	return c
 }
 
+// cloneRequest also makes empty lists and maps nil, so that a request and
+// its JSON round trip (which drops them) compare equal for idempotency.
 func cloneRequest(r *Request) Request {
 	c := *r
-	c.Models = slices.Clone(r.Models)
-	c.Owner.Labels = maps.Clone(r.Owner.Labels)
+	c.Models = nil
+	if len(r.Models) > 0 {
+		c.Models = slices.Clone(r.Models)
+	}
+	c.Owner.Labels = nil
+	if len(r.Owner.Labels) > 0 {
+		c.Owner.Labels = maps.Clone(r.Owner.Labels)
+	}
 	return c
 }
 
@@ -452,3 +460,11 @@ func (p *Pool) SetNextID(n uint64) { p.nextID = max(p.nextID, n) }
 // SetPolicy replaces the placement policy, for one built on a fresher
 // expected workload.
 func (p *Pool) SetPolicy(pol Policy) { p.cfg.Policy = pol }
+
+// NodeIndex is the cluster node of a registered server, -1 when unknown.
+func (p *Pool) NodeIndex(server string) int {
+	if i, ok := p.nodeIndex[server]; ok {
+		return i
+	}
+	return -1
+}

@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"fmt"
 	"strconv"
 	"time"
 
@@ -69,12 +70,53 @@ func (r *Request) Validate() error {
 	case r.GPUs == 0 && r.CPUMilli == 0 && r.MemoryBytes == 0:
 		return &FieldError{"gpu-amount", "0", "asks for nothing: set gpu-amount, cpu or memory"}
 	}
+	if len(r.Models) > maxModels {
+		return &FieldError{"models", strconv.Itoa(len(r.Models)) + " models", fmt.Sprintf("more than %d", maxModels)}
+	}
 	for _, m := range r.Models {
-		if m == "" {
-			return &FieldError{"models", `""`, "must not contain an empty model name"}
+		if m == "" || len(m) > maxNameLen {
+			return &FieldError{"models", shorten(m), fmt.Sprintf("must be 1..%d characters", maxNameLen)}
+		}
+	}
+	return r.Owner.validate()
+}
+
+// Owner limits follow Kubernetes': names of at most 253 characters, label
+// keys of at most 317 (prefix/name), values of at most 63, and a bound on
+// the number of labels so a lease stays small in every store.
+const (
+	maxNameLen       = 253
+	maxLabelKeyLen   = 317
+	maxLabelValueLen = 63
+	maxOwnerLabels   = 64
+)
+
+func (o *Owner) validate() error {
+	switch {
+	case len(o.Pod) > maxNameLen:
+		return &FieldError{"owner.pod", shorten(o.Pod), fmt.Sprintf("longer than %d characters", maxNameLen)}
+	case len(o.UID) > maxNameLen:
+		return &FieldError{"owner.uid", shorten(o.UID), fmt.Sprintf("longer than %d characters", maxNameLen)}
+	case len(o.Labels) > maxOwnerLabels:
+		return &FieldError{"owner.labels", strconv.Itoa(len(o.Labels)) + " labels", fmt.Sprintf("more than %d", maxOwnerLabels)}
+	}
+	for k, v := range o.Labels {
+		if k == "" || len(k) > maxLabelKeyLen {
+			return &FieldError{"owner.labels", shorten(k), fmt.Sprintf("key must be 1..%d characters", maxLabelKeyLen)}
+		}
+		if len(v) > maxLabelValueLen {
+			return &FieldError{"owner.labels." + shorten(k), shorten(v), fmt.Sprintf("value longer than %d characters", maxLabelValueLen)}
 		}
 	}
 	return nil
+}
+
+// shorten keeps error messages readable when a value is huge.
+func shorten(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
 }
 
 // validateNamespace accepts Kubernetes namespace names (DNS-1123 labels).

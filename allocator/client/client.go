@@ -31,6 +31,9 @@ type Client struct {
 	Retries int
 	// Backoff is the pause between rounds over all endpoints.
 	Backoff time.Duration
+	// Timeout bounds a call whose context has no deadline (an acquire
+	// that waits gets its wait on top).
+	Timeout time.Duration
 }
 
 // New returns a client for the allocator at the given base URLs
@@ -52,7 +55,7 @@ func New(endpoints []string, token string) (*Client, error) {
 	if len(eps) == 0 {
 		return nil, errors.New("no allocator address given")
 	}
-	return &Client{endpoints: eps, token: token, http: &http.Client{Timeout: 2 * time.Minute}, Retries: 20, Backoff: 250 * time.Millisecond}, nil
+	return &Client{endpoints: eps, token: token, http: &http.Client{}, Retries: 20, Backoff: 250 * time.Millisecond, Timeout: 30 * time.Second}, nil
 }
 
 // RegisterServer registers or updates a GPU server.
@@ -74,6 +77,13 @@ func (c *Client) Acquire(ctx context.Context, r api.AcquireRequest) (allocator.L
 			return allocator.Lease{}, err
 		}
 		r.IdempotencyKey = hex.EncodeToString(b)
+	}
+	if wait, err := api.Duration("wait", r.Wait, api.MaxWait); err == nil && wait > 0 {
+		if _, has := ctx.Deadline(); !has {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, wait+c.Timeout)
+			defer cancel()
+		}
 	}
 	var l allocator.Lease
 	err := c.do(ctx, http.MethodPost, "/v1/leases", r, &l)
@@ -150,6 +160,11 @@ func IsReason(err error, reason string) bool {
 // do sends a request, trying the endpoints in turn while they are
 // unreachable or answer 503, and decodes the answer into out.
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	if _, has := ctx.Deadline(); !has && c.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.Timeout)
+		defer cancel()
+	}
 	var body []byte
 	if in != nil {
 		var err error

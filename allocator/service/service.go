@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,10 +54,19 @@ type Service struct {
 	recent  []allocator.Demand // ring of recent demands, the expected workload
 	next    int
 
-	commits chan commit
-	failed  chan struct{} // closed when the store failed: the process must restart
-	failErr error
-	metrics *metrics
+	// queued holds the changes the committer has yet to write, in the
+	// order they were made; kick wakes the committer. The queue is
+	// unbounded so that making a change never blocks under mu.
+	qmu    sync.Mutex
+	queued []commit
+	kick   chan struct{}
+	// broken is set once the store failed; failed is then closed. After
+	// that nothing more is written: the pool may be ahead of the store,
+	// and the process must exit and recover.
+	broken   atomic.Bool
+	failOnce sync.Once
+	failed   chan struct{}
+	metrics  *metrics
 }
 
 type commit struct {
@@ -83,7 +93,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	s := &Service{
 		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, lastSeen: map[string]time.Time{},
-		freed: make(chan struct{}), commits: make(chan commit, 4096), failed: make(chan struct{}),
+		freed: make(chan struct{}), kick: make(chan struct{}, 1), failed: make(chan struct{}),
 	}
 	pol, err := allocator.NewPolicy(cfg.Policy, allocator.PolicyOptions{Seed: cfg.Seed})
 	if err != nil {
@@ -145,23 +155,32 @@ func (s *Service) recover(ctx context.Context) error {
 // ahead of what is durable, and the process must exit and recover.
 func (s *Service) Failed() <-chan struct{} { return s.failed }
 
-// committer writes changes in the order they were made, as many per sync
-// as are waiting (group commit).
+// committer writes changes in the order they were made, all that are
+// waiting per sync (group commit). After a failed write it writes nothing
+// more: a later change may depend on one that was lost.
 func (s *Service) committer() {
-	batch := make([]commit, 0, 256)
-	changes := make([]store.Change, 0, 256)
-	for c := range s.commits {
-		batch, changes = append(batch[:0], c), append(changes[:0], c.change)
-	drain:
-		for len(batch) < cap(batch) {
-			select {
-			case c := <-s.commits:
-				batch, changes = append(batch, c), append(changes, c.change)
-			default:
-				break drain
+	var changes []store.Change
+	for range s.kick {
+		s.qmu.Lock()
+		batch := s.queued
+		s.queued = nil
+		s.qmu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
+		if s.broken.Load() {
+			for _, c := range batch {
+				c.done <- errUnavailable
 			}
+			continue
+		}
+		changes = changes[:0]
+		for _, c := range batch {
+			changes = append(changes, c.change)
 		}
 		start := time.Now()
+		// Not a request's context: a batch serves many requests and must
+		// finish even when the one that queued first gave up.
 		err := s.cfg.Store.Apply(context.Background(), changes)
 		s.metrics.storeApply.Observe(time.Since(start).Seconds())
 		if err != nil {
@@ -174,24 +193,31 @@ func (s *Service) committer() {
 	}
 }
 
+// fail marks the store broken; it takes no lock, so the committer can call
+// it whatever the request paths hold.
 func (s *Service) fail(err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.failErr == nil {
-		s.failErr = err
+	s.failOnce.Do(func() {
+		s.broken.Store(true)
 		s.log.Error("store failed; the allocator must restart to recover", "err", err)
 		close(s.failed)
-	}
+	})
 }
 
 // errUnavailable answers every operation once the store has failed.
 var errUnavailable = errors.New("allocator store failed; restarting")
 
 // queue hands a change to the committer; it must be called with s.mu held
-// so that changes reach the store in the order they were made.
+// so that changes reach the store in the order they were made. It never
+// blocks.
 func (s *Service) queue(c store.Change) chan error {
 	done := make(chan error, 1)
-	s.commits <- commit{change: c, done: done}
+	s.qmu.Lock()
+	s.queued = append(s.queued, commit{change: c, done: done})
+	s.qmu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default: // the committer is already due to look
+	}
 	return done
 }
 
@@ -229,19 +255,23 @@ func (s *Service) Acquire(ctx context.Context, r allocator.Request, wait time.Du
 	deadline := start.Add(wait)
 	for {
 		s.mu.Lock()
-		if s.failErr != nil {
+		if s.broken.Load() {
 			s.mu.Unlock()
 			return allocator.Lease{}, errUnavailable
 		}
 		now := s.clock()
+		before := s.pool.NextID()
 		l, err := s.pool.Acquire(now, r)
+		replay := err == nil && s.pool.NextID() == before // an idempotent retry
 		expired := s.pool.Expire(now)
 		var done chan error
 		if err == nil || len(expired) > 0 {
 			c := store.Change{Ended: endedIDs(expired)}
 			if err == nil {
 				c.Leases, c.NextID = []allocator.Lease{l}, s.pool.NextID()
-				s.remember(&l)
+				if !replay {
+					s.remember(&l)
+				}
 			}
 			done = s.queue(c)
 		}
@@ -257,7 +287,9 @@ func (s *Service) Acquire(ctx context.Context, r allocator.Request, wait time.Du
 			}
 		}
 		if err == nil {
-			s.metrics.acquired(start, "")
+			if !replay {
+				s.metrics.acquired(start, "")
+			}
 			return l, nil
 		}
 		if !waitable(err) || !time.Now().Before(deadline) {
@@ -361,7 +393,8 @@ func (s *Service) Lease(p Principal, id string) (allocator.Lease, error) {
 		return l, err
 	}
 	if !p.mayUse(l.Namespace) {
-		return allocator.Lease{}, errForbidden(l.Namespace)
+		// Not 403: that would tell which IDs other namespaces hold.
+		return allocator.Lease{}, &allocator.LeaseNotFoundError{ID: id}
 	}
 	return l, nil
 }
@@ -369,14 +402,14 @@ func (s *Service) Lease(p Principal, id string) (allocator.Lease, error) {
 // onLease runs op on a lease the principal may use and makes it durable.
 func (s *Service) onLease(ctx context.Context, p Principal, id string, op func(now time.Time) (allocator.Lease, store.Change, error)) (allocator.Lease, error) {
 	s.mu.Lock()
-	if s.failErr != nil {
+	if s.broken.Load() {
 		s.mu.Unlock()
 		return allocator.Lease{}, errUnavailable
 	}
 	now := s.clock()
 	l, err := s.pool.Lease(now, id)
 	if err == nil && !p.mayUse(l.Namespace) {
-		err = errForbidden(l.Namespace)
+		err = &allocator.LeaseNotFoundError{ID: id}
 	}
 	var c store.Change
 	if err == nil {
@@ -387,8 +420,11 @@ func (s *Service) onLease(ctx context.Context, p Principal, id string, op func(n
 		c = store.Change{}
 	}
 	c.Ended = append(c.Ended, endedIDs(expired)...)
+	// A lease already gone may be gone by a change not yet durable (a
+	// retried release racing the first): the answer waits for it too.
+	var notFound *allocator.LeaseNotFoundError
 	var done chan error
-	if err == nil || len(c.Ended) > 0 {
+	if err == nil || len(c.Ended) > 0 || errors.As(err, &notFound) {
 		done = s.queue(c)
 	}
 	if len(expired) > 0 {
@@ -410,8 +446,6 @@ type ForbiddenError struct{ Namespace string }
 func (e *ForbiddenError) Error() string {
 	return "this token may not act in namespace " + e.Namespace
 }
-
-func errForbidden(ns string) error { return &ForbiddenError{Namespace: ns} }
 
 // LeaseFilter selects leases to list.
 type LeaseFilter struct {
@@ -445,6 +479,10 @@ func (s *Service) Quotas() []allocator.QuotaStatus {
 // RegisterServer adds or updates a GPU server; it counts as a heartbeat.
 func (s *Service) RegisterServer(ctx context.Context, srv allocator.Server) error {
 	s.mu.Lock()
+	if s.broken.Load() {
+		s.mu.Unlock()
+		return errUnavailable
+	}
 	if err := s.pool.RegisterServer(srv); err != nil {
 		s.mu.Unlock()
 		return err
@@ -460,6 +498,10 @@ func (s *Service) RegisterServer(ctx context.Context, srv allocator.Server) erro
 // Heartbeat records that a server is alive and updates its GPUs' health.
 func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) error {
 	s.mu.Lock()
+	if s.broken.Load() {
+		s.mu.Unlock()
+		return errUnavailable
+	}
 	var srv *allocator.Server
 	servers := s.pool.Servers()
 	for i := range servers {
@@ -482,7 +524,10 @@ func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) 
 		}
 	}
 	s.lastSeen[name] = s.clock()
-	_ = s.pool.SetSchedulable(name, true)
+	if !s.pool.Cluster().Nodes[s.pool.NodeIndex(name)].Schedulable {
+		_ = s.pool.SetSchedulable(name, true)
+		s.wakeLocked() // back after silence: queued requests may fit now
+	}
 	var done chan error
 	if changed {
 		if err := s.pool.RegisterServer(*srv); err != nil {
@@ -523,7 +568,7 @@ func (s *Service) tick() {
 	}
 	expired := s.pool.Expire(now)
 	var done chan error
-	if len(expired) > 0 && s.failErr == nil {
+	if len(expired) > 0 && !s.broken.Load() {
 		s.metrics.expirations.Add(float64(len(expired)))
 		s.wakeLocked()
 		done = s.queue(store.Change{Ended: endedIDs(expired)})

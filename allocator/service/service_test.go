@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -124,10 +125,13 @@ func TestAuthAndNamespaces(t *testing.T) {
 	if _, err := teamA.Acquire(ctx, api.AcquireRequest{Namespace: "team-b", GPUAmount: 1}); !client.IsReason(err, api.ReasonForbidden) {
 		t.Errorf("team-a acquired in team-b: %v", err)
 	}
-	if _, err := teamB.Lease(ctx, l.ID); !client.IsReason(err, api.ReasonForbidden) {
+	// Another namespace's lease is NotFound, not Forbidden: a 403 would
+	// tell which lease IDs other namespaces hold.
+	if _, err := teamB.Lease(ctx, l.ID); !client.IsReason(err, api.ReasonNotFound) {
 		t.Errorf("team-b read team-a's lease: %v", err)
 	}
-	if err := teamB.Release(ctx, l.ID); !client.IsReason(err, api.ReasonForbidden) {
+	_ = teamB.Release(ctx, l.ID)
+	if _, err := teamA.Lease(ctx, l.ID); err != nil {
 		t.Errorf("team-b released team-a's lease: %v", err)
 	}
 	if ls, err := teamB.Leases(ctx, client.LeaseFilter{}); err != nil || len(ls) != 0 {
@@ -279,4 +283,68 @@ func TestSilentServerTakesNoNewLeases(t *testing.T) {
 
 func podOwner(pod string) allocator.Owner {
 	return allocator.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "tf-training"}}
+}
+
+// failingStore fails every Apply once told to, and records what it wrote.
+type failingStore struct {
+	store.Store
+	mu      sync.Mutex
+	failing bool
+	written int
+}
+
+func (f *failingStore) Apply(ctx context.Context, changes []store.Change) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failing {
+		return errors.New("disk on fire")
+	}
+	f.written += len(changes)
+	return f.Store.Apply(ctx, changes)
+}
+
+// TestStoreFailureStopsEverything: after a failed write nothing more is
+// written or acknowledged (a later change could depend on the lost one),
+// every operation answers 503, and Failed tells the process to restart.
+func TestStoreFailureStopsEverything(t *testing.T) {
+	bolt, err := store.OpenBolt(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = bolt.Close() }()
+	st := &failingStore{Store: bolt}
+	svc, err := New(context.Background(), Config{
+		Store: st, Policy: "best-fit", DefaultTTL: time.Minute, MaxTTL: time.Hour, HeartbeatTimeout: time.Minute,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := svc.RegisterServer(ctx, gpuServer("s1", 2)); err != nil {
+		t.Fatal(err)
+	}
+	st.mu.Lock()
+	st.failing = true
+	st.mu.Unlock()
+	if _, err := svc.Acquire(ctx, allocator.Request{Namespace: "ml", GPUs: 1}, 0); !errors.Is(err, errUnavailable) {
+		t.Fatalf("acquire during the failure: %v, want unavailable", err)
+	}
+	select {
+	case <-svc.Failed():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Failed() not closed after the store failed")
+	}
+	st.mu.Lock()
+	st.failing, st.written = false, 0 // the disk comes back: still nothing may be written
+	st.mu.Unlock()
+	if err := svc.RegisterServer(ctx, gpuServer("s2", 2)); !errors.Is(err, errUnavailable) {
+		t.Errorf("register after the failure: %v, want unavailable", err)
+	}
+	if _, err := svc.Acquire(ctx, allocator.Request{Namespace: "ml", GPUs: 1}, 0); !errors.Is(err, errUnavailable) {
+		t.Errorf("acquire after the failure: %v, want unavailable", err)
+	}
+	if st.written != 0 {
+		t.Errorf("%d changes written after the store failed", st.written)
+	}
 }

@@ -147,13 +147,12 @@ Flags:
 		log.Error("bad flag", "err", fmt.Sprintf("--store %q is not one of bolt, etcd", *storeKind))
 		return 2
 	}
-	defer func() { _ = st.Close() }()
-
 	svc, err := service.New(ctx, service.Config{
 		Store: st, Policy: *policy, DefaultTTL: *defaultTTL, MaxTTL: *maxTTL,
 		HeartbeatTimeout: *heartbeatTimeout, Quotas: quotas, Registry: reg, Logger: log,
 	})
 	if err != nil {
+		_ = st.Close()
 		log.Error("starting the allocator", "err", err)
 		return 1
 	}
@@ -172,6 +171,14 @@ Flags:
 		log.Error("lost leadership (etcd session ended); exiting so a standby serves")
 		code = 1
 	}
+	// Stop taking requests and finish those in flight before the store
+	// closes (and an etcd leader resigns).
+	leader.Set(0)
+	current.Store(&standby)
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutdown)
+	_ = st.Close()
 	return code
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/gpuserver"
 )
 
 // Exit statuses of `gpupool run` when the command did not run, after
@@ -141,27 +142,76 @@ func runLeased(ctx context.Context, cl *client.Client, lease allocator.Lease, tt
 		fmt.Fprintln(stderr, "gpupool run:", err)
 		return 127
 	}
+	reportPID(ctx, cl, lease, cmd.Process.Pid, stderr)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	renew := time.NewTicker(ttl / 3)
-	defer renew.Stop()
+	lost := make(chan struct{})
+	renewCtx, stopRenewing := context.WithCancel(ctx)
+	defer stopRenewing()
+	go keepRenewing(renewCtx, cl, lease.ID, ttl, lost, stderr)
+	var kill <-chan time.Time
 	for {
 		select {
 		case sig := <-signals:
 			_ = cmd.Process.Signal(sig)
-		case <-renew.C:
-			rctx, cancel := context.WithTimeout(ctx, ttl/3)
-			_, err := cl.Renew(rctx, lease.ID, ttl)
-			cancel()
-			if client.IsReason(err, api.ReasonNotFound) {
-				fmt.Fprintf(stderr, "gpupool run: lease %s is gone (expired or released elsewhere); stopping the command\n", lease.ID)
-				_ = cmd.Process.Signal(syscall.SIGTERM)
-			} else if err != nil {
-				fmt.Fprintf(stderr, "gpupool run: renewing %s: %v (will retry)\n", lease.ID, err)
-			}
+		case <-lost:
+			lost = nil
+			fmt.Fprintf(stderr, "gpupool run: lease %s is gone (expired or released elsewhere); stopping the command\n", lease.ID)
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			kill = time.After(killGrace)
+		case <-kill:
+			_ = cmd.Process.Kill()
 		case err := <-exited:
+			stopRenewing()
 			release()
 			return exitStatus(err)
+		}
+	}
+}
+
+// killGrace is how long a command may take to stop after SIGTERM when its
+// lease is gone, before SIGKILL.
+const killGrace = 10 * time.Second
+
+// keepRenewing renews every third of the TTL, off the loop that forwards
+// signals; it closes lost when the lease is gone.
+func keepRenewing(ctx context.Context, cl *client.Client, id string, ttl time.Duration, lost chan<- struct{}, stderr io.Writer) {
+	t := time.NewTicker(ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, ttl/3)
+		_, err := cl.Renew(rctx, id, ttl)
+		cancel()
+		switch {
+		case client.IsReason(err, api.ReasonNotFound):
+			close(lost)
+			return
+		case err != nil && ctx.Err() == nil:
+			fmt.Fprintf(stderr, "gpupool run: renewing %s: %v (will retry)\n", id, err)
+		}
+	}
+}
+
+// reportPID tells the lease's GPU-server daemon which process runs under
+// the lease, so it attributes the process's GPU use to it. Best effort: a
+// pool without daemons works, its leases just show no use.
+func reportPID(ctx context.Context, cl *client.Client, lease allocator.Lease, pid int, stderr io.Writer) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	pool, err := cl.Pool(ctx)
+	if err != nil {
+		return
+	}
+	for _, s := range pool.Servers {
+		if url := s.Labels[gpuserver.LabelDaemonURL]; s.Name == lease.Server && url != "" {
+			if err := gpuserver.ReportProcess(ctx, url, gpuserver.ProcessReport{PID: pid, Lease: lease.ID}); err != nil {
+				fmt.Fprintf(stderr, "gpupool run: telling the daemon of %s about PID %d: %v (its use will not be attributed)\n", s.Name, pid, err)
+			}
 		}
 	}
 }

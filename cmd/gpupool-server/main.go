@@ -1,0 +1,163 @@
+// Command gpupool-server is the GPU-server daemon: one per GPU host.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/gpuserver"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+func run(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gpupool-server", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	host, _ := os.Hostname()
+	name := fs.String("name", host, "server name in the pool")
+	allocatorURL := fs.String("allocator", envOr("GPUPOOL_ALLOCATOR", "http://127.0.0.1:8470"), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
+	token := fs.String("token", os.Getenv("GPUPOOL_TOKEN"), "bearer token of the servers group (env GPUPOOL_TOKEN)")
+	listen := fs.String("listen", "127.0.0.1:8471", "address of /metrics and the process reports of `gpupool run`")
+	source := fs.String("source", "simulated", "telemetry source: simulated (no GPU needed) or nvml")
+	simulate := fs.String("simulate-gpus", "H100:80Gi:8", "simulated GPUs as model:memory:count (--source simulated)")
+	seed := fs.Uint64("seed", 1, "seed of the simulated GPUs")
+	interval := fs.Duration("interval", time.Second, "time between sampling rounds")
+	processEvery := fs.Int("process-every", 5, "read per-process use every this many rounds (the expensive call)")
+	heartbeat := fs.Duration("heartbeat", 5*time.Second, "time between heartbeats to the allocator")
+	allowlist := fs.String("metric-labels-allowlist", "app", "pod labels copied onto per-lease series, comma-separated")
+	cpu := fs.Int64("cpu-milli", 0, "CPU the host offers to leases, in millicores (0: not accounted)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	cl, err := client.New([]string{*allocatorURL}, *token)
+	if err != nil {
+		log.Error("bad flag", "err", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		log.Error("listening", "err", err)
+		return 1
+	}
+	var d *gpuserver.Daemon
+	var src collector.Source
+	var inv allocator.Server
+	switch *source {
+	case "simulated":
+		gpus, err := parseSimulated(*simulate)
+		if err != nil {
+			log.Error("bad flag", "err", err)
+			return 2
+		}
+		sim := &collector.Simulated{Server: *name, Seed: *seed, GPUs: gpus, Clock: time.Now,
+			Leases: func() []allocator.Lease { return d.Leases() }, PID: func(l string) (int, bool) { return d.PIDOf(l) }}
+		src, inv = sim, sim.Inventory(*cpu, 0, nil)
+	case "nvml":
+		nv, err := collector.OpenNVML()
+		if err != nil {
+			log.Error("starting the NVML source", "err", err)
+			return 1
+		}
+		defer nv.Close()
+		if inv, err = nv.Inventory(*name); err != nil {
+			log.Error("reading the GPUs", "err", err)
+			return 1
+		}
+		inv.CPUMilli = *cpu
+		src = nv
+	default:
+		log.Error("bad flag", "err", fmt.Sprintf("--source %q is not one of simulated, nvml", *source))
+		return 2
+	}
+	inv.Labels = map[string]string{gpuserver.LabelDaemonURL: "http://" + ln.Addr().String()}
+	sampler := collector.NewSampler(src, *interval, *processEvery, nil)
+	d = gpuserver.New(gpuserver.Config{
+		Inventory: inv, Client: cl, Samplers: []*collector.Sampler{sampler}, Heartbeat: *heartbeat,
+		LabelAllowlist: splitList(*allowlist), Parent: gpuserver.ProcParent("/proc"), Log: log,
+	})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&collector.GPUCollector{Server: *name, Samplers: []*collector.Sampler{sampler}}, gpuserver.NewLeaseCollector(d))
+
+	go sampler.Run(ctx)
+	go d.Run(ctx)
+	srv := &http.Server{Handler: gpuserver.Handler(d, reg), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			log.Error("serving", "err", err)
+			stop()
+		}
+	}()
+	log.Info("gpu server serving", "server", *name, "address", "http://"+ln.Addr().String(), "source", src.Name(), "gpus", len(inv.GPUs))
+	<-ctx.Done()
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutdown)
+	return 0
+}
+
+// parseSimulated reads model:memory:count[,model:memory:count...].
+func parseSimulated(s string) ([]collector.SimulatedGPU, error) {
+	var out []collector.SimulatedGPU
+	for _, part := range splitList(s) {
+		f := strings.Split(part, ":")
+		if len(f) != 3 {
+			return nil, fmt.Errorf("--simulate-gpus %q: %q is not model:memory:count", s, part)
+		}
+		mem, err := allocator.ParseGPUMemory(f[1])
+		if err != nil {
+			return nil, fmt.Errorf("--simulate-gpus %q: %w", s, err)
+		}
+		var n int
+		if _, err := fmt.Sscan(f[2], &n); err != nil || n < 1 || n > 64 {
+			return nil, fmt.Errorf("--simulate-gpus %q: count %q out of range 1..64", s, f[2])
+		}
+		for range n {
+			out = append(out, collector.SimulatedGPU{Model: f[0], MemoryBytes: mem})
+		}
+	}
+	return out, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,209 @@
+package collector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpupool/gpupool/allocator"
+)
+
+// NVML reads GPUs through NVIDIA's management library. go-nvml loads
+// libnvidia-ml when the source opens, so the binary builds and runs on
+// hosts with no GPU; there OpenNVML fails with a clear message.
+type NVML struct {
+	lib     nvml.Interface
+	devices []nvml.Device
+	// lastSeen is the newest per-process sample timestamp per device, so
+	// each round reads only samples it has not seen (NVML's contract).
+	lastSeen []uint64
+}
+
+// OpenNVML loads libnvidia-ml and opens every GPU.
+func OpenNVML() (*NVML, error) {
+	return NewNVML(nvml.New())
+}
+
+// NewNVML opens every GPU of lib (the real library, or go-nvml's mock).
+func NewNVML(lib nvml.Interface) (*NVML, error) {
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("NVML: %w (is the NVIDIA driver installed and libnvidia-ml.so.1 on the library path?)", nvmlError("Init", ret))
+	}
+	n, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		_ = lib.Shutdown()
+		return nil, nvmlError("DeviceGetCount", ret)
+	}
+	s := &NVML{lib: lib, lastSeen: make([]uint64, n)}
+	for i := range n {
+		d, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			_ = lib.Shutdown()
+			return nil, fmt.Errorf("GPU %d: %w", i, nvmlError("DeviceGetHandleByIndex", ret))
+		}
+		s.devices = append(s.devices, d)
+	}
+	return s, nil
+}
+
+// Close releases the library.
+func (s *NVML) Close() { _ = s.lib.Shutdown() }
+
+// Name implements Source.
+func (*NVML) Name() string { return "nvml" }
+
+// Inventory is the host's GPUs as they register with the allocator.
+func (s *NVML) Inventory(server string) (allocator.Server, error) {
+	gpus, err := s.Sample(context.Background(), false)
+	if err != nil {
+		return allocator.Server{}, err
+	}
+	srv := allocator.Server{Name: server}
+	for _, g := range gpus {
+		if g.Err != nil {
+			return srv, fmt.Errorf("GPU %d: %w", g.Index, g.Err)
+		}
+		srv.GPUs = append(srv.GPUs, allocator.GPU{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: g.Healthy})
+	}
+	return srv, nil
+}
+
+// Sample implements Source. A GPU whose identity or memory cannot be read
+// is reported with Err (and unhealthy when it fell off the bus); optional
+// readings the GPU does not support are left unknown.
+func (s *NVML) Sample(_ context.Context, processes bool) ([]GPU, error) {
+	out := make([]GPU, len(s.devices))
+	for i, d := range s.devices {
+		out[i] = s.read(i, d, processes)
+	}
+	return out, nil
+}
+
+func (s *NVML) read(i int, d nvml.Device, processes bool) GPU {
+	g := GPU{Index: i, Utilization: unknown, TemperatureCelsius: unknown, PowerWatts: unknown}
+	fail := func(call string, ret nvml.Return) GPU {
+		g.Err = nvmlError(call, ret)
+		g.Healthy = false
+		return g
+	}
+	var ret nvml.Return
+	if g.UUID, ret = d.GetUUID(); ret != nvml.SUCCESS {
+		return fail("GetUUID", ret)
+	}
+	if g.Model, ret = d.GetName(); ret != nvml.SUCCESS {
+		return fail("GetName", ret)
+	}
+	mem, ret := d.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return fail("GetMemoryInfo", ret)
+	}
+	g.MemoryBytes, g.MemoryUsedBytes, g.Healthy = int64(mem.Total), int64(mem.Used), true
+	if u, ret := d.GetUtilizationRates(); ret == nvml.SUCCESS {
+		g.Utilization = float64(u.Gpu) / 100
+	}
+	if t, ret := d.GetTemperature(nvml.TEMPERATURE_GPU); ret == nvml.SUCCESS {
+		g.TemperatureCelsius = float64(t)
+	}
+	if p, ret := d.GetPowerUsage(); ret == nvml.SUCCESS {
+		g.PowerWatts = float64(p) / 1000
+	}
+	if c, ret := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC); ret == nvml.SUCCESS {
+		g.ECCCorrected = c
+	}
+	if u, ret := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); ret == nvml.SUCCESS {
+		g.ECCUncorrected = u
+		g.Healthy = u == 0
+	}
+	if corr, unc, _, failed, ret := d.GetRemappedRows(); ret == nvml.SUCCESS {
+		g.RetiredPages = uint64(corr + unc)
+		g.Healthy = g.Healthy && !failed
+	}
+	if r, ret := d.GetCurrentClocksEventReasons(); ret == nvml.SUCCESS {
+		g.ThrottleReasons = r
+	}
+	if cur, _, ret := d.GetMigMode(); ret == nvml.SUCCESS {
+		g.MIG = cur == nvml.DEVICE_MIG_ENABLE
+	}
+	if processes {
+		g.Processes = s.processes(i, d)
+	}
+	return g
+}
+
+// processes reads each compute process's memory, and its SM share from the
+// utilization samples newer than the last round's.
+func (s *NVML) processes(i int, d nvml.Device) []Process {
+	infos, ret := d.GetComputeRunningProcesses()
+	if ret != nvml.SUCCESS {
+		return []Process{}
+	}
+	sm := map[uint32]nvml.ProcessUtilizationSample{}
+	// NOT_FOUND means no new samples (the slice then holds zeros: ignore it).
+	if samples, ret := d.GetProcessUtilization(s.lastSeen[i]); ret == nvml.SUCCESS {
+		for _, smp := range samples {
+			if smp.Pid == 0 {
+				continue
+			}
+			if prev, ok := sm[smp.Pid]; !ok || smp.TimeStamp > prev.TimeStamp {
+				sm[smp.Pid] = smp
+			}
+			s.lastSeen[i] = max(s.lastSeen[i], smp.TimeStamp)
+		}
+	}
+	out := make([]Process, 0, len(infos))
+	for _, p := range infos {
+		proc := Process{PID: int(p.Pid), MemoryUsedBytes: int64(p.UsedGpuMemory), SMUtilization: unknown}
+		if smp, ok := sm[p.Pid]; ok {
+			proc.SMUtilization = float64(smp.SmUtil) / 100
+			proc.LastSeen = time.UnixMicro(int64(smp.TimeStamp))
+		}
+		out = append(out, proc)
+	}
+	return out
+}
+
+// NVMLError is a failed NVML call.
+type NVMLError struct {
+	Call string
+	Code nvml.Return
+}
+
+func (e *NVMLError) Error() string {
+	name, ok := nvmlReturnNames[e.Code]
+	if !ok {
+		name = fmt.Sprintf("NVML error %d", int(e.Code))
+	}
+	return "NVML " + e.Call + ": " + name
+}
+
+// ErrGPULost is the NVML code of a GPU that fell off the bus.
+var ErrGPULost = errors.New("GPU is lost (fell off the bus)")
+
+func (e *NVMLError) Unwrap() error {
+	if e.Code == nvml.ERROR_GPU_IS_LOST {
+		return ErrGPULost
+	}
+	return nil
+}
+
+func nvmlError(call string, ret nvml.Return) error { return &NVMLError{Call: call, Code: ret} }
+
+// nvmlReturnNames spells the codes users meet, without calling into a
+// library that may not be loaded.
+var nvmlReturnNames = map[nvml.Return]string{
+	nvml.ERROR_UNINITIALIZED:      "not initialized",
+	nvml.ERROR_INVALID_ARGUMENT:   "invalid argument",
+	nvml.ERROR_NOT_SUPPORTED:      "not supported",
+	nvml.ERROR_NO_PERMISSION:      "no permission",
+	nvml.ERROR_NOT_FOUND:          "not found",
+	nvml.ERROR_DRIVER_NOT_LOADED:  "driver not loaded",
+	nvml.ERROR_TIMEOUT:            "timeout",
+	nvml.ERROR_IRQ_ISSUE:          "interrupt issue",
+	nvml.ERROR_LIBRARY_NOT_FOUND:  "libnvidia-ml.so.1 not found",
+	nvml.ERROR_GPU_IS_LOST:        "GPU is lost (fell off the bus)",
+	nvml.ERROR_UNKNOWN:            "unknown error",
+	nvml.ERROR_FUNCTION_NOT_FOUND: "function not found in this driver",
+}

@@ -1,0 +1,166 @@
+package collector
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+)
+
+// nvmlFixture is one GPU's NVML answers as recorded on real hardware.
+type nvmlFixture struct {
+	UUID   string `json:"uuid"`
+	Name   string `json:"name"`
+	Memory struct {
+		Total uint64 `json:"total"`
+		Used  uint64 `json:"used"`
+	} `json:"memory"`
+	Utilization struct {
+		GPU    uint32 `json:"gpu"`
+		Memory uint32 `json:"memory"`
+	} `json:"utilization"`
+	MIGMode   int `json:"migMode"`
+	Processes []struct {
+		PID  uint32 `json:"pid"`
+		Used uint64 `json:"usedGpuMemory"`
+	} `json:"processes"`
+	ProcessUtilization struct {
+		Return      string `json:"return"`
+		ZeroSamples int    `json:"zeroSamples"`
+		Samples     []struct {
+			PID       uint32 `json:"pid"`
+			TimeStamp uint64 `json:"timeStamp"`
+			SM        uint32 `json:"smUtil"`
+			Mem       uint32 `json:"memUtil"`
+		} `json:"samples"`
+	} `json:"processUtilization"`
+}
+
+// mockDevice answers as the fixture says, the way go-nvml's mock package
+// is meant to be used; calls the probe did not record are NOT_SUPPORTED.
+func mockDevice(f *nvmlFixture) *mock.Device {
+	return &mock.Device{
+		GetUUIDFunc: func() (string, nvml.Return) { return f.UUID, nvml.SUCCESS },
+		GetNameFunc: func() (string, nvml.Return) { return f.Name, nvml.SUCCESS },
+		GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) {
+			return nvml.Memory{Total: f.Memory.Total, Used: f.Memory.Used, Free: f.Memory.Total - f.Memory.Used}, nvml.SUCCESS
+		},
+		GetUtilizationRatesFunc: func() (nvml.Utilization, nvml.Return) {
+			return nvml.Utilization{Gpu: f.Utilization.GPU, Memory: f.Utilization.Memory}, nvml.SUCCESS
+		},
+		GetTemperatureFunc: func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED },
+		GetPowerUsageFunc:  func() (uint32, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED },
+		GetTotalEccErrorsFunc: func(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return) {
+			return 0, nvml.SUCCESS
+		},
+		GetRemappedRowsFunc:              func() (int, int, bool, bool, nvml.Return) { return 0, 0, false, false, nvml.SUCCESS },
+		GetCurrentClocksEventReasonsFunc: func() (uint64, nvml.Return) { return 0, nvml.SUCCESS },
+		GetMigModeFunc:                   func() (int, int, nvml.Return) { return f.MIGMode, f.MIGMode, nvml.SUCCESS },
+		GetComputeRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) {
+			var out []nvml.ProcessInfo
+			for _, p := range f.Processes {
+				out = append(out, nvml.ProcessInfo{Pid: p.PID, UsedGpuMemory: p.Used})
+			}
+			return out, nvml.SUCCESS
+		},
+		GetProcessUtilizationFunc: func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+			pu := f.ProcessUtilization
+			if pu.Return == "NOT_FOUND" {
+				// As seen: NOT_FOUND comes with a slice of zero samples.
+				return make([]nvml.ProcessUtilizationSample, pu.ZeroSamples), nvml.ERROR_NOT_FOUND
+			}
+			var out []nvml.ProcessUtilizationSample
+			for _, s := range pu.Samples {
+				out = append(out, nvml.ProcessUtilizationSample{Pid: s.PID, TimeStamp: s.TimeStamp, SmUtil: s.SM, MemUtil: s.Mem})
+			}
+			return out, nvml.SUCCESS
+		},
+	}
+}
+
+func mockLibrary(devices ...nvml.Device) *mock.Interface {
+	return &mock.Interface{
+		InitFunc:                   func() nvml.Return { return nvml.SUCCESS },
+		ShutdownFunc:               func() nvml.Return { return nvml.SUCCESS },
+		DeviceGetCountFunc:         func() (int, nvml.Return) { return len(devices), nvml.SUCCESS },
+		DeviceGetHandleByIndexFunc: func(i int) (nvml.Device, nvml.Return) { return devices[i], nvml.SUCCESS },
+	}
+}
+
+func loadNVMLFixtures(t *testing.T) (idle, busy *nvmlFixture) {
+	t.Helper()
+	b, err := os.ReadFile("testdata/nvml-h100.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct{ Idle, Busy nvmlFixture }
+	if err := json.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	return &f.Idle, &f.Busy
+}
+
+func TestNVMLOnRecordedH100(t *testing.T) {
+	idle, busy := loadNVMLFixtures(t)
+	src, err := NewNVML(mockLibrary(mockDevice(idle)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := src.Inventory("h100-host")
+	if err != nil || len(inv.GPUs) != 1 || inv.GPUs[0].UUID != idle.UUID || inv.GPUs[0].Model != "NVIDIA H100 80GB HBM3" ||
+		inv.GPUs[0].MemoryBytes != 85520809984 {
+		t.Fatalf("inventory = %+v, %v", inv, err)
+	}
+	gpus, _ := src.Sample(context.Background(), true)
+	g := gpus[0]
+	if g.Utilization != 0 || len(g.Processes) != 0 || !math.IsNaN(g.TemperatureCelsius) || !math.IsNaN(g.PowerWatts) {
+		t.Errorf("idle: %+v; want 0 utilization, no processes (the zero samples of NOT_FOUND ignored), unknown temperature and power", g)
+	}
+	if p := g.MemoryPressure(); math.Abs(p-503316480.0/85520809984) > 1e-12 {
+		t.Errorf("idle memory pressure %v", p)
+	}
+
+	src, _ = NewNVML(mockLibrary(mockDevice(busy)))
+	gpus, _ = src.Sample(context.Background(), true)
+	g = gpus[0]
+	if g.Utilization != 1 || len(g.Processes) != 1 {
+		t.Fatalf("busy: %+v", g)
+	}
+	p := g.Processes[0]
+	if p.PID != 417 || p.MemoryUsedBytes != 1050673152 || p.SMUtilization != 0.72 || p.LastSeen.UnixMicro() != 1795367024554058 {
+		t.Errorf("busy process = %+v, want pid 417 using 1050673152 bytes at 72%% SM", p)
+	}
+	if src.lastSeen[0] != 1795367024554058 {
+		t.Errorf("next round would re-read old samples: lastSeen %d", src.lastSeen[0])
+	}
+}
+
+func TestNVMLLostGPUFailsOnlyThatGPU(t *testing.T) {
+	idle, _ := loadNVMLFixtures(t)
+	lost := mockDevice(idle)
+	lost.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.ERROR_GPU_IS_LOST }
+	src, err := NewNVML(mockLibrary(mockDevice(idle), lost))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus, err := src.Sample(context.Background(), false)
+	if err != nil || gpus[0].Err != nil || !gpus[0].Healthy {
+		t.Fatalf("the healthy GPU suffered: %+v, %v", gpus[0], err)
+	}
+	if !errors.Is(gpus[1].Err, ErrGPULost) || gpus[1].Healthy {
+		t.Errorf("lost GPU: err %v healthy %v; want ErrGPULost and unhealthy", gpus[1].Err, gpus[1].Healthy)
+	}
+}
+
+func TestNVMLWithoutLibrary(t *testing.T) {
+	lib := &mock.Interface{InitFunc: func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }}
+	_, err := NewNVML(lib)
+	if err == nil || err.Error() != "NVML: NVML Init: libnvidia-ml.so.1 not found (is the NVIDIA driver installed and libnvidia-ml.so.1 on the library path?)" {
+		t.Errorf("err = %v", err)
+	}
+}

@@ -1,0 +1,136 @@
+package collector
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"time"
+
+	"github.com/gpupool/gpupool/allocator"
+)
+
+// Simulated is a host of GPUs whose use follows the leases placed on them:
+// each lease runs one process that keeps its share of the GPU busy as its
+// Demand says and holds most of the memory it was granted (a few leases,
+// chosen by their ID, hold more than granted). Everything follows from the
+// seed, the leases and the clock, so tests and the demo are repeatable.
+type Simulated struct {
+	Server string
+	Seed   uint64
+	GPUs   []SimulatedGPU
+	// Leases returns the leases on this server.
+	Leases func() []allocator.Lease
+	// Demand is how busy a lease's work keeps its share at t (0..1); nil
+	// takes a slow wave per lease.
+	Demand func(l *allocator.Lease, t time.Time) float64
+	// PID returns the real process a lease's work runs as, when one was
+	// reported (by `gpupool run`); other leases get a made-up PID.
+	PID   func(lease string) (int, bool)
+	Clock func() time.Time
+}
+
+// SimulatedGPU is one simulated device.
+type SimulatedGPU struct {
+	Model       string
+	MemoryBytes int64
+}
+
+// Name implements Source.
+func (*Simulated) Name() string { return "simulated" }
+
+// UUID is the simulated GPU's UUID.
+func (s *Simulated) UUID(i int) string { return fmt.Sprintf("GPU-sim-%s-%d", s.Server, i) }
+
+// Inventory is the server as it registers with the allocator.
+func (s *Simulated) Inventory(cpuMilli, memoryBytes int64, labels map[string]string) allocator.Server {
+	srv := allocator.Server{Name: s.Server, CPUMilli: cpuMilli, MemoryBytes: memoryBytes, Labels: labels}
+	for i, g := range s.GPUs {
+		srv.GPUs = append(srv.GPUs, allocator.GPU{Index: i, UUID: s.UUID(i), Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: true})
+	}
+	return srv
+}
+
+// Sample implements Source.
+func (s *Simulated) Sample(_ context.Context, processes bool) ([]GPU, error) {
+	now := s.Clock()
+	gpus := make([]GPU, len(s.GPUs))
+	for i, g := range s.GPUs {
+		gpus[i] = GPU{Index: i, UUID: s.UUID(i), Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: true,
+			Utilization: 0.01 * s.noise(uint64(i), now)}
+		if processes {
+			gpus[i].Processes = []Process{}
+		}
+	}
+	var leases []allocator.Lease
+	if s.Leases != nil {
+		leases = s.Leases()
+	}
+	for li := range leases {
+		l := &leases[li]
+		demand := s.demand(l, now)
+		for _, lg := range l.GPUs {
+			if lg.Index >= len(gpus) {
+				continue
+			}
+			g := &gpus[lg.Index]
+			share := float64(lg.Milli) / allocator.MilliPerGPU
+			busy := share * demand
+			used := int64(float64(lg.MemoryBytes) * s.memoryFactor(l))
+			g.Utilization += busy
+			g.MemoryUsedBytes += used
+			if processes {
+				g.Processes = append(g.Processes, Process{
+					PID: s.pid(l), MemoryUsedBytes: used, SMUtilization: busy, LastSeen: now, PodUID: l.Owner.UID,
+				})
+			}
+		}
+	}
+	for i := range gpus {
+		g := &gpus[i]
+		g.Utilization = math.Min(g.Utilization, 1)
+		g.MemoryUsedBytes = min(g.MemoryUsedBytes, g.MemoryBytes)
+		g.TemperatureCelsius = 30 + 50*g.Utilization
+		g.PowerWatts = 70 + 630*g.Utilization
+	}
+	return gpus, nil
+}
+
+func (s *Simulated) demand(l *allocator.Lease, t time.Time) float64 {
+	if s.Demand != nil {
+		return math.Max(0, math.Min(1, s.Demand(l, t)))
+	}
+	phase := float64(s.hash(l.ID)%1000) / 1000 * 2 * math.Pi
+	return 0.6 + 0.3*math.Sin(2*math.Pi*float64(t.Unix()%600)/600+phase)
+}
+
+// memoryFactor is the share of its granted memory a lease uses: most use
+// 50-90%; one in twenty uses 120% (overuse an alert should catch).
+func (s *Simulated) memoryFactor(l *allocator.Lease) float64 {
+	h := s.hash(l.ID)
+	if h%20 == 0 {
+		return 1.2
+	}
+	return 0.5 + float64(h%400)/1000
+}
+
+// pid is the process ID of a lease's work.
+func (s *Simulated) pid(l *allocator.Lease) int {
+	if s.PID != nil {
+		if pid, ok := s.PID(l.ID); ok {
+			return pid
+		}
+	}
+	return 10000 + int(s.hash(l.ID)%50000)
+}
+
+// noise is a seeded value in [0,1) for a GPU and second.
+func (s *Simulated) noise(gpu uint64, t time.Time) float64 {
+	return float64(s.hash(fmt.Sprint(gpu, "/", t.Unix()))%1000) / 1000
+}
+
+func (s *Simulated) hash(key string) uint64 {
+	h := fnv.New64a()
+	_, _ = fmt.Fprint(h, s.Seed, "/", s.Server, "/", key)
+	return h.Sum64()
+}

@@ -1,0 +1,74 @@
+// Package collector reads GPU telemetry from its sources (NVML, a
+// dcgm-exporter, simulated GPUs; InfiniBand counters from sysfs) on loops of
+// their own, and exports the latest snapshot to Prometheus. A scrape never
+// touches hardware, and one failing GPU or source never fails a scrape:
+// each source reports its own success, duration and snapshot age.
+package collector
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// Source is one place GPU telemetry comes from.
+type Source interface {
+	// Name labels the source's own metrics (nvml, dcgm, simulated).
+	Name() string
+	// Sample reads every GPU, and the processes on them when processes is
+	// true (the per-process call is the expensive one, so the sampler asks
+	// for it less often). A GPU that cannot be read is returned with Err
+	// set; an error return means the source as a whole failed.
+	Sample(ctx context.Context, processes bool) ([]GPU, error)
+}
+
+// GPU is what a source saw of one GPU. Readings a source does not offer
+// are NaN (floats) and are not exported.
+type GPU struct {
+	Index int
+	UUID  string
+	Model string
+	// MIG is true when the GPU is partitioned into MIG instances.
+	MIG             bool
+	MemoryBytes     int64
+	MemoryUsedBytes int64
+	// Utilization is the share of the last sample period a kernel ran (0..1).
+	Utilization        float64
+	TemperatureCelsius float64
+	PowerWatts         float64
+	// Error counters since the driver loaded.
+	ECCCorrected, ECCUncorrected uint64
+	RetiredPages                 uint64
+	XidErrors                    uint64
+	// ThrottleReasons is NVML's clocks-event reason bit mask.
+	ThrottleReasons uint64
+	Healthy         bool
+	// Processes is nil when this round did not read them.
+	Processes []Process
+	// Err says why this GPU could not be read.
+	Err error
+}
+
+// Process is one process's use of a GPU.
+type Process struct {
+	PID             int
+	MemoryUsedBytes int64
+	// SMUtilization is the process's share of the GPU's SM time (0..1),
+	// NaN when unknown.
+	SMUtilization float64
+	// LastSeen is when the driver last sampled the process's use.
+	LastSeen time.Time
+	// PodUID names the Kubernetes pod the process runs in, when known.
+	PodUID string
+}
+
+// unknown marks a reading a source does not offer.
+var unknown = math.NaN()
+
+// MemoryPressure is used over total GPU memory (0..1), NaN when unknown.
+func (g *GPU) MemoryPressure() float64 {
+	if g.MemoryBytes <= 0 {
+		return unknown
+	}
+	return float64(g.MemoryUsedBytes) / float64(g.MemoryBytes)
+}

@@ -1,0 +1,196 @@
+// Package gpuserver is the GPU-server daemon's logic: it registers the
+// host's GPUs with the allocator and heart-beats their health, follows the
+// leases placed on the host, attributes GPU processes to those leases (by
+// the pod they run in, or by the PID `gpupool run` reported), and exports
+// per-lease use next to the per-GPU telemetry of the collector package.
+package gpuserver
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/collector"
+)
+
+// Labels a daemon sets on its server so clients can find it.
+const (
+	LabelDaemonURL = "gpupool.io/daemon-url"
+)
+
+// Config configures a Daemon.
+type Config struct {
+	// Inventory is the server as it registers: name, GPUs, CPU, memory, labels.
+	Inventory allocator.Server
+	Client    *client.Client
+	Samplers  []*collector.Sampler
+	// Heartbeat is how often the daemon checks in and refreshes its leases.
+	Heartbeat time.Duration
+	// LabelAllowlist names the pod labels copied onto per-lease series.
+	LabelAllowlist []string
+	// Parent returns a process's parent PID, so that children of a PID
+	// registered by `gpupool run` are attributed too; nil skips that.
+	Parent func(pid int) (int, bool)
+	Log    *slog.Logger
+}
+
+// Daemon runs one GPU host.
+type Daemon struct {
+	cfg Config
+
+	mu     sync.Mutex
+	leases []allocator.Lease
+	pids   map[int]string // PID -> lease ID, as `gpupool run` reported
+}
+
+// New returns a daemon; Run starts it.
+func New(cfg Config) *Daemon {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Daemon{cfg: cfg, pids: map[int]string{}}
+}
+
+// Leases returns the leases on this server as last fetched.
+func (d *Daemon) Leases() []allocator.Lease {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.leases
+}
+
+// RegisterPID records that pid runs under lease (from `gpupool run`).
+func (d *Daemon) RegisterPID(pid int, lease string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.pids[pid] = lease
+}
+
+// PIDOf returns a PID reported for the lease.
+func (d *Daemon) PIDOf(lease string) (int, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for pid, l := range d.pids {
+		if l == lease {
+			return pid, true
+		}
+	}
+	return 0, false
+}
+
+// Run registers the server, then heart-beats and refreshes the leases
+// until ctx ends. It retries while the allocator is unreachable.
+func (d *Daemon) Run(ctx context.Context) {
+	t := time.NewTicker(d.cfg.Heartbeat)
+	defer t.Stop()
+	registered := false
+	for {
+		if !registered {
+			registered = d.register(ctx)
+		} else {
+			registered = d.heartbeat(ctx)
+		}
+		if registered {
+			d.refreshLeases(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (d *Daemon) register(ctx context.Context) bool {
+	inv := d.cfg.Inventory
+	inv.GPUs = append([]allocator.GPU(nil), inv.GPUs...)
+	health := d.health()
+	for i := range inv.GPUs {
+		if h, ok := health[inv.GPUs[i].UUID]; ok {
+			inv.GPUs[i].Healthy = h
+		}
+	}
+	if err := d.cfg.Client.RegisterServer(ctx, inv); err != nil {
+		d.cfg.Log.Warn("registering with the allocator", "server", inv.Name, "err", err)
+		return false
+	}
+	d.cfg.Log.Info("registered with the allocator", "server", inv.Name, "gpus", len(inv.GPUs))
+	return true
+}
+
+// heartbeat reports health; false when the allocator forgot the server.
+func (d *Daemon) heartbeat(ctx context.Context) bool {
+	health := d.health()
+	var hb api.Heartbeat
+	for _, g := range d.cfg.Inventory.GPUs {
+		h, ok := health[g.UUID]
+		hb.GPUs = append(hb.GPUs, api.GPUHealth{Index: g.Index, Healthy: ok && h})
+	}
+	err := d.cfg.Client.Heartbeat(ctx, d.cfg.Inventory.Name, hb)
+	if client.IsReason(err, api.ReasonNotFound) {
+		return false
+	}
+	if err != nil {
+		d.cfg.Log.Warn("heartbeat", "err", err)
+	}
+	return true
+}
+
+// health is each GPU's health by UUID from the latest snapshots; a GPU a
+// source no longer reports (off the bus) is missing, hence unhealthy.
+func (d *Daemon) health() map[string]bool {
+	out := map[string]bool{}
+	for _, s := range d.cfg.Samplers {
+		for _, g := range s.Latest().GPUs {
+			out[g.UUID] = g.Healthy && g.Err == nil
+		}
+	}
+	return out
+}
+
+func (d *Daemon) refreshLeases(ctx context.Context) {
+	leases, err := d.cfg.Client.Leases(ctx, client.LeaseFilter{Server: d.cfg.Inventory.Name})
+	if err != nil {
+		if !errors.Is(err, context.Canceled) {
+			d.cfg.Log.Warn("fetching leases", "err", err)
+		}
+		return
+	}
+	live := map[string]bool{}
+	for _, l := range leases {
+		live[l.ID] = true
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.leases = leases
+	maps.DeleteFunc(d.pids, func(_ int, lease string) bool { return !live[lease] })
+}
+
+// attribute finds the lease a process runs under: by the PID registry
+// (walking up to the registered ancestor), else by its pod.
+func (d *Daemon) attribute(p *collector.Process, pids map[int]string, byPod map[string]string) (string, bool) {
+	pid := p.PID
+	for range 32 {
+		if lease, ok := pids[pid]; ok {
+			return lease, true
+		}
+		if d.cfg.Parent == nil {
+			break
+		}
+		parent, ok := d.cfg.Parent(pid)
+		if !ok || parent <= 1 {
+			break
+		}
+		pid = parent
+	}
+	if p.PodUID != "" {
+		lease, ok := byPod[p.PodUID]
+		return lease, ok
+	}
+	return "", false
+}

@@ -1,0 +1,55 @@
+package gpuserver
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// ProcParent reads a process's parent PID from <proc>/<pid>/stat.
+func ProcParent(proc string) func(pid int) (int, bool) {
+	return func(pid int) (int, bool) {
+		b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "stat")) //nolint:gosec // a /proc path built from a PID
+		if err != nil {
+			return 0, false
+		}
+		// The command name may hold spaces and parentheses: fields start
+		// after the last ')'.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			return 0, false
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 2 {
+			return 0, false
+		}
+		ppid, err := strconv.Atoi(f[1])
+		return ppid, err == nil
+	}
+}
+
+// PodUID reads the Kubernetes pod UID from <proc>/<pid>/cgroup, where the
+// kubelet's cgroup path carries it (pod<uid> with '_' for '-' under
+// systemd, or pod<uid> under cgroupfs); "" when the process is in no pod.
+func PodUID(proc string, pid int) string {
+	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "cgroup")) //nolint:gosec // a /proc path built from a PID
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, part := range strings.Split(line, "/") {
+			part = strings.TrimSuffix(part, ".slice")
+			i := strings.LastIndex(part, "pod")
+			if i < 0 {
+				continue
+			}
+			uid := strings.ReplaceAll(part[i+3:], "_", "-")
+			if len(uid) == 36 && strings.Count(uid, "-") == 4 {
+				return uid
+			}
+		}
+	}
+	return ""
+}
