@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
@@ -133,4 +135,28 @@ func (s *Simulated) hash(key string) uint64 {
 	h := fnv.New64a()
 	_, _ = fmt.Fprint(h, s.Seed, "/", s.Server, "/", key)
 	return h.Sum64()
+}
+
+// ParseSimulatedGPUs reads GPUs given as model:memory:count, comma-separated
+// (H100:80Gi:8,T4:16Gi:2).
+func ParseSimulatedGPUs(s string) ([]SimulatedGPU, error) {
+	var out []SimulatedGPU
+	for _, part := range strings.Split(s, ",") {
+		f := strings.Split(strings.TrimSpace(part), ":")
+		if len(f) != 3 {
+			return nil, fmt.Errorf("simulated GPUs %q: %q is not model:memory:count", s, part)
+		}
+		mem, err := allocator.ParseGPUMemory(f[1])
+		if err != nil {
+			return nil, fmt.Errorf("simulated GPUs %q: %w", s, err)
+		}
+		n, err := strconv.Atoi(f[2])
+		if err != nil || n < 1 || n > 64 {
+			return nil, fmt.Errorf("simulated GPUs %q: count %q out of range 1..64", s, f[2])
+		}
+		for range n {
+			out = append(out, SimulatedGPU{Model: f[0], MemoryBytes: mem})
+		}
+	}
+	return out, nil
 }

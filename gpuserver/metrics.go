@@ -1,6 +1,7 @@
 package gpuserver
 
 import (
+	"maps"
 	"math"
 	"strconv"
 	"strings"
@@ -55,78 +56,86 @@ func (c *LeaseCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-type leaseUse struct {
-	sm    float64
-	smOK  bool
-	bytes int64
-	procs int
+// LeaseUse is what a lease's processes use of one GPU.
+type LeaseUse struct {
+	Lease string
+	GPU   int
+	// SM is the processes' share of the GPU's SM time (0..1); SMKnown is
+	// false when the source does not tell.
+	SM        float64
+	SMKnown   bool
+	Bytes     int64
+	Processes int
 }
 
-// Collect implements prometheus.Collector.
-func (c *LeaseCollector) Collect(ch chan<- prometheus.Metric) {
-	d := c.d
+// Usage attributes the latest snapshots' processes to the leases on this
+// server, and counts the processes per GPU that belong to none.
+func (d *Daemon) Usage() (map[[2]string]*LeaseUse, map[int]int) {
 	d.mu.Lock()
 	leases := d.leases
-	pids := make(map[int]string, len(d.pids))
-	for k, v := range d.pids {
-		pids[k] = v
-	}
+	pids := maps.Clone(d.pids)
 	d.mu.Unlock()
-
 	byPod := map[string]string{}
 	for _, l := range leases {
 		if l.Owner.UID != "" {
 			byPod[l.Owner.UID] = l.ID
 		}
 	}
-	server := d.cfg.Inventory.Name
-	type key struct {
-		lease string
-		gpu   int
-	}
-	use := map[key]*leaseUse{}
+	use := map[[2]string]*LeaseUse{}
+	unattributed := map[int]int{}
 	for _, s := range d.cfg.Samplers {
 		for _, g := range s.Latest().GPUs {
-			unattributed := 0
+			unattributed[g.Index] += 0
 			for i := range g.Processes {
 				p := &g.Processes[i]
 				lease, ok := d.attribute(p, pids, byPod)
 				if !ok {
-					unattributed++
+					unattributed[g.Index]++
 					continue
 				}
-				u := use[key{lease, g.Index}]
+				k := [2]string{lease, strconv.Itoa(g.Index)}
+				u := use[k]
 				if u == nil {
-					u = &leaseUse{}
-					use[key{lease, g.Index}] = u
+					u = &LeaseUse{Lease: lease, GPU: g.Index}
+					use[k] = u
 				}
-				u.procs++
-				u.bytes += p.MemoryUsedBytes
+				u.Processes++
+				u.Bytes += p.MemoryUsedBytes
 				if !math.IsNaN(p.SMUtilization) {
-					u.sm += p.SMUtilization
-					u.smOK = true
+					u.SM += p.SMUtilization
+					u.SMKnown = true
 				}
 			}
-			ch <- prometheus.MustNewConstMetric(c.descs.unattributed, prometheus.GaugeValue, float64(unattributed), server, strconv.Itoa(g.Index))
 		}
 	}
-	for _, l := range leases {
+	return use, unattributed
+}
+
+// Collect implements prometheus.Collector.
+func (c *LeaseCollector) Collect(ch chan<- prometheus.Metric) {
+	d := c.d
+	use, unattributed := d.Usage()
+	server := d.cfg.Inventory.Name
+	for gpu, n := range unattributed {
+		ch <- prometheus.MustNewConstMetric(c.descs.unattributed, prometheus.GaugeValue, float64(n), server, strconv.Itoa(gpu))
+	}
+	for _, l := range d.Leases() {
 		for _, lg := range l.GPUs {
 			labels := c.labels(server, &l, lg.Index)
-			u := use[key{l.ID, lg.Index}]
+			u := use[[2]string{l.ID, strconv.Itoa(lg.Index)}]
 			if u == nil {
-				u = &leaseUse{smOK: true}
+				u = &LeaseUse{SMKnown: true}
 			}
 			gauge := func(desc *prometheus.Desc, v float64) {
 				ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...)
 			}
-			if u.smOK && lg.Milli > 0 {
-				gauge(c.descs.util, u.sm/(float64(lg.Milli)/allocator.MilliPerGPU))
+			if u.SMKnown && lg.Milli > 0 {
+				gauge(c.descs.util, u.SM/(float64(lg.Milli)/allocator.MilliPerGPU))
 			}
-			gauge(c.descs.used, float64(u.bytes))
+			gauge(c.descs.used, float64(u.Bytes))
 			gauge(c.descs.granted, float64(lg.MemoryBytes))
-			gauge(c.descs.overuse, float64(max(0, u.bytes-lg.MemoryBytes)))
-			gauge(c.descs.procs, float64(u.procs))
+			gauge(c.descs.overuse, float64(max(0, u.Bytes-lg.MemoryBytes)))
+			gauge(c.descs.procs, float64(u.Processes))
 		}
 	}
 }

@@ -70,7 +70,7 @@ func run(args []string, stderr io.Writer) int {
 	var inv allocator.Server
 	switch *source {
 	case "simulated":
-		gpus, err := parseSimulated(*simulate)
+		gpus, err := collector.ParseSimulatedGPUs(*simulate)
 		if err != nil {
 			log.Error("bad flag", "err", err)
 			return 2
@@ -120,29 +120,6 @@ func run(args []string, stderr io.Writer) int {
 	defer cancel()
 	_ = srv.Shutdown(shutdown)
 	return 0
-}
-
-// parseSimulated reads model:memory:count[,model:memory:count...].
-func parseSimulated(s string) ([]collector.SimulatedGPU, error) {
-	var out []collector.SimulatedGPU
-	for _, part := range splitList(s) {
-		f := strings.Split(part, ":")
-		if len(f) != 3 {
-			return nil, fmt.Errorf("--simulate-gpus %q: %q is not model:memory:count", s, part)
-		}
-		mem, err := allocator.ParseGPUMemory(f[1])
-		if err != nil {
-			return nil, fmt.Errorf("--simulate-gpus %q: %w", s, err)
-		}
-		var n int
-		if _, err := fmt.Sscan(f[2], &n); err != nil || n < 1 || n > 64 {
-			return nil, fmt.Errorf("--simulate-gpus %q: count %q out of range 1..64", s, f[2])
-		}
-		for range n {
-			out = append(out, collector.SimulatedGPU{Model: f[0], MemoryBytes: mem})
-		}
-	}
-	return out, nil
 }
 
 func splitList(s string) []string {

@@ -1,0 +1,126 @@
+package collector
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/gpupool/gpupool/allocator"
+)
+
+func TestSimulatedFollowsLeases(t *testing.T) {
+	now := time.Unix(1.8e9, 0)
+	lease := allocator.Lease{ID: "lease-000007", Owner: allocator.Owner{UID: "uid-1"},
+		GPUs: []allocator.LeaseGPU{{Index: 1, Milli: 500, MemoryBytes: 40 << 30}}}
+	sim := &Simulated{Server: "sim", Seed: 3, Clock: func() time.Time { return now },
+		GPUs:   []SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
+		Leases: func() []allocator.Lease { return []allocator.Lease{lease} },
+		Demand: func(*allocator.Lease, time.Time) float64 { return 0.8 },
+	}
+	gpus, err := sim.Sample(context.Background(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := gpus[1]
+	if math.Abs(g.Utilization-(0.4+0.01*sim.noise(1, now))) > 1e-9 || len(g.Processes) != 1 {
+		t.Fatalf("GPU 1 = %+v, want 0.5 share x 0.8 demand busy and one process", g)
+	}
+	p := g.Processes[0]
+	if p.SMUtilization != 0.4 || p.PodUID != "uid-1" || p.MemoryUsedBytes != int64(float64(40<<30)*sim.memoryFactor(&lease)) {
+		t.Errorf("process = %+v", p)
+	}
+	if gpus[0].Processes == nil || len(gpus[0].Processes) != 0 || gpus[0].Utilization >= 0.01 {
+		t.Errorf("idle GPU 0 = %+v", gpus[0])
+	}
+	again, _ := sim.Sample(context.Background(), true)
+	if again[1].Utilization != g.Utilization {
+		t.Error("the same seed, leases and time gave a different reading")
+	}
+}
+
+// flakySource fails when told to.
+type flakySource struct {
+	fail bool
+	gpus []GPU
+}
+
+func (f *flakySource) Name() string { return "flaky" }
+func (f *flakySource) Sample(context.Context, bool) ([]GPU, error) {
+	if f.fail {
+		return nil, errors.New("driver went away")
+	}
+	return f.gpus, nil
+}
+
+// TestSourceFailureKeepsTheScrapeAlive: a failing source reports success 0
+// and the age of its last good snapshot, whose GPUs stay exported.
+func TestSourceFailureKeepsTheScrapeAlive(t *testing.T) {
+	now := time.Unix(1.8e9, 0)
+	src := &flakySource{gpus: []GPU{{Index: 0, UUID: "GPU-0", Model: "H100", MemoryBytes: 100, MemoryUsedBytes: 95,
+		Utilization: 0.5, TemperatureCelsius: unknown, PowerWatts: unknown, Healthy: true}}}
+	s := NewSampler(src, time.Second, 1, func() time.Time { return now })
+	s.Round(context.Background())
+	src.fail = true
+	now = now.Add(7 * time.Second)
+	s.Round(context.Background())
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&GPUCollector{Server: "gpu-a", Samplers: []*Sampler{s}, Clock: func() time.Time { return now }})
+	want := `
+# HELP bitfusion_exporter_snapshot_age_seconds Age of the newest good snapshot of the source at scrape time.
+# TYPE bitfusion_exporter_snapshot_age_seconds gauge
+bitfusion_exporter_snapshot_age_seconds{source="flaky"} 7
+# HELP bitfusion_exporter_source_success 1 when the source's last sampling round succeeded.
+# TYPE bitfusion_exporter_source_success gauge
+bitfusion_exporter_source_success{source="flaky"} 0
+# HELP bitfusion_gpu_utilization Share of the last sample period a kernel ran on the GPU (0..1).
+# TYPE bitfusion_gpu_utilization gauge
+bitfusion_gpu_utilization{gpu="0",model="H100",server="gpu-a"} 0.5
+# HELP bitfusion_memory_pressure GPU memory used over total (0..1).
+# TYPE bitfusion_memory_pressure gauge
+bitfusion_memory_pressure{gpu="0",model="H100",server="gpu-a"} 0.95
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "bitfusion_exporter_snapshot_age_seconds",
+		"bitfusion_exporter_source_success", "bitfusion_gpu_utilization", "bitfusion_memory_pressure"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(reg, "bitfusion_gpu_temperature_celsius"); n != 0 {
+		t.Errorf("unknown temperature exported as %d series", n)
+	}
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+}
+
+func TestSamplerReadsProcessesLessOften(t *testing.T) {
+	calls := 0
+	src := sourceFunc(func(processes bool) []GPU {
+		calls++
+		g := GPU{UUID: "GPU-0"}
+		if processes {
+			g.Processes = []Process{{PID: calls}}
+		}
+		return []GPU{g}
+	})
+	s := NewSampler(src, time.Second, 3, nil)
+	for range 4 {
+		s.Round(context.Background())
+	}
+	// Rounds 1 and 4 read processes; round 4's are current, rounds 2-3 carried round 1's.
+	if got := s.Latest().GPUs[0].Processes; len(got) != 1 || got[0].PID != 4 {
+		t.Errorf("processes after 4 rounds = %+v, want those read in round 4", got)
+	}
+}
+
+type sourceFunc func(processes bool) []GPU
+
+func (f sourceFunc) Name() string { return "func" }
+func (f sourceFunc) Sample(_ context.Context, processes bool) ([]GPU, error) {
+	return f(processes), nil
+}
