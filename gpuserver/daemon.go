@@ -37,7 +37,9 @@ type Config struct {
 	// Parent returns a process's parent PID, so that children of a PID
 	// registered by `gpupool run` are attributed too; nil skips that.
 	Parent func(pid int) (int, bool)
-	Log    *slog.Logger
+	// Clock dates scrapes (snapshot ages); time.Now when nil.
+	Clock func() time.Time
+	Log   *slog.Logger
 }
 
 // Daemon runs one GPU host.

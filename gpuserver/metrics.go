@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/collector"
 )
 
 // LeaseCollector exports what each lease on the host really uses, from the
@@ -146,4 +147,12 @@ func (c *LeaseCollector) labels(server string, l *allocator.Lease, gpu int) []st
 		labels = append(labels, l.Owner.Labels[k])
 	}
 	return labels
+}
+
+// Registry is the daemon's whole exposition: per-GPU telemetry and source
+// health from the samplers, and per-lease use.
+func Registry(d *Daemon) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&collector.GPUCollector{Server: d.cfg.Inventory.Name, Samplers: d.cfg.Samplers, Clock: d.cfg.Clock}, NewLeaseCollector(d))
+	return reg
 }

@@ -16,7 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/gpupool/gpupool/allocator"
@@ -101,9 +100,8 @@ func run(args []string, stderr io.Writer) int {
 		Inventory: inv, Client: cl, Samplers: []*collector.Sampler{sampler}, Heartbeat: *heartbeat,
 		LabelAllowlist: splitList(*allowlist), Parent: gpuserver.ProcParent("/proc"), Log: log,
 	})
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&collector.GPUCollector{Server: *name, Samplers: []*collector.Sampler{sampler}}, gpuserver.NewLeaseCollector(d))
+	reg := gpuserver.Registry(d)
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	go sampler.Run(ctx)
 	go d.Run(ctx)

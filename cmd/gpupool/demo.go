@@ -185,13 +185,11 @@ func startDemo(ctx context.Context, seed uint64) (*demo, error) {
 		sim := &collector.Simulated{Server: spec.name, Seed: seed + uint64(i), GPUs: gpus, Clock: time.Now, Demand: demoDemand,
 			Leases: func() []allocator.Lease { return s.daemon.Leases() }}
 		s.sampler = collector.NewSampler(sim, time.Second, 2, nil)
-		sreg := prometheus.NewRegistry()
 		s.daemon = gpuserver.New(gpuserver.Config{
 			Inventory: sim.Inventory(int64(len(gpus))*16000, int64(len(gpus))*(64<<30), nil), Client: d.client,
 			Samplers: []*collector.Sampler{s.sampler}, Heartbeat: 2 * time.Second, LabelAllowlist: []string{"app"}, Log: log,
 		})
-		sreg.MustRegister(&collector.GPUCollector{Server: spec.name, Samplers: []*collector.Sampler{s.sampler}}, gpuserver.NewLeaseCollector(s.daemon))
-		if s.url, err = d.serve(gpuserver.Handler(s.daemon, sreg)); err != nil {
+		if s.url, err = d.serve(gpuserver.Handler(s.daemon, gpuserver.Registry(s.daemon))); err != nil {
 			return nil, err
 		}
 		go s.sampler.Run(ctx)
@@ -307,7 +305,9 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "LEASE\tNAMESPACE\tPOD\tAPP\tGPU\tSHARE\tUSE OF SHARE")
-	slices.SortFunc(leases, func(a, b allocator.Lease) int { return strings.Compare(a.Namespace+a.Owner.Pod, b.Namespace+b.Owner.Pod) })
+	slices.SortFunc(leases, func(a, b allocator.Lease) int {
+		return strings.Compare(a.Namespace+a.Owner.Pod, b.Namespace+b.Owner.Pod)
+	})
 	for _, l := range leases {
 		for _, g := range l.GPUs {
 			use := "-"
