@@ -15,6 +15,10 @@ help: ## list the targets
 build: ## build every binary into bin/
 	$(GO) build -o bin/ ./cmd/...
 
+.PHONY: demo
+demo: ## the whole pool on this machine (allocator, simulated GPU servers, workload); DEMO_FLAGS=--duration=60s
+	$(GO) run ./cmd/gpupool demo $(DEMO_FLAGS)
+
 .PHONY: simulate
 simulate: ## replay the embedded OpenB trace against every placement policy
 	$(GO) run ./cmd/gpupool simulate
@@ -38,6 +42,7 @@ test: deps verify ## vet; unit, scenario, property and e2e tests (real etcd, pro
 bench: deps build ## placement decisions/s per policy, one whole replay timed, durable acquisitions/s over HTTP
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./simulate
 	$(GO) test -run '^$$' -bench AcquireRelease -benchtime 4000x ./test/e2e
+	$(GO) test -run '^$$' -bench . -benchtime 2000x ./gpuserver
 	@echo "whole replay, all policies x seeds 42-51, default trace:"
 	bin/gpupool simulate --seeds 42-51 --policies all
 

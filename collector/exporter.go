@@ -3,6 +3,7 @@ package collector
 import (
 	"math"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,11 +39,29 @@ var throttleReasons = []struct {
 	{0x40, "hw_thermal_slowdown"}, {0x80, "hw_power_brake"},
 }
 
-// GPUCollector exports the latest snapshots of a host's samplers.
+// GPUCollector exports the latest snapshots of a host's samplers. The
+// per-GPU series are rendered once per sampling round (Render, from the
+// sampler's AfterRound); a scrape copies them and adds the snapshot ages.
 type GPUCollector struct {
 	Server   string
 	Samplers []*Sampler
 	Clock    func() time.Time
+	rendered atomic.Pointer[[]prometheus.Metric]
+}
+
+// Render builds the series of the samplers' latest snapshots.
+func (c *GPUCollector) Render() {
+	var out []prometheus.Metric
+	emit := func(m prometheus.Metric) { out = append(out, m) }
+	for _, s := range c.Samplers {
+		snap, name := s.Latest(), s.Source().Name()
+		emit(prometheus.MustNewConstMetric(descSourceSuccess, prometheus.GaugeValue, boolValue(snap.Err == nil && !snap.Time.IsZero()), name))
+		emit(prometheus.MustNewConstMetric(descSourceTime, prometheus.GaugeValue, snap.Duration.Seconds(), name))
+		for i := range snap.GPUs {
+			c.renderGPU(emit, name, &snap.GPUs[i])
+		}
+	}
+	c.rendered.Store(&out)
 }
 
 // Describe implements prometheus.Collector.
@@ -60,31 +79,31 @@ func (c *GPUCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.Clock != nil {
 		now = c.Clock()
 	}
+	if c.rendered.Load() == nil {
+		c.Render()
+	}
+	for _, m := range *c.rendered.Load() {
+		ch <- m
+	}
 	for _, s := range c.Samplers {
-		snap, name := s.Latest(), s.Source().Name()
-		ch <- prometheus.MustNewConstMetric(descSourceSuccess, prometheus.GaugeValue, boolValue(snap.Err == nil && !snap.Time.IsZero()), name)
-		ch <- prometheus.MustNewConstMetric(descSourceTime, prometheus.GaugeValue, snap.Duration.Seconds(), name)
-		if !snap.Time.IsZero() {
-			ch <- prometheus.MustNewConstMetric(descSourceAge, prometheus.GaugeValue, now.Sub(snap.Time).Seconds(), name)
-		}
-		for i := range snap.GPUs {
-			c.collectGPU(ch, name, &snap.GPUs[i])
+		if snap := s.Latest(); !snap.Time.IsZero() {
+			ch <- prometheus.MustNewConstMetric(descSourceAge, prometheus.GaugeValue, now.Sub(snap.Time).Seconds(), s.Source().Name())
 		}
 	}
 }
 
-func (c *GPUCollector) collectGPU(ch chan<- prometheus.Metric, source string, g *GPU) {
+func (c *GPUCollector) renderGPU(emit func(prometheus.Metric), source string, g *GPU) {
 	labels := []string{c.Server, strconv.Itoa(g.Index), g.Model}
 	gauge := func(d *prometheus.Desc, v float64, extra ...string) {
 		if !math.IsNaN(v) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append(labels, extra...)...)
+			emit(prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append(labels, extra...)...))
 		}
 	}
 	counter := func(d *prometheus.Desc, v uint64, extra ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), append(labels, extra...)...)
+		emit(prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), append(labels, extra...)...))
 	}
-	ch <- prometheus.MustNewConstMetric(descGPUReadable, prometheus.GaugeValue, boolValue(g.Err == nil), append([]string{source}, labels...)...)
-	ch <- prometheus.MustNewConstMetric(descDeviceInfo, prometheus.GaugeValue, 1, c.Server, strconv.Itoa(g.Index), g.Model, g.UUID, strconv.FormatBool(g.MIG))
+	emit(prometheus.MustNewConstMetric(descGPUReadable, prometheus.GaugeValue, boolValue(g.Err == nil), append([]string{source}, labels...)...))
+	emit(prometheus.MustNewConstMetric(descDeviceInfo, prometheus.GaugeValue, 1, c.Server, strconv.Itoa(g.Index), g.Model, g.UUID, strconv.FormatBool(g.MIG)))
 	gauge(descDeviceHealthy, boolValue(g.Healthy))
 	if g.Err != nil {
 		return

@@ -28,6 +28,9 @@ type Sampler struct {
 	clock        func() time.Time
 	latest       atomic.Pointer[Snapshot]
 	rounds       int
+	// AfterRound, when set before Run, is called after each round: the
+	// exporters render their series there, so scrapes only copy them.
+	AfterRound func()
 }
 
 // NewSampler samples source every interval, processes every processEvery
@@ -65,6 +68,9 @@ func (s *Sampler) Round(ctx context.Context) {
 		carryProcesses(snap.GPUs, prev.GPUs)
 	}
 	s.latest.Store(snap)
+	if s.AfterRound != nil {
+		s.AfterRound()
+	}
 }
 
 func carryProcesses(now, before []GPU) {

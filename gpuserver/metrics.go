@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -14,9 +15,13 @@ import (
 
 // LeaseCollector exports what each lease on the host really uses, from the
 // latest snapshots (it never samples).
+//
+// Like the GPU series, the per-lease series are rendered once per sampling
+// round (Render) and only copied by scrapes.
 type LeaseCollector struct {
-	d     *Daemon
-	descs leaseDescs
+	d        *Daemon
+	descs    leaseDescs
+	rendered atomic.Pointer[[]prometheus.Metric]
 }
 
 type leaseDescs struct {
@@ -114,11 +119,27 @@ func (d *Daemon) Usage() (map[[2]string]*LeaseUse, map[int]int) {
 
 // Collect implements prometheus.Collector.
 func (c *LeaseCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.rendered.Load() == nil {
+		c.Render()
+	}
+	for _, m := range *c.rendered.Load() {
+		ch <- m
+	}
+}
+
+// Render attributes the latest snapshots to the leases and builds the series.
+func (c *LeaseCollector) Render() {
+	var out []prometheus.Metric
+	c.render(func(m prometheus.Metric) { out = append(out, m) })
+	c.rendered.Store(&out)
+}
+
+func (c *LeaseCollector) render(emit func(prometheus.Metric)) {
 	d := c.d
 	use, unattributed := d.Usage()
 	server := d.cfg.Inventory.Name
 	for gpu, n := range unattributed {
-		ch <- prometheus.MustNewConstMetric(c.descs.unattributed, prometheus.GaugeValue, float64(n), server, strconv.Itoa(gpu))
+		emit(prometheus.MustNewConstMetric(c.descs.unattributed, prometheus.GaugeValue, float64(n), server, strconv.Itoa(gpu)))
 	}
 	for _, l := range d.Leases() {
 		for _, lg := range l.GPUs {
@@ -128,7 +149,7 @@ func (c *LeaseCollector) Collect(ch chan<- prometheus.Metric) {
 				u = &LeaseUse{SMKnown: true}
 			}
 			gauge := func(desc *prometheus.Desc, v float64) {
-				ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...)
+				emit(prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...))
 			}
 			if u.SMKnown && lg.Milli > 0 {
 				gauge(c.descs.util, u.SM/(float64(lg.Milli)/allocator.MilliPerGPU))
@@ -152,7 +173,12 @@ func (c *LeaseCollector) labels(server string, l *allocator.Lease, gpu int) []st
 // Registry is the daemon's whole exposition: per-GPU telemetry and source
 // health from the samplers, and per-lease use.
 func Registry(d *Daemon) *prometheus.Registry {
+	gpus := &collector.GPUCollector{Server: d.cfg.Inventory.Name, Samplers: d.cfg.Samplers, Clock: d.cfg.Clock}
+	leases := NewLeaseCollector(d)
+	for _, s := range d.cfg.Samplers {
+		s.AfterRound = func() { gpus.Render(); leases.Render() }
+	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(&collector.GPUCollector{Server: d.cfg.Inventory.Name, Samplers: d.cfg.Samplers, Clock: d.cfg.Clock}, NewLeaseCollector(d))
+	reg.MustRegister(gpus, leases)
 	return reg
 }

@@ -1,0 +1,75 @@
+package e2e
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDemo runs `gpupool demo` as README's first command does, scrapes
+// every /metrics it prints while it runs, checks them with promtool, and
+// expects it to stop cleanly after --duration.
+func TestDemo(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool not installed (make deps installs it)")
+	}
+	cmd := exec.Command(filepath.Join(binDir, "gpupool"), "demo", "--duration", "8s")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var urls []string
+	var out strings.Builder
+	sc := bufio.NewScanner(stdout)
+	metricsLine := regexp.MustCompile(`metrics: (http://\S+/metrics)`)
+	for sc.Scan() {
+		line := sc.Text()
+		out.WriteString(line + "\n")
+		if m := metricsLine.FindStringSubmatch(line); m != nil {
+			urls = append(urls, m[1])
+		}
+		if strings.HasPrefix(line, "  try:") {
+			break
+		}
+	}
+	if len(urls) != 4 {
+		t.Fatalf("demo printed %d /metrics URLs, want the allocator's and 3 servers':\n%s", len(urls), out.String())
+	}
+	time.Sleep(5 * time.Second) // leases placed, processes sampled
+	for _, u := range urls {
+		resp, err := http.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		check := exec.Command(promtool, "check", "metrics")
+		check.Stdin = strings.NewReader(string(body))
+		if msg, err := check.CombinedOutput(); err != nil {
+			t.Errorf("promtool check metrics %s: %v\n%s", u, err, msg)
+		}
+		if !strings.Contains(string(body), "bitfusion_") {
+			t.Errorf("%s exports no bitfusion_ metric", u)
+		}
+	}
+	rest, _ := io.ReadAll(stdout)
+	out.Write(rest)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("demo exited with %v", err)
+	}
+	for _, want := range []string{"tf-training-0", "quota ml:", "gpupool demo: stopped"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
