@@ -88,5 +88,5 @@ func BenchmarkSamplingRound(b *testing.B) {
 	b.ReportMetric(float64(raw.Microseconds())/n, "raw-us")
 	b.ReportMetric(float64(round)/float64(raw), "round/raw")
 	b.ReportMetric(float64(render.Microseconds())/n, "render-us")
-	b.ReportMetric(float64((round + render).Microseconds())/n/1e6, "cpu-s-per-s-at-1Hz")
+	b.ReportMetric(float64((round+render).Microseconds())/n/1e6, "cpu-s-per-s-at-1Hz")
 }
