@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -123,4 +126,54 @@ type sourceFunc func(processes bool) []GPU
 func (f sourceFunc) Name() string { return "func" }
 func (f sourceFunc) Sample(_ context.Context, processes bool) ([]GPU, error) {
 	return f(processes), nil
+}
+
+func TestDCGMExporterMapping(t *testing.T) {
+	fixture, err := os.ReadFile("testdata/dcgm-exporter.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(fixture) }))
+	defer srv.Close()
+	src := &DCGM{URL: srv.URL}
+	gpus, err := src.Sample(context.Background(), true)
+	if err != nil || len(gpus) != 2 {
+		t.Fatalf("Sample = %d GPUs, %v", len(gpus), err)
+	}
+	g := gpus[1]
+	checks := []struct {
+		name      string
+		got, want float64
+	}{
+		{"utilization", g.Utilization, 0.97},
+		{"memory used bytes", float64(g.MemoryUsedBytes), 72800 * mib},
+		{"memory bytes", float64(g.MemoryBytes), (72800 + 8759) * mib},
+		{"temperature", g.TemperatureCelsius, 58},
+		{"power", g.PowerWatts, 541.223},
+		{"ecc corrected", float64(g.ECCCorrected), 12},
+		{"ecc uncorrected", float64(g.ECCUncorrected), 2},
+		{"xid errors", float64(g.XidErrors), 1},
+		{"throttle reasons", float64(g.ThrottleReasons), 36},
+	}
+	for _, c := range checks {
+		if math.Abs(c.got-c.want) > 1e-9 {
+			t.Errorf("GPU 1 %s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if g.UUID != "GPU-0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0" || g.Model != "NVIDIA H100 80GB HBM3" || g.Healthy {
+		t.Errorf("GPU 1 identity/health = %s %s %v (double-bit ECC errors make it unhealthy)", g.UUID, g.Model, g.Healthy)
+	}
+	if gpus[0].Utilization != 0 || !gpus[0].Healthy {
+		t.Errorf("GPU 0 = %+v", gpus[0])
+	}
+	// The same Xid code seen again is the same error, not a new one.
+	again, _ := src.Sample(context.Background(), false)
+	if again[1].XidErrors != 1 {
+		t.Errorf("Xid errors after a second scrape = %d, want still 1", again[1].XidErrors)
+	}
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) }))
+	defer down.Close()
+	if _, err := (&DCGM{URL: down.URL}).Sample(context.Background(), false); err == nil {
+		t.Error("a failing dcgm-exporter is not an error")
+	}
 }

@@ -36,7 +36,8 @@ func run(args []string, stderr io.Writer) int {
 	allocatorURL := fs.String("allocator", envOr("GPUPOOL_ALLOCATOR", "http://127.0.0.1:8470"), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
 	token := fs.String("token", os.Getenv("GPUPOOL_TOKEN"), "bearer token of the servers group (env GPUPOOL_TOKEN)")
 	listen := fs.String("listen", "127.0.0.1:8471", "address of /metrics and the process reports of `gpupool run`")
-	source := fs.String("source", "simulated", "telemetry source: simulated (no GPU needed) or nvml")
+	source := fs.String("source", "simulated", "telemetry source: simulated (no GPU needed), nvml, or dcgm (a dcgm-exporter's /metrics)")
+	dcgmURL := fs.String("dcgm-url", "http://127.0.0.1:9400/metrics", "dcgm-exporter /metrics URL (--source dcgm)")
 	simulate := fs.String("simulate-gpus", "H100:80Gi:8", "simulated GPUs as model:memory:count (--source simulated)")
 	seed := fs.Uint64("seed", 1, "seed of the simulated GPUs")
 	interval := fs.Duration("interval", time.Second, "time between sampling rounds")
@@ -90,8 +91,20 @@ func run(args []string, stderr io.Writer) int {
 		}
 		inv.CPUMilli = *cpu
 		src = nv
+	case "dcgm":
+		dc := &collector.DCGM{URL: *dcgmURL, Client: &http.Client{Timeout: 5 * time.Second}}
+		gpus, err := dc.Sample(ctx, false)
+		if err != nil {
+			log.Error("reading the GPUs from dcgm-exporter", "err", err)
+			return 1
+		}
+		inv = allocator.Server{Name: *name, CPUMilli: *cpu}
+		for _, g := range gpus {
+			inv.GPUs = append(inv.GPUs, allocator.GPU{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: g.Healthy})
+		}
+		src = dc
 	default:
-		log.Error("bad flag", "err", fmt.Sprintf("--source %q is not one of simulated, nvml", *source))
+		log.Error("bad flag", "err", fmt.Sprintf("--source %q is not one of simulated, nvml, dcgm", *source))
 		return 2
 	}
 	inv.Labels = map[string]string{gpuserver.LabelDaemonURL: "http://" + ln.Addr().String()}
