@@ -133,4 +133,3 @@ func value(m *dto.Metric) float64 {
 	}
 	return math.NaN()
 }
-
