@@ -214,8 +214,8 @@ func demoDemand(l *allocator.Lease, t time.Time) float64 {
 func runWorkload(ctx context.Context, c *client.Client, seed uint64, log *slog.Logger) {
 	rng := rand.New(rand.NewPCG(seed, 99))
 	type held struct {
-		id    string
-		until time.Time
+		id, pod string
+		until   time.Time
 	}
 	var leases []held
 	acquire := func(r api.AcquireRequest, hold time.Duration) {
@@ -224,14 +224,20 @@ func runWorkload(ctx context.Context, c *client.Client, seed uint64, log *slog.L
 			log.Info("workload request refused", "namespace", r.Namespace, "pod", r.Owner.Pod, "err", err)
 			return
 		}
-		leases = append(leases, held{l.ID, time.Now().Add(hold)})
+		leases = append(leases, held{l.ID, r.Owner.Pod, time.Now().Add(hold)})
 	}
-	for i := range 3 {
-		pod := fmt.Sprint("tf-training-", i)
-		acquire(api.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: 50, TTL: "30s",
-			Owner: allocator.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "tf-training"}}}, 24*time.Hour)
+	// The training group is a Deployment of three replicas: each holds a
+	// lease, and a replica without one asks again.
+	training := func() {
+		for i := range 3 {
+			pod := fmt.Sprint("tf-training-", i)
+			if !slices.ContainsFunc(leases, func(h held) bool { return h.pod == pod }) {
+				acquire(api.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: 50, TTL: "30s",
+					Owner: allocator.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "tf-training"}}}, 24*time.Hour)
+			}
+		}
 	}
-	t := time.NewTicker(2 * time.Second)
+	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for n := 0; ; n++ {
 		select {
@@ -250,6 +256,7 @@ func runWorkload(ctx context.Context, c *client.Client, seed uint64, log *slog.L
 			}
 		}
 		leases = kept
+		training()
 		if rng.IntN(2) == 0 {
 			pod := fmt.Sprint("job-", n)
 			r := api.AcquireRequest{Namespace: "team-b", GPUAmount: 1, TTL: "30s",
