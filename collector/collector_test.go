@@ -177,3 +177,43 @@ func TestDCGMExporterMapping(t *testing.T) {
 		t.Error("a failing dcgm-exporter is not an error")
 	}
 }
+
+// TestFabricFromSysfs reads the fixture tree as node_exporter's tests do.
+func TestFabricFromSysfs(t *testing.T) {
+	now := time.Unix(1.8e9, 0)
+	f, err := NewFabric("testdata/sys", func() time.Time { return now })
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Round()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&GPUCollector{Server: "gpu-a", Fabric: f, Clock: func() time.Time { return now }})
+	want := `
+# HELP bitfusion_rdma_port_info RDMA ports of the host; 1 per port, with its link layer (InfiniBand or Ethernet for RoCE).
+# TYPE bitfusion_rdma_port_info gauge
+bitfusion_rdma_port_info{device="mlx5_0",link_layer="InfiniBand",port="1",server="gpu-a"} 1
+bitfusion_rdma_port_info{device="mlx5_1",link_layer="Ethernet",port="1",server="gpu-a"} 1
+# HELP bitfusion_rdma_port_rate_bytes_per_second Negotiated port rate.
+# TYPE bitfusion_rdma_port_rate_bytes_per_second gauge
+bitfusion_rdma_port_rate_bytes_per_second{device="mlx5_0",port="1",server="gpu-a"} 5e+10
+bitfusion_rdma_port_rate_bytes_per_second{device="mlx5_1",port="1",server="gpu-a"} 1.25e+10
+# HELP bitfusion_rdma_port_received_bytes_total Data received on the port.
+# TYPE bitfusion_rdma_port_received_bytes_total counter
+bitfusion_rdma_port_received_bytes_total{device="mlx5_0",port="1",server="gpu-a"} 4e+06
+bitfusion_rdma_port_received_bytes_total{device="mlx5_1",port="1",server="gpu-a"} 0
+# HELP bitfusion_rdma_port_up 1 while the port's state is ACTIVE.
+# TYPE bitfusion_rdma_port_up gauge
+bitfusion_rdma_port_up{device="mlx5_0",port="1",server="gpu-a"} 1
+bitfusion_rdma_port_up{device="mlx5_1",port="1",server="gpu-a"} 0
+# HELP bitfusion_exporter_source_success 1 when the source's last sampling round succeeded.
+# TYPE bitfusion_exporter_source_success gauge
+bitfusion_exporter_source_success{source="infiniband"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "bitfusion_rdma_port_info", "bitfusion_rdma_port_rate_bytes_per_second",
+		"bitfusion_rdma_port_received_bytes_total", "bitfusion_rdma_port_up", "bitfusion_exporter_source_success"); err != nil {
+		t.Error(err)
+	}
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+}

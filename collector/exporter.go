@@ -45,6 +45,8 @@ var throttleReasons = []struct {
 type GPUCollector struct {
 	Server   string
 	Samplers []*Sampler
+	// Fabric, when set, adds the host's RDMA ports.
+	Fabric   *Fabric
 	Clock    func() time.Time
 	rendered atomic.Pointer[[]prometheus.Metric]
 }
@@ -61,6 +63,9 @@ func (c *GPUCollector) Render() {
 			c.renderGPU(emit, name, &snap.GPUs[i])
 		}
 	}
+	if c.Fabric != nil {
+		c.Fabric.render(c.Server, emit)
+	}
 	c.rendered.Store(&out)
 }
 
@@ -70,6 +75,9 @@ func (c *GPUCollector) Describe(ch chan<- *prometheus.Desc) {
 		descTemperature, descPower, descECC, descRetired, descXid, descThrottled, descSourceSuccess, descSourceTime,
 		descSourceAge, descGPUReadable} {
 		ch <- d
+	}
+	if c.Fabric != nil {
+		c.Fabric.describe(ch)
 	}
 }
 
@@ -88,6 +96,11 @@ func (c *GPUCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.Samplers {
 		if snap := s.Latest(); !snap.Time.IsZero() {
 			ch <- prometheus.MustNewConstMetric(descSourceAge, prometheus.GaugeValue, now.Sub(snap.Time).Seconds(), s.Source().Name())
+		}
+	}
+	if c.Fabric != nil {
+		if age, ok := c.Fabric.age(now); ok {
+			ch <- prometheus.MustNewConstMetric(descSourceAge, prometheus.GaugeValue, age, "infiniband")
 		}
 	}
 }

@@ -30,6 +30,8 @@ type Config struct {
 	Inventory allocator.Server
 	Client    *client.Client
 	Samplers  []*collector.Sampler
+	// Fabric, when set, reads the host's RDMA ports.
+	Fabric *collector.Fabric
 	// Heartbeat is how often the daemon checks in and refreshes its leases.
 	Heartbeat time.Duration
 	// LabelAllowlist names the pod labels copied onto per-lease series.

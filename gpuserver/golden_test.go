@@ -29,7 +29,13 @@ func goldenDaemon(t testing.TB) *Daemon {
 		Leases: func() []allocator.Lease { return d.Leases() },
 	}
 	sampler := collector.NewSampler(sim, time.Second, 1, sim.Clock)
-	d = New(Config{Inventory: sim.Inventory(0, 0, nil), Samplers: []*collector.Sampler{sampler}, LabelAllowlist: []string{"app"}, Clock: sim.Clock})
+	fabric, err := collector.NewFabric("../collector/testdata/sys", sim.Clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fabric.Round()
+	d = New(Config{Inventory: sim.Inventory(0, 0, nil), Samplers: []*collector.Sampler{sampler}, Fabric: fabric,
+		LabelAllowlist: []string{"app"}, Clock: sim.Clock})
 	d.leases = []allocator.Lease{
 		{ID: "lease-000001", Namespace: "ml", Server: "gpu-a", Owner: allocator.Owner{Pod: "tf-training-0", UID: "uid-0", Labels: map[string]string{"app": "tf-training"}},
 			GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 500, MemoryBytes: 40 << 30}}},

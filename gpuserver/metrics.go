@@ -173,7 +173,7 @@ func (c *LeaseCollector) labels(server string, l *allocator.Lease, gpu int) []st
 // Registry is the daemon's whole exposition: per-GPU telemetry and source
 // health from the samplers, and per-lease use.
 func Registry(d *Daemon) *prometheus.Registry {
-	gpus := &collector.GPUCollector{Server: d.cfg.Inventory.Name, Samplers: d.cfg.Samplers, Clock: d.cfg.Clock}
+	gpus := &collector.GPUCollector{Server: d.cfg.Inventory.Name, Samplers: d.cfg.Samplers, Fabric: d.cfg.Fabric, Clock: d.cfg.Clock}
 	leases := NewLeaseCollector(d)
 	for _, s := range d.cfg.Samplers {
 		s.AfterRound = func() { gpus.Render(); leases.Render() }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -45,6 +46,7 @@ func run(args []string, stderr io.Writer) int {
 	heartbeat := fs.Duration("heartbeat", 5*time.Second, "time between heartbeats to the allocator")
 	allowlist := fs.String("metric-labels-allowlist", "app", "pod labels copied onto per-lease series, comma-separated")
 	cpu := fs.Int64("cpu-milli", 0, "CPU the host offers to leases, in millicores (0: not accounted)")
+	sysPath := fs.String("sysfs", "/sys", "sysfs mount point, for InfiniBand/RoCE port counters (skipped when it has no class/infiniband)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -109,8 +111,18 @@ func run(args []string, stderr io.Writer) int {
 	}
 	inv.Labels = map[string]string{gpuserver.LabelDaemonURL: "http://" + ln.Addr().String()}
 	sampler := collector.NewSampler(src, *interval, *processEvery, nil)
+	var fabric *collector.Fabric
+	if _, err := os.Stat(filepath.Join(*sysPath, "class", "infiniband")); err == nil {
+		if fabric, err = collector.NewFabric(*sysPath, nil); err != nil {
+			log.Error("reading RDMA ports", "err", err)
+			return 1
+		}
+		go fabric.Run(ctx, *interval)
+	} else {
+		log.Info("no RDMA ports: no InfiniBand/RoCE counters", "path", filepath.Join(*sysPath, "class", "infiniband"))
+	}
 	d = gpuserver.New(gpuserver.Config{
-		Inventory: inv, Client: cl, Samplers: []*collector.Sampler{sampler}, Heartbeat: *heartbeat,
+		Inventory: inv, Client: cl, Samplers: []*collector.Sampler{sampler}, Fabric: fabric, Heartbeat: *heartbeat,
 		LabelAllowlist: splitList(*allowlist), Parent: gpuserver.ProcParent("/proc"), Log: log,
 	})
 	reg := gpuserver.Registry(d)
