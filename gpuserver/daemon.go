@@ -10,8 +10,11 @@ import (
 	"errors"
 	"log/slog"
 	"maps"
+	"net"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
@@ -46,7 +49,8 @@ type Config struct {
 
 // Daemon runs one GPU host.
 type Daemon struct {
-	cfg Config
+	cfg     Config
+	latency *prometheus.HistogramVec
 
 	mu     sync.Mutex
 	leases []allocator.Lease
@@ -58,7 +62,12 @@ func New(cfg Config) *Daemon {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Daemon{cfg: cfg, pids: map[int]string{}}
+	return &Daemon{cfg: cfg, pids: map[int]string{}, latency: NewLatencyHistogram()}
+}
+
+// ServeProbes answers clients' latency probes on ln until ctx ends.
+func (d *Daemon) ServeProbes(ctx context.Context, ln net.Listener, interval time.Duration) {
+	ServeProbes(ctx, ln, d.cfg.Inventory.Name, interval, d.latency, d.cfg.Log)
 }
 
 // Leases returns the leases on this server as last fetched.

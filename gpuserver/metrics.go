@@ -179,6 +179,6 @@ func Registry(d *Daemon) *prometheus.Registry {
 		s.AfterRound = func() { gpus.Render(); leases.Render() }
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(gpus, leases)
+	reg.MustRegister(gpus, leases, d.latency)
 	return reg
 }

@@ -37,6 +37,7 @@ func run(args []string, stderr io.Writer) int {
 	allocatorURL := fs.String("allocator", envOr("GPUPOOL_ALLOCATOR", "http://127.0.0.1:8470"), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
 	token := fs.String("token", os.Getenv("GPUPOOL_TOKEN"), "bearer token of the servers group (env GPUPOOL_TOKEN)")
 	listen := fs.String("listen", "127.0.0.1:8471", "address of /metrics and the process reports of `gpupool run`")
+	probeListen := fs.String("probe-listen", "127.0.0.1:8472", "address where clients probe the data-path round trip (TCP)")
 	source := fs.String("source", "simulated", "telemetry source: simulated (no GPU needed), nvml, or dcgm (a dcgm-exporter's /metrics)")
 	dcgmURL := fs.String("dcgm-url", "http://127.0.0.1:9400/metrics", "dcgm-exporter /metrics URL (--source dcgm)")
 	simulate := fs.String("simulate-gpus", "H100:80Gi:8", "simulated GPUs as model:memory:count (--source simulated)")
@@ -109,7 +110,12 @@ func run(args []string, stderr io.Writer) int {
 		log.Error("bad flag", "err", fmt.Sprintf("--source %q is not one of simulated, nvml, dcgm", *source))
 		return 2
 	}
-	inv.Labels = map[string]string{gpuserver.LabelDaemonURL: "http://" + ln.Addr().String()}
+	probeLn, err := net.Listen("tcp", *probeListen)
+	if err != nil {
+		log.Error("listening for probes", "err", err)
+		return 1
+	}
+	inv.Labels = map[string]string{gpuserver.LabelDaemonURL: "http://" + ln.Addr().String(), gpuserver.LabelProbeAddress: probeLn.Addr().String()}
 	sampler := collector.NewSampler(src, *interval, *processEvery, nil)
 	var fabric *collector.Fabric
 	if _, err := os.Stat(filepath.Join(*sysPath, "class", "infiniband")); err == nil {
@@ -130,6 +136,7 @@ func run(args []string, stderr io.Writer) int {
 
 	go sampler.Run(ctx)
 	go d.Run(ctx)
+	go d.ServeProbes(ctx, probeLn, time.Second)
 	srv := &http.Server{Handler: gpuserver.Handler(d, reg), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

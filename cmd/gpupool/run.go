@@ -9,10 +9,16 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
+
+	vmmetrics "github.com/VictoriaMetrics/metrics"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
@@ -42,6 +48,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	wait := fs.Duration("wait", 0, "queue up to this long for capacity or quota instead of failing")
 	namespace := fs.String("namespace", envOr("GPUPOOL_NAMESPACE", "default"), "namespace to charge (env GPUPOOL_NAMESPACE)")
 	pod := fs.String("pod", envOr("POD_NAME", ""), "pod that owns the lease, for attribution (env POD_NAME)")
+	pushURL := fs.String("metrics-push-url", os.Getenv("GPUPOOL_METRICS_PUSH_URL"), "push this client's metrics (its measured data-path round trips) here, e.g. VictoriaMetrics' /api/v1/import/prometheus (env GPUPOOL_METRICS_PUSH_URL)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Usage: gpupool run -n N (-p P | -m M) [flags] -- command [args...]
 
@@ -94,7 +101,7 @@ Flags:
 	if err != nil {
 		return acquireFailed(stderr, err, *wait)
 	}
-	return runLeased(ctx, cl, lease, *ttl, command, stdout, stderr)
+	return runLeased(ctx, cl, lease, *ttl, *pushURL, command, stdout, stderr)
 }
 
 func acquireFailed(stderr io.Writer, err error, wait time.Duration) int {
@@ -123,7 +130,7 @@ func acquireFailed(stderr io.Writer, err error, wait time.Duration) int {
 }
 
 // runLeased runs the command under the lease and releases it afterwards.
-func runLeased(ctx context.Context, cl *client.Client, lease allocator.Lease, ttl time.Duration, command []string, stdout, stderr io.Writer) int {
+func runLeased(ctx context.Context, cl *client.Client, lease allocator.Lease, ttl time.Duration, pushURL string, command []string, stdout, stderr io.Writer) int {
 	release := func() {
 		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -142,7 +149,10 @@ func runLeased(ctx context.Context, cl *client.Client, lease allocator.Lease, tt
 		fmt.Fprintln(stderr, "gpupool run:", err)
 		return 127
 	}
-	reportPID(ctx, cl, lease, cmd.Process.Pid, stderr)
+	attachCtx, detach := context.WithCancel(ctx)
+	var attached sync.WaitGroup
+	defer func() { detach(); attached.Wait() }() // the last push goes out before exit
+	attach(attachCtx, &attached, cl, lease, cmd.Process.Pid, pushURL, stderr)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	lost := make(chan struct{})
@@ -197,23 +207,76 @@ func keepRenewing(ctx context.Context, cl *client.Client, id string, ttl time.Du
 	}
 }
 
-// reportPID tells the lease's GPU-server daemon which process runs under
-// the lease, so it attributes the process's GPU use to it. Best effort: a
-// pool without daemons works, its leases just show no use.
-func reportPID(ctx context.Context, cl *client.Client, lease allocator.Lease, pid int, stderr io.Writer) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+// attach tells the lease's GPU-server daemon which process runs under the
+// lease, so it attributes the process's GPU use to it, and probes the
+// data-path round trip to the server while the command runs, pushing what
+// it measures when pushURL is set. Best effort: a pool without daemons
+// works, its leases just show no use.
+func attach(ctx context.Context, wg *sync.WaitGroup, cl *client.Client, lease allocator.Lease, pid int, pushURL string, stderr io.Writer) {
+	lookup, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	pool, err := cl.Pool(ctx)
+	pool, err := cl.Pool(lookup)
 	if err != nil {
 		return
 	}
-	for _, s := range pool.Servers {
-		if url := s.Labels[gpuserver.LabelDaemonURL]; s.Name == lease.Server && url != "" {
-			if err := gpuserver.ReportProcess(ctx, url, gpuserver.ProcessReport{PID: pid, Lease: lease.ID}); err != nil {
-				fmt.Fprintf(stderr, "gpupool run: telling the daemon of %s about PID %d: %v (its use will not be attributed)\n", s.Name, pid, err)
-			}
+	i := slices.IndexFunc(pool.Servers, func(s api.ServerStatus) bool { return s.Name == lease.Server })
+	if i < 0 {
+		return
+	}
+	labels := pool.Servers[i].Labels
+	if url := labels[gpuserver.LabelDaemonURL]; url != "" {
+		if err := gpuserver.ReportProcess(lookup, url, gpuserver.ProcessReport{PID: pid, Lease: lease.ID}); err != nil {
+			fmt.Fprintf(stderr, "gpupool run: telling the daemon of %s about PID %d: %v (its use will not be attributed)\n", lease.Server, pid, err)
 		}
 	}
+	addr := labels[gpuserver.LabelProbeAddress]
+	if addr == "" {
+		return
+	}
+	node := envOr("NODE_NAME", hostname())
+	hist := gpuserver.NewLatencyHistogram()
+	obs := hist.WithLabelValues(lease.Server, node, gpuserver.TransportTCP)
+	go func() {
+		_ = gpuserver.DialProbe(ctx, addr, node, time.Second, func(d time.Duration) { obs.Observe(d.Seconds()) })
+	}()
+	if pushURL != "" {
+		wg.Go(func() { pushLatency(ctx, pushURL, hist, lease) })
+	}
+}
+
+// pushLatency pushes the client's round-trip histogram every 10 s and once
+// more when the command ends, with VictoriaMetrics' push client.
+func pushLatency(ctx context.Context, url string, hist *prometheus.HistogramVec, lease allocator.Lease) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(hist)
+	write := func(w io.Writer) {
+		families, err := reg.Gather()
+		if err != nil {
+			return
+		}
+		for _, f := range families {
+			_, _ = expfmt.MetricFamilyToText(w, f)
+		}
+	}
+	opts := &vmmetrics.PushOptions{ExtraLabels: fmt.Sprintf(`job="gpupool-run",lease=%q,namespace=%q`, lease.ID, lease.Namespace)}
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			final, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = vmmetrics.PushMetricsExt(final, url, write, opts)
+			cancel()
+			return
+		case <-t.C:
+			_ = vmmetrics.PushMetricsExt(ctx, url, write, opts)
+		}
+	}
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
 }
 
 func leaseEnv(l allocator.Lease) []string {

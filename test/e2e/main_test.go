@@ -30,7 +30,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	build := exec.Command("go", "build", "-o", dir, "../../cmd/gpupool", "../../cmd/gpupool-allocator")
+	build := exec.Command("go", "build", "-o", dir, "../../cmd/gpupool", "../../cmd/gpupool-allocator", "../../cmd/gpupool-server")
+	build.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building the binaries:", err)

@@ -1,0 +1,113 @@
+package e2e
+
+import (
+	"bufio"
+	"compress/gzip"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestGPUServerAttributesRunAndMeasuresLatency: a gpupool-server daemon on
+// the simulated source registers with the allocator; `gpupool run` reports
+// its command's PID to it and probes the data path; the daemon attributes
+// the command's GPU use to the lease and publishes the round trips it
+// measured, and the client pushes its own.
+func TestGPUServerAttributesRunAndMeasuresLatency(t *testing.T) {
+	a := startAllocator(t, "--data-dir", t.TempDir())
+	srv := exec.Command(filepath.Join(binDir, "gpupool-server"), "--allocator", a.URL, "--name", "sim-0",
+		"--listen", "127.0.0.1:0", "--probe-listen", "127.0.0.1:0", "--simulate-gpus", "H100:80Gi:2",
+		"--interval", "200ms", "--process-every", "1", "--heartbeat", "500ms")
+	stderr, err := srv.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
+	urlc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		re := regexp.MustCompile(`gpu server serving.*address=(http://\S+)`)
+		for sc.Scan() {
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				urlc <- m[1]
+			}
+		}
+	}()
+	var daemonURL string
+	select {
+	case daemonURL = <-urlc:
+	case <-time.After(20 * time.Second):
+		t.Fatal("gpupool-server did not start")
+	}
+	c := newClient(t, a.URL, "")
+	waitFor(t, func() bool { p, err := c.Pool(context.Background()); return err == nil && len(p.Servers) == 1 })
+
+	var mu sync.Mutex
+	var pushed strings.Builder
+	push := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body io.Reader = r.Body
+		if r.Header.Get("Content-Encoding") == "gzip" {
+			if z, err := gzip.NewReader(r.Body); err == nil {
+				body = z
+			}
+		}
+		b, _ := io.ReadAll(body)
+		mu.Lock()
+		pushed.Write(b)
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer push.Close()
+
+	run := exec.Command(filepath.Join(binDir, "gpupool"), "run", "-n", "1", "-p", "50", "--pod", "trainer-0",
+		"--metrics-push-url", push.URL, "--", "sleep", "4")
+	run.Env = append(os.Environ(), "GPUPOOL_ALLOCATOR="+a.URL, "NODE_NAME=client-node-1")
+	var out strings.Builder
+	run.Stdout, run.Stderr = &out, &out
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// While the command runs, its process is the lease's: the simulated
+	// GPU runs it under the PID gpupool run reported.
+	attributed := regexp.MustCompile(`bitfusion_lease_processes\{[^}]*pod="trainer-0"[^}]*\} 1`)
+	waitFor(t, func() bool { return attributed.MatchString(metricsOf(t, daemonURL)) })
+	if !regexp.MustCompile(`bitfusion_lease_gpu_utilization\{[^}]*pod="trainer-0"[^}]*\} 0\.[0-9]*[1-9]`).MatchString(metricsOf(t, daemonURL)) {
+		t.Errorf("no utilization attributed to trainer-0's lease:\n%s", grep(metricsOf(t, daemonURL), "bitfusion_lease_gpu_utilization"))
+	}
+	if err := run.Wait(); err != nil {
+		t.Fatalf("gpupool run: %v\n%s", err, out.String())
+	}
+	m := metricsOf(t, daemonURL)
+	if !regexp.MustCompile(`bitfusion_rdma_latency_seconds_count\{client_node="client-node-1",server="sim-0",transport="tcp"\} [1-9]`).MatchString(m) {
+		t.Errorf("daemon measured no round trips:\n%s", grep(m, "rdma_latency_seconds_count"))
+	}
+	mu.Lock()
+	got := pushed.String()
+	mu.Unlock()
+	if !regexp.MustCompile(`bitfusion_rdma_latency_seconds_count\{job="gpupool-run",[^}]*client_node="client-node-1",server="sim-0",transport="tcp"\} [1-9]`).MatchString(got) {
+		t.Errorf("the client pushed no round trips:\n%s", grep(got, "_count"))
+	}
+}
+
+func metricsOf(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
