@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -20,6 +22,11 @@ type NVML struct {
 	// lastSeen is the newest per-process sample timestamp per device, so
 	// each round reads only samples it has not seen (NVML's contract).
 	lastSeen []uint64
+	// xids counts Xid errors per device, from NVML's event set when the
+	// driver offers one; stop ends the watcher.
+	xids []atomic.Uint64
+	stop chan struct{}
+	done chan struct{}
 }
 
 // OpenNVML loads libnvidia-ml and opens every GPU.
@@ -37,7 +44,7 @@ func NewNVML(lib nvml.Interface) (*NVML, error) {
 		_ = lib.Shutdown()
 		return nil, nvmlError("DeviceGetCount", ret)
 	}
-	s := &NVML{lib: lib, lastSeen: make([]uint64, n)}
+	s := &NVML{lib: lib, lastSeen: make([]uint64, n), xids: make([]atomic.Uint64, n)}
 	for i := range n {
 		d, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
@@ -46,11 +53,59 @@ func NewNVML(lib nvml.Interface) (*NVML, error) {
 		}
 		s.devices = append(s.devices, d)
 	}
+	s.watchXids()
 	return s, nil
 }
 
-// Close releases the library.
-func (s *NVML) Close() { _ = s.lib.Shutdown() }
+// watchXids counts Xid errors as NVML reports them, when the driver offers
+// events (not in every container or driver); without, the count stays 0.
+func (s *NVML) watchXids() {
+	set, ret := s.lib.EventSetCreate()
+	if ret != nvml.SUCCESS {
+		return
+	}
+	uuids := make([]string, len(s.devices))
+	registered := false
+	for i, d := range s.devices {
+		uuids[i], _ = d.GetUUID()
+		if d.RegisterEvents(nvml.EventTypeXidCriticalError, set) == nvml.SUCCESS {
+			registered = true
+		}
+	}
+	if !registered {
+		_ = set.Free()
+		return
+	}
+	s.stop, s.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(s.done)
+		defer func() { _ = set.Free() }()
+		for {
+			select {
+			case <-s.stop:
+				return
+			default:
+			}
+			ev, ret := set.Wait(500) // ms: how long Close may wait
+			if ret != nvml.SUCCESS || ev.EventType != nvml.EventTypeXidCriticalError || ev.Device == nil {
+				continue
+			}
+			uuid, _ := ev.Device.GetUUID()
+			if i := slices.Index(uuids, uuid); i >= 0 {
+				s.xids[i].Add(1)
+			}
+		}
+	}()
+}
+
+// Close stops the Xid watcher and releases the library.
+func (s *NVML) Close() {
+	if s.stop != nil {
+		close(s.stop)
+		<-s.done
+	}
+	_ = s.lib.Shutdown()
+}
 
 // Name implements Source.
 func (*NVML) Name() string { return "nvml" }
@@ -127,6 +182,7 @@ func (s *NVML) read(i int, d nvml.Device, processes bool) GPU {
 	if cur, _, ret := d.GetMigMode(); ret == nvml.SUCCESS {
 		g.MIG = cur == nvml.DEVICE_MIG_ENABLE
 	}
+	g.XidErrors = s.xids[i].Load()
 	if processes {
 		g.Processes = s.processes(i, d)
 	}

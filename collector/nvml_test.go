@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -89,6 +90,8 @@ func mockLibrary(devices ...nvml.Device) *mock.Interface {
 		ShutdownFunc:               func() nvml.Return { return nvml.SUCCESS },
 		DeviceGetCountFunc:         func() (int, nvml.Return) { return len(devices), nvml.SUCCESS },
 		DeviceGetHandleByIndexFunc: func(i int) (nvml.Device, nvml.Return) { return devices[i], nvml.SUCCESS },
+		// The probe did not record events: as on drivers that offer none.
+		EventSetCreateFunc: func() (nvml.EventSet, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED },
 	}
 }
 
@@ -162,5 +165,45 @@ func TestNVMLWithoutLibrary(t *testing.T) {
 	_, err := NewNVML(lib)
 	if err == nil || err.Error() != "NVML: NVML Init: libnvidia-ml.so.1 not found (is the NVIDIA driver installed and libnvidia-ml.so.1 on the library path?)" {
 		t.Errorf("err = %v", err)
+	}
+}
+
+// TestNVMLCountsXidEvents: Xid errors come from NVML's event set.
+func TestNVMLCountsXidEvents(t *testing.T) {
+	idle, _ := loadNVMLFixtures(t)
+	dev := mockDevice(idle)
+	events := make(chan nvml.EventData, 2)
+	events <- nvml.EventData{Device: dev, EventType: nvml.EventTypeXidCriticalError, EventData: 79}
+	events <- nvml.EventData{Device: dev, EventType: nvml.EventTypeXidCriticalError, EventData: 48}
+	set := &mock.EventSet{
+		WaitFunc: func(uint32) (nvml.EventData, nvml.Return) {
+			select {
+			case ev := <-events:
+				return ev, nvml.SUCCESS
+			default:
+				time.Sleep(time.Millisecond)
+				return nvml.EventData{}, nvml.ERROR_TIMEOUT
+			}
+		},
+		FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+	}
+	dev.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
+	lib := mockLibrary(dev)
+	lib.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return set, nvml.SUCCESS }
+	src, err := NewNVML(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		gpus, _ := src.Sample(context.Background(), false)
+		if gpus[0].XidErrors == 2 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Xid errors = %d after two Xid events, want 2", gpus[0].XidErrors)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

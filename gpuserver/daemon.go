@@ -42,6 +42,9 @@ type Config struct {
 	// Parent returns a process's parent PID, so that children of a PID
 	// registered by `gpupool run` are attributed too; nil skips that.
 	Parent func(pid int) (int, bool)
+	// PodOf returns the Kubernetes pod UID a process runs in ("" for
+	// none), for sources that do not tell; nil skips that.
+	PodOf func(pid int) string
 	// Clock dates scrapes (snapshot ages); time.Now when nil.
 	Clock func() time.Time
 	Log   *slog.Logger
@@ -55,6 +58,8 @@ type Daemon struct {
 	mu     sync.Mutex
 	leases []allocator.Lease
 	pids   map[int]string // PID -> lease ID, as `gpupool run` reported
+	// pods caches PodOf per PID until the leases next change.
+	pods map[int]string
 }
 
 // New returns a daemon; Run starts it.
@@ -182,6 +187,7 @@ func (d *Daemon) refreshLeases(ctx context.Context) {
 	defer d.mu.Unlock()
 	d.leases = leases
 	maps.DeleteFunc(d.pids, func(_ int, lease string) bool { return !live[lease] })
+	d.pods = nil
 }
 
 // attribute finds the lease a process runs under: by the PID registry
@@ -201,9 +207,33 @@ func (d *Daemon) attribute(p *collector.Process, pids map[int]string, byPod map[
 		}
 		pid = parent
 	}
-	if p.PodUID != "" {
-		lease, ok := byPod[p.PodUID]
+	pod := p.PodUID
+	if pod == "" {
+		pod = d.podOf(p.PID)
+	}
+	if pod != "" {
+		lease, ok := byPod[pod]
 		return lease, ok
 	}
 	return "", false
+}
+
+func (d *Daemon) podOf(pid int) string {
+	if d.cfg.PodOf == nil {
+		return ""
+	}
+	d.mu.Lock()
+	uid, ok := d.pods[pid]
+	d.mu.Unlock()
+	if ok {
+		return uid
+	}
+	uid = d.cfg.PodOf(pid)
+	d.mu.Lock()
+	if d.pods == nil {
+		d.pods = map[int]string{}
+	}
+	d.pods[pid] = uid
+	d.mu.Unlock()
+	return uid
 }

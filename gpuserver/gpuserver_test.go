@@ -54,7 +54,7 @@ func TestLeaseAttribution(t *testing.T) {
 		Index: 0, UUID: "GPU-0", Model: "H100", MemoryBytes: 80 * gib, Healthy: true,
 		Processes: []collector.Process{
 			{PID: 5001, MemoryUsedBytes: 10 * gib, SMUtilization: 0.30}, // child of 5000, reported by gpupool run
-			{PID: 7000, MemoryUsedBytes: 30 * gib, SMUtilization: 0.20, PodUID: "uid-trainer"},
+			{PID: 4242, MemoryUsedBytes: 30 * gib, SMUtilization: 0.20}, // in the trainer's pod, by its cgroup
 			{PID: 8000, MemoryUsedBytes: 1 * gib, SMUtilization: 0.05}, // nobody's
 		},
 	}}}
@@ -63,10 +63,11 @@ func TestLeaseAttribution(t *testing.T) {
 	d := New(Config{
 		Inventory: allocator.Server{Name: "gpu-a"}, Samplers: []*collector.Sampler{sampler},
 		LabelAllowlist: []string{"app"}, Parent: ProcParent("testdata/proc"),
+		PodOf: func(pid int) string { return PodUID("testdata/proc", pid) },
 	})
 	d.leases = []allocator.Lease{
 		{ID: "lease-000001", Namespace: "ml", Server: "gpu-a", GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 500, MemoryBytes: 40 * gib}}},
-		{ID: "lease-000002", Namespace: "ml", Server: "gpu-a", Owner: allocator.Owner{Pod: "trainer-0", UID: "uid-trainer", Labels: map[string]string{"app": "tf-training", "team": "x"}},
+		{ID: "lease-000002", Namespace: "ml", Server: "gpu-a", Owner: allocator.Owner{Pod: "trainer-0", UID: "6f1d1c8e-2b4a-4f7e-9a35-0c1d2e3f4a5b", Labels: map[string]string{"app": "tf-training", "team": "x"}},
 			GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 250, MemoryBytes: 20 * gib}}},
 	}
 	d.RegisterPID(5000, "lease-000001")

@@ -129,7 +129,8 @@ func run(args []string, stderr io.Writer) int {
 	}
 	d = gpuserver.New(gpuserver.Config{
 		Inventory: inv, Client: cl, Samplers: []*collector.Sampler{sampler}, Fabric: fabric, Heartbeat: *heartbeat,
-		LabelAllowlist: splitList(*allowlist), Parent: gpuserver.ProcParent("/proc"), Log: log,
+		LabelAllowlist: splitList(*allowlist), Parent: gpuserver.ProcParent("/proc"),
+		PodOf: func(pid int) string { return gpuserver.PodUID("/proc", pid) }, Log: log,
 	})
 	reg := gpuserver.Registry(d)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
