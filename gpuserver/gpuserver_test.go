@@ -55,7 +55,7 @@ func TestLeaseAttribution(t *testing.T) {
 		Processes: []collector.Process{
 			{PID: 5001, MemoryUsedBytes: 10 * gib, SMUtilization: 0.30}, // child of 5000, reported by gpupool run
 			{PID: 4242, MemoryUsedBytes: 30 * gib, SMUtilization: 0.20}, // in the trainer's pod, by its cgroup
-			{PID: 8000, MemoryUsedBytes: 1 * gib, SMUtilization: 0.05}, // nobody's
+			{PID: 8000, MemoryUsedBytes: 1 * gib, SMUtilization: 0.05},  // nobody's
 		},
 	}}}
 	sampler := collector.NewSampler(src, time.Second, 1, nil)
