@@ -69,13 +69,19 @@ func (h *handler) principal(w http.ResponseWriter, r *http.Request) (Principal, 
 	return Principal{}, false
 }
 
-func (h *handler) registerServer(w http.ResponseWriter, r *http.Request) {
+// serverPrincipal authenticates a GPU-server daemon (or an admin),
+// answering 401 or 403 itself when it is not.
+func (h *handler) serverPrincipal(w http.ResponseWriter, r *http.Request) bool {
 	p, ok := h.principal(w, r)
-	if !ok {
-		return
-	}
-	if !p.Admin && !p.Server {
+	if ok && !p.Admin && !p.Server {
 		h.fail(w, &ForbiddenError{Namespace: "(servers)"})
+		return false
+	}
+	return ok
+}
+
+func (h *handler) registerServer(w http.ResponseWriter, r *http.Request) {
+	if !h.serverPrincipal(w, r) {
 		return
 	}
 	var srv allocator.Server
@@ -90,12 +96,7 @@ func (h *handler) registerServer(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) heartbeat(w http.ResponseWriter, r *http.Request) {
-	p, ok := h.principal(w, r)
-	if !ok {
-		return
-	}
-	if !p.Admin && !p.Server {
-		h.fail(w, &ForbiddenError{Namespace: "(servers)"})
+	if !h.serverPrincipal(w, r) {
 		return
 	}
 	var hb api.Heartbeat

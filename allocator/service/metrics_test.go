@@ -5,7 +5,6 @@ import (
 	"context"
 	"flag"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +13,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/gpupool/gpupool/allocator/api"
-	"github.com/gpupool/gpupool/internal/metricsdoc"
+	"github.com/gpupool/gpupool/internal/metricstest"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/metrics.golden from what the allocator exports (read the diff!)")
@@ -75,25 +74,17 @@ func TestMetricsGolden(t *testing.T) {
 	if err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %v", problems, err)
 	}
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
+	if ok, err := metricstest.Promtool(families); err != nil {
+		t.Error(err)
+	} else if !ok {
 		t.Skip("promtool not installed (make deps installs it)")
-	}
-	var all bytes.Buffer
-	for _, f := range families {
-		_, _ = expfmt.MetricFamilyToText(&all, f)
-	}
-	cmd := exec.Command(promtool, "check", "metrics")
-	cmd.Stdin = &all
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		t.Errorf("promtool check metrics: %v\n%s", err, msg)
 	}
 }
 
 // TestMetricsDocumented checks docs/metrics.md's allocator section against
 // the metrics the allocator exports, both ways.
 func TestMetricsDocumented(t *testing.T) {
-	documented, err := metricsdoc.Section("../../docs/metrics.md", "Allocator")
+	documented, err := metricstest.Section("../../docs/metrics.md", "Allocator")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +101,7 @@ func TestMetricsDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The leader gauge is registered by the binary, not the service.
-	for _, p := range metricsdoc.Diff(families, documented, "bitfusion_allocator_leader") {
+	for _, p := range metricstest.Diff(families, documented, "bitfusion_allocator_leader") {
 		t.Error(p)
 	}
 }

@@ -1,14 +1,17 @@
-// Package metricsdoc reads docs/metrics.md so that tests can check the
-// documented metrics against what the code exports, both ways.
-package metricsdoc
+// Package metricstest holds the checks every exporter's tests run: the
+// exposition against docs/metrics.md (both ways), and promtool.
+package metricstest
 
 import (
+	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
 )
 
 var metricCell = regexp.MustCompile("^`bitfusion_[a-z_]+`$")
@@ -59,4 +62,25 @@ func Diff(families []*dto.MetricFamily, documented map[string]string, extra ...s
 		}
 	}
 	return problems
+}
+
+// Promtool runs `promtool check metrics` on the families; ok is false when
+// promtool is not installed (`make deps` installs it).
+func Promtool(families []*dto.MetricFamily) (ok bool, err error) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		return false, nil
+	}
+	var text bytes.Buffer
+	for _, f := range families {
+		if _, err := expfmt.MetricFamilyToText(&text, f); err != nil {
+			return true, err
+		}
+	}
+	cmd := exec.Command(promtool, "check", "metrics")
+	cmd.Stdin = &text
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return true, fmt.Errorf("promtool check metrics: %w\n%s", err, msg)
+	}
+	return true, nil
 }
