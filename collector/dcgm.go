@@ -61,16 +61,21 @@ func (s *DCGM) parse(r io.Reader) ([]GPU, error) {
 	if s.lastXid == nil {
 		s.lastXid, s.xids = map[string]float64{}, map[string]uint64{}
 	}
-	byGPU := map[string]*GPU{}
+	byGPU := map[string]*GPU{} // by UUID
 	fbFree := map[string]float64{}
+	// gpu is the whole GPU a series is about; nil for series of no GPU
+	// (the exporter's own) or of one MIG instance (GPU_I_ID set).
 	gpu := func(m *dto.Metric) *GPU {
 		l := labels(m)
-		g, ok := byGPU[l["gpu"]]
+		idx, err := strconv.Atoi(l["gpu"])
+		if l["UUID"] == "" || err != nil || l["GPU_I_ID"] != "" {
+			return nil
+		}
+		g, ok := byGPU[l["UUID"]]
 		if !ok {
-			idx, _ := strconv.Atoi(l["gpu"])
 			g = &GPU{Index: idx, UUID: l["UUID"], Model: l["modelName"], Healthy: true,
 				Utilization: unknown, TemperatureCelsius: unknown, PowerWatts: unknown}
-			byGPU[l["gpu"]] = g
+			byGPU[l["UUID"]] = g
 		}
 		return g
 	}
@@ -78,6 +83,9 @@ func (s *DCGM) parse(r io.Reader) ([]GPU, error) {
 		for _, m := range f.GetMetric() {
 			v := value(m)
 			g := gpu(m)
+			if g == nil {
+				continue
+			}
 			switch name {
 			case "DCGM_FI_DEV_GPU_UTIL":
 				g.Utilization = v / 100

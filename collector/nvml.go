@@ -27,6 +27,10 @@ type NVML struct {
 	xids []atomic.Uint64
 	stop chan struct{}
 	done chan struct{}
+	// known keeps each device's identity and error counters from its last
+	// good read: a lost GPU keeps its labels, and a failed read never
+	// makes a counter go down.
+	known []GPU
 }
 
 // OpenNVML loads libnvidia-ml and opens every GPU.
@@ -44,7 +48,7 @@ func NewNVML(lib nvml.Interface) (*NVML, error) {
 		_ = lib.Shutdown()
 		return nil, nvmlError("DeviceGetCount", ret)
 	}
-	s := &NVML{lib: lib, lastSeen: make([]uint64, n), xids: make([]atomic.Uint64, n)}
+	s := &NVML{lib: lib, lastSeen: make([]uint64, n), xids: make([]atomic.Uint64, n), known: make([]GPU, n)}
 	for i := range n {
 		d, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
@@ -87,6 +91,10 @@ func (s *NVML) watchXids() {
 			default:
 			}
 			ev, ret := set.Wait(500) // ms: how long Close may wait
+			if ret != nvml.SUCCESS && ret != nvml.ERROR_TIMEOUT {
+				time.Sleep(time.Second) // e.g. a lost GPU answers at once: do not spin
+				continue
+			}
 			if ret != nvml.SUCCESS || ev.EventType != nvml.EventTypeXidCriticalError || ev.Device == nil {
 				continue
 			}
@@ -138,19 +146,30 @@ func (s *NVML) Sample(_ context.Context, processes bool) ([]GPU, error) {
 }
 
 func (s *NVML) read(i int, d nvml.Device, processes bool) GPU {
-	g := GPU{Index: i, Utilization: unknown, TemperatureCelsius: unknown, PowerWatts: unknown}
+	last := &s.known[i]
+	g := GPU{Index: i, UUID: last.UUID, Model: last.Model, MemoryBytes: last.MemoryBytes,
+		Utilization: unknown, TemperatureCelsius: unknown, PowerWatts: unknown,
+		ECCCorrected: last.ECCCorrected, ECCUncorrected: last.ECCUncorrected, RetiredPages: last.RetiredPages}
 	fail := func(call string, ret nvml.Return) GPU {
 		g.Err = nvmlError(call, ret)
 		g.Healthy = false
 		return g
 	}
-	var ret nvml.Return
-	if g.UUID, ret = d.GetUUID(); ret != nvml.SUCCESS {
+	defer func() {
+		if g.Err == nil {
+			*last = GPU{UUID: g.UUID, Model: g.Model, MemoryBytes: g.MemoryBytes,
+				ECCCorrected: g.ECCCorrected, ECCUncorrected: g.ECCUncorrected, RetiredPages: g.RetiredPages}
+		}
+	}()
+	uuid, ret := d.GetUUID()
+	if ret != nvml.SUCCESS {
 		return fail("GetUUID", ret)
 	}
-	if g.Model, ret = d.GetName(); ret != nvml.SUCCESS {
+	model, ret := d.GetName()
+	if ret != nvml.SUCCESS {
 		return fail("GetName", ret)
 	}
+	g.UUID, g.Model = uuid, model
 	mem, ret := d.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
 		return fail("GetMemoryInfo", ret)
@@ -166,15 +185,18 @@ func (s *NVML) read(i int, d nvml.Device, processes bool) GPU {
 		g.PowerWatts = float64(p) / 1000
 	}
 	if c, ret := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC); ret == nvml.SUCCESS {
-		g.ECCCorrected = c
+		g.ECCCorrected = max(g.ECCCorrected, c)
 	}
 	if u, ret := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); ret == nvml.SUCCESS {
-		g.ECCUncorrected = u
-		g.Healthy = u == 0
+		g.ECCUncorrected = max(g.ECCUncorrected, u)
 	}
+	g.Healthy = g.ECCUncorrected == 0
 	if corr, unc, _, failed, ret := d.GetRemappedRows(); ret == nvml.SUCCESS {
-		g.RetiredPages = uint64(corr + unc)
+		g.RetiredPages = max(g.RetiredPages, uint64(corr+unc))
 		g.Healthy = g.Healthy && !failed
+	} else if pages, ret := d.GetRetiredPages(nvml.PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR); ret == nvml.SUCCESS {
+		// GPUs before Ampere retire pages instead of remapping rows.
+		g.RetiredPages = max(g.RetiredPages, uint64(len(pages)))
 	}
 	if r, ret := d.GetCurrentClocksEventReasons(); ret == nvml.SUCCESS {
 		g.ThrottleReasons = r
@@ -194,11 +216,14 @@ func (s *NVML) read(i int, d nvml.Device, processes bool) GPU {
 func (s *NVML) processes(i int, d nvml.Device) []Process {
 	infos, ret := d.GetComputeRunningProcesses()
 	if ret != nvml.SUCCESS {
-		return []Process{}
+		return nil // unknown, not "none"
 	}
 	sm := map[uint32]nvml.ProcessUtilizationSample{}
-	// NOT_FOUND means no new samples (the slice then holds zeros: ignore it).
-	if samples, ret := d.GetProcessUtilization(s.lastSeen[i]); ret == nvml.SUCCESS {
+	// NOT_FOUND means no new samples (the slice then holds zeros: ignore
+	// it): the processes ran no kernel since the last round.
+	samples, ret := d.GetProcessUtilization(s.lastSeen[i])
+	smKnown := ret == nvml.SUCCESS || ret == nvml.ERROR_NOT_FOUND
+	if ret == nvml.SUCCESS {
 		for _, smp := range samples {
 			if smp.Pid == 0 {
 				continue
@@ -214,7 +239,8 @@ func (s *NVML) processes(i int, d nvml.Device) []Process {
 		proc := Process{PID: int(p.Pid), MemoryUsedBytes: int64(p.UsedGpuMemory), SMUtilization: unknown}
 		if smp, ok := sm[p.Pid]; ok {
 			proc.SMUtilization = float64(smp.SmUtil) / 100
-			proc.LastSeen = time.UnixMicro(int64(smp.TimeStamp))
+		} else if smKnown {
+			proc.SMUtilization = 0
 		}
 		out = append(out, proc)
 	}

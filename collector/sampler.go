@@ -13,8 +13,6 @@ type Snapshot struct {
 	GPUs     []GPU
 	// Err is the round's failure; GPUs then holds the last good round's.
 	Err error
-	// Processes is when processes were last read.
-	Processes time.Time
 }
 
 // Sampler samples one source on its own loop and keeps the latest
@@ -57,13 +55,11 @@ func (s *Sampler) Round(ctx context.Context) {
 	s.rounds++
 	start := time.Now()
 	gpus, err := s.source.Sample(ctx, withProcs)
-	snap := &Snapshot{Time: s.clock(), Duration: time.Since(start), GPUs: gpus, Err: err, Processes: prev.Processes}
+	snap := &Snapshot{Time: s.clock(), Duration: time.Since(start), GPUs: gpus, Err: err}
 	switch {
 	case err != nil:
 		snap.GPUs, snap.Time = prev.GPUs, prev.Time
-	case withProcs:
-		snap.Processes = snap.Time
-	default:
+	case !withProcs:
 		// Keep the processes of the round that read them.
 		carryProcesses(snap.GPUs, prev.GPUs)
 	}

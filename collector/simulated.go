@@ -83,7 +83,7 @@ func (s *Simulated) Sample(_ context.Context, processes bool) ([]GPU, error) {
 			g.MemoryUsedBytes += used
 			if processes {
 				g.Processes = append(g.Processes, Process{
-					PID: s.pid(l), MemoryUsedBytes: used, SMUtilization: busy, LastSeen: now, PodUID: l.Owner.UID,
+					PID: s.pid(l), MemoryUsedBytes: used, SMUtilization: busy, PodUID: l.Owner.UID,
 				})
 			}
 		}

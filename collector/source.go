@@ -8,7 +8,6 @@ package collector
 import (
 	"context"
 	"math"
-	"time"
 )
 
 // Source is one place GPU telemetry comes from.
@@ -56,8 +55,6 @@ type Process struct {
 	// SMUtilization is the process's share of the GPU's SM time (0..1),
 	// NaN when unknown.
 	SMUtilization float64
-	// LastSeen is when the driver last sampled the process's use.
-	LastSeen time.Time
 	// PodUID names the Kubernetes pod the process runs in, when known.
 	PodUID string
 }

@@ -57,9 +57,16 @@ type Daemon struct {
 
 	mu     sync.Mutex
 	leases []allocator.Lease
-	pids   map[int]string // PID -> lease ID, as `gpupool run` reported
+	pids   map[int]pidEntry // as `gpupool run` reported
 	// pods caches PodOf per PID until the leases next change.
 	pods map[int]string
+}
+
+// pidEntry is a reported process: its lease, and when it was reported, so
+// that a lease list fetched before the report does not drop it.
+type pidEntry struct {
+	lease string
+	at    time.Time
 }
 
 // New returns a daemon; Run starts it.
@@ -67,7 +74,7 @@ func New(cfg Config) *Daemon {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Daemon{cfg: cfg, pids: map[int]string{}, latency: NewLatencyHistogram()}
+	return &Daemon{cfg: cfg, pids: map[int]pidEntry{}, latency: NewLatencyHistogram()}
 }
 
 // ServeProbes answers clients' latency probes on ln until ctx ends.
@@ -86,15 +93,15 @@ func (d *Daemon) Leases() []allocator.Lease {
 func (d *Daemon) RegisterPID(pid int, lease string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.pids[pid] = lease
+	d.pids[pid] = pidEntry{lease: lease, at: time.Now()}
 }
 
 // PIDOf returns a PID reported for the lease.
 func (d *Daemon) PIDOf(lease string) (int, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for pid, l := range d.pids {
-		if l == lease {
+	for pid, e := range d.pids {
+		if e.lease == lease {
 			return pid, true
 		}
 	}
@@ -161,17 +168,28 @@ func (d *Daemon) heartbeat(ctx context.Context) bool {
 
 // health is each GPU's health by UUID from the latest snapshots; a GPU a
 // source no longer reports (off the bus) is missing, hence unhealthy.
+//
+// A source that failed, or whose snapshot is older than staleRounds
+// intervals (a hung driver call), vouches for none of its GPUs.
 func (d *Daemon) health() map[string]bool {
 	out := map[string]bool{}
+	now := time.Now()
 	for _, s := range d.cfg.Samplers {
-		for _, g := range s.Latest().GPUs {
-			out[g.UUID] = g.Healthy && g.Err == nil
+		snap := s.Latest()
+		fresh := snap.Err == nil && now.Sub(snap.Time) <= staleRounds*s.Interval
+		for _, g := range snap.GPUs {
+			out[g.UUID] = fresh && g.Healthy && g.Err == nil
 		}
 	}
 	return out
 }
 
+// staleRounds is how many sampling intervals a snapshot may age before its
+// GPUs count as unhealthy.
+const staleRounds = 5
+
 func (d *Daemon) refreshLeases(ctx context.Context) {
+	fetched := time.Now()
 	leases, err := d.cfg.Client.Leases(ctx, client.LeaseFilter{Server: d.cfg.Inventory.Name})
 	if err != nil {
 		if !errors.Is(err, context.Canceled) {
@@ -186,13 +204,13 @@ func (d *Daemon) refreshLeases(ctx context.Context) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.leases = leases
-	maps.DeleteFunc(d.pids, func(_ int, lease string) bool { return !live[lease] })
+	maps.DeleteFunc(d.pids, func(_ int, e pidEntry) bool { return !live[e.lease] && e.at.Before(fetched) })
 	d.pods = nil
 }
 
-// attribute finds the lease a process runs under: by the PID registry
-// (walking up to the registered ancestor), else by its pod.
-func (d *Daemon) attribute(p *collector.Process, pids map[int]string, byPod map[string]string) (string, bool) {
+// attribute finds who a process runs for: the lease ID the PID registry
+// names (for it or its nearest registered ancestor), else its pod's UID.
+func (d *Daemon) attribute(p *collector.Process, pids map[int]string) (string, bool) {
 	pid := p.PID
 	for range 32 {
 		if lease, ok := pids[pid]; ok {
@@ -211,11 +229,7 @@ func (d *Daemon) attribute(p *collector.Process, pids map[int]string, byPod map[
 	if pod == "" {
 		pod = d.podOf(p.PID)
 	}
-	if pod != "" {
-		lease, ok := byPod[pod]
-		return lease, ok
-	}
-	return "", false
+	return pod, pod != ""
 }
 
 func (d *Daemon) podOf(pid int) string {

@@ -1,7 +1,6 @@
 package gpuserver
 
 import (
-	"maps"
 	"math"
 	"strconv"
 	"strings"
@@ -74,28 +73,51 @@ type LeaseUse struct {
 	Processes int
 }
 
+// ShareUtilization is the SM use relative to a share of milli-GPU.
+func (u *LeaseUse) ShareUtilization(milli int32) float64 {
+	return u.SM / (float64(milli) / allocator.MilliPerGPU)
+}
+
 // Usage attributes the latest snapshots' processes to the leases on this
-// server, and counts the processes per GPU that belong to none.
+// server, and counts per GPU the processes that belong to no lease holding
+// that GPU. GPUs whose processes the source does not report are absent
+// from unattributed, and their leases from use: unknown is not zero.
 func (d *Daemon) Usage() (map[[2]string]*LeaseUse, map[int]int) {
 	d.mu.Lock()
 	leases := d.leases
-	pids := maps.Clone(d.pids)
+	pids := make(map[int]string, len(d.pids))
+	for pid, e := range d.pids {
+		pids[pid] = e.lease
+	}
 	d.mu.Unlock()
-	byPod := map[string]string{}
+	// holders is which lease of a pod, or with an ID, holds each GPU.
+	type holder struct {
+		key string // pod UID or lease ID
+		gpu int
+	}
+	holders := map[holder]string{}
 	for _, l := range leases {
-		if l.Owner.UID != "" {
-			byPod[l.Owner.UID] = l.ID
+		for _, g := range l.GPUs {
+			holders[holder{l.ID, g.Index}] = l.ID
+			if l.Owner.UID != "" {
+				holders[holder{l.Owner.UID, g.Index}] = l.ID
+			}
 		}
 	}
 	use := map[[2]string]*LeaseUse{}
 	unattributed := map[int]int{}
 	for _, s := range d.cfg.Samplers {
 		for _, g := range s.Latest().GPUs {
+			if g.Processes == nil {
+				continue
+			}
 			unattributed[g.Index] += 0
 			for i := range g.Processes {
 				p := &g.Processes[i]
-				lease, ok := d.attribute(p, pids, byPod)
-				if !ok {
+				key, ok := d.attribute(p, pids)
+				lease := holders[holder{key, g.Index}]
+				if !ok || lease == "" {
+					// Nobody's, or on a GPU its lease was not granted.
 					unattributed[g.Index]++
 					continue
 				}
@@ -144,18 +166,21 @@ func (c *LeaseCollector) render(emit func(prometheus.Metric)) {
 	for _, l := range d.Leases() {
 		for _, lg := range l.GPUs {
 			labels := c.labels(server, &l, lg.Index)
+			gauge := func(desc *prometheus.Desc, v float64) {
+				emit(prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...))
+			}
+			gauge(c.descs.granted, float64(lg.MemoryBytes))
+			if _, known := unattributed[lg.Index]; !known {
+				continue // the source does not report processes on this GPU
+			}
 			u := use[[2]string{l.ID, strconv.Itoa(lg.Index)}]
 			if u == nil {
 				u = &LeaseUse{SMKnown: true}
 			}
-			gauge := func(desc *prometheus.Desc, v float64) {
-				emit(prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...))
-			}
 			if u.SMKnown && lg.Milli > 0 {
-				gauge(c.descs.util, u.SM/(float64(lg.Milli)/allocator.MilliPerGPU))
+				gauge(c.descs.util, u.ShareUtilization(lg.Milli))
 			}
 			gauge(c.descs.used, float64(u.Bytes))
-			gauge(c.descs.granted, float64(lg.MemoryBytes))
 			gauge(c.descs.overuse, float64(max(0, u.Bytes-lg.MemoryBytes)))
 			gauge(c.descs.procs, float64(u.Processes))
 		}

@@ -45,13 +45,39 @@ const (
 	frameHello = 'H'
 	frameSize  = 9
 	maxNameLen = 253
+	// maxRTT bounds what counts as a round trip; a forged or corrupt echo
+	// must not poison the histogram's sum.
+	maxRTT = 10 * time.Second
+	// maxProbeClients bounds the connections (and client_node series) a
+	// daemon serves.
+	maxProbeClients = 512
+	// forgetAfter is how long a gone client node's series stays.
+	forgetAfter = 10 * time.Minute
 )
+
+// validNodeName accepts what Kubernetes node names and hostnames are made
+// of, so a client cannot smuggle invalid label values in.
+func validNodeName(s string) bool {
+	if s == "" || len(s) > maxNameLen {
+		return false
+	}
+	for _, c := range []byte(s) {
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && c != '-' && c != '.' && c != '_' {
+			return false
+		}
+	}
+	return true
+}
 
 // probe pings over conn every interval and answers the other side's
 // pings, observing each round trip, until ctx ends or conn fails.
 func probe(ctx context.Context, conn net.Conn, interval time.Duration, observe func(time.Duration)) error {
 	start := time.Now() // a monotonic base for the payloads
 	var wmu sync.Mutex
+	// sent holds the pings awaiting their echo: only those count.
+	var smu sync.Mutex
+	sent := map[uint64]bool{}
 	write := func(kind byte, v uint64) error {
 		var b [frameSize]byte
 		b[0] = kind
@@ -78,7 +104,13 @@ func probe(ctx context.Context, conn net.Conn, interval time.Duration, observe f
 					return
 				}
 			case frameEcho:
-				observe(time.Since(start) - time.Duration(v))
+				smu.Lock()
+				ours := sent[v]
+				delete(sent, v)
+				smu.Unlock()
+				if rtt := time.Since(start) - time.Duration(v); ours && rtt > 0 && rtt < maxRTT {
+					observe(rtt)
+				}
 			default:
 				errc <- fmt.Errorf("probe: unexpected frame %q", b[0])
 				return
@@ -99,7 +131,14 @@ func probe(ctx context.Context, conn net.Conn, interval time.Duration, observe f
 			}
 			return err
 		case <-t.C:
-			if err := write(framePing, uint64(time.Since(start))); err != nil {
+			v := uint64(time.Since(start))
+			smu.Lock()
+			if len(sent) > 64 { // echoes that never came: forget them
+				clear(sent)
+			}
+			sent[v] = true
+			smu.Unlock()
+			if err := write(framePing, v); err != nil {
 				_ = conn.Close()
 				return err
 			}
@@ -109,21 +148,55 @@ func probe(ctx context.Context, conn net.Conn, interval time.Duration, observe f
 
 // ServeProbes answers clients' latency probes on ln and records the round
 // trips the server measures, until ctx ends.
+//
+// A client node's series is dropped forgetAfter its last connection ended
+// (long enough for Prometheus to scrape its last counts), so nodes that
+// come and go do not pile up series.
 func ServeProbes(ctx context.Context, ln net.Listener, server string, interval time.Duration, hist *prometheus.HistogramVec, log *slog.Logger) {
 	go func() { <-ctx.Done(); _ = ln.Close() }()
+	var mu sync.Mutex
+	conns := map[string]int{} // connections per client node
+	total := 0
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
-			return
+			if ctx.Err() != nil {
+				return
+			}
+			log.Warn("accepting probes", "err", err)
+			time.Sleep(100 * time.Millisecond) // e.g. out of file descriptors
+			continue
 		}
 		go func() {
 			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 			node, err := readHello(conn)
-			if err != nil {
-				log.Debug("probe hello", "remote", conn.RemoteAddr(), "err", err)
+			mu.Lock()
+			full := total >= maxProbeClients
+			if err == nil && !full {
+				conns[node]++
+				total++
+			}
+			mu.Unlock()
+			if err != nil || full {
+				log.Debug("probe refused", "remote", conn.RemoteAddr(), "err", err, "full", full)
 				_ = conn.Close()
 				return
 			}
+			defer func() {
+				mu.Lock()
+				defer mu.Unlock()
+				total--
+				if conns[node]--; conns[node] == 0 {
+					time.AfterFunc(forgetAfter, func() {
+						mu.Lock()
+						defer mu.Unlock()
+						if conns[node] == 0 {
+							delete(conns, node)
+							hist.DeleteLabelValues(server, node, TransportTCP)
+						}
+					})
+				}
+			}()
 			_ = conn.SetReadDeadline(time.Time{})
 			obs := hist.WithLabelValues(server, node, TransportTCP)
 			if err := probe(ctx, conn, interval, func(d time.Duration) { obs.Observe(d.Seconds()) }); err != nil {
@@ -141,8 +214,8 @@ func DialProbe(ctx context.Context, addr, clientNode string, interval time.Durat
 	if err != nil {
 		return err
 	}
-	if len(clientNode) > maxNameLen {
-		clientNode = clientNode[:maxNameLen]
+	if !validNodeName(clientNode) {
+		return fmt.Errorf("probe: client node name %q is not a host name of at most %d characters", clientNode, maxNameLen)
 	}
 	hello := append([]byte{frameHello, byte(len(clientNode))}, clientNode...)
 	if _, err := conn.Write(hello); err != nil {
@@ -163,6 +236,9 @@ func readHello(r io.Reader) (string, error) {
 	name := make([]byte, h[1])
 	if _, err := io.ReadFull(r, name); err != nil {
 		return "", err
+	}
+	if !validNodeName(string(name)) {
+		return "", fmt.Errorf("probe: client node name %q is not a host name", name)
 	}
 	return string(name), nil
 }

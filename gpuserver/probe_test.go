@@ -59,3 +59,50 @@ func TestProbeMeasuresBothSides(t *testing.T) {
 		t.Errorf("round trips sum to %vs: not a loopback latency", sum)
 	}
 }
+
+// TestProbeRejectsBadHellosAndForgedEchoes: an invalid node name is refused
+// (a label value must not crash the daemon), and an echo of a ping never
+// sent is not a round trip.
+func TestProbeRejectsBadHellosAndForgedEchoes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hist := NewLatencyHistogram()
+	go ServeProbes(ctx, ln, "gpu-a", time.Hour, hist, slog.Default())
+	for _, hello := range [][]byte{{frameHello, 2, 0xff, 0xfe}, {frameHello, 3, 'a', ' ', 'b'}, {'X', 1, 'a'}} {
+		conn, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = conn.Write(hello)
+		_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := conn.Read(make([]byte, 1)); err == nil {
+			t.Errorf("hello %q was not refused", hello)
+		}
+		_ = conn.Close()
+	}
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	_, _ = conn.Write([]byte{frameHello, 6, 'n', 'o', 'd', 'e', '-', '1'})
+	_, _ = conn.Write([]byte{frameEcho, 0x7f, 0, 0, 0, 0, 0, 0, 0}) // an echo of nothing we sent
+	time.Sleep(100 * time.Millisecond)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(hist)
+	fams, _ := reg.Gather()
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			if m.GetHistogram().GetSampleCount() != 0 {
+				t.Errorf("a forged echo was recorded: %v", m)
+			}
+		}
+	}
+	if err := DialProbe(ctx, ln.Addr().String(), "bad name", time.Second, func(time.Duration) {}); err == nil {
+		t.Error("DialProbe accepted an invalid node name")
+	}
+}

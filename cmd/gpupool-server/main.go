@@ -38,6 +38,7 @@ func run(args []string, stderr io.Writer) int {
 	token := fs.String("token", os.Getenv("GPUPOOL_TOKEN"), "bearer token of the servers group (env GPUPOOL_TOKEN)")
 	listen := fs.String("listen", "127.0.0.1:8471", "address of /metrics and the process reports of `gpupool run`")
 	probeListen := fs.String("probe-listen", "127.0.0.1:8472", "address where clients probe the data-path round trip (TCP)")
+	advertise := fs.String("advertise-host", "", "host clients reach this server at (default: the listen address's host, or the host name when it listens on all interfaces)")
 	source := fs.String("source", "simulated", "telemetry source: simulated (no GPU needed), nvml, or dcgm (a dcgm-exporter's /metrics)")
 	dcgmURL := fs.String("dcgm-url", "http://127.0.0.1:9400/metrics", "dcgm-exporter /metrics URL (--source dcgm)")
 	simulate := fs.String("simulate-gpus", "H100:80Gi:8", "simulated GPUs as model:memory:count (--source simulated)")
@@ -87,7 +88,7 @@ func run(args []string, stderr io.Writer) int {
 			log.Error("starting the NVML source", "err", err)
 			return 1
 		}
-		defer nv.Close()
+		defer nv.Close() // after the sampler stopped: see samplerDone below
 		if inv, err = nv.Inventory(*name); err != nil {
 			log.Error("reading the GPUs", "err", err)
 			return 1
@@ -115,7 +116,10 @@ func run(args []string, stderr io.Writer) int {
 		log.Error("listening for probes", "err", err)
 		return 1
 	}
-	inv.Labels = map[string]string{gpuserver.LabelDaemonURL: "http://" + ln.Addr().String(), gpuserver.LabelProbeAddress: probeLn.Addr().String()}
+	inv.Labels = map[string]string{
+		gpuserver.LabelDaemonURL:    "http://" + advertised(ln.Addr(), *advertise),
+		gpuserver.LabelProbeAddress: advertised(probeLn.Addr(), *advertise),
+	}
 	sampler := collector.NewSampler(src, *interval, *processEvery, nil)
 	var fabric *collector.Fabric
 	if _, err := os.Stat(filepath.Join(*sysPath, "class", "infiniband")); err == nil {
@@ -135,7 +139,9 @@ func run(args []string, stderr io.Writer) int {
 	reg := gpuserver.Registry(d)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	go sampler.Run(ctx)
+	samplerDone := make(chan struct{})
+	go func() { sampler.Run(ctx); close(samplerDone) }()
+	defer func() { <-samplerDone }() // runs before nv.Close (defers run last-in first-out)
 	go d.Run(ctx)
 	go d.ServeProbes(ctx, probeLn, time.Second)
 	srv := &http.Server{Handler: gpuserver.Handler(d, reg), ReadHeaderTimeout: 10 * time.Second}
@@ -151,6 +157,19 @@ func run(args []string, stderr io.Writer) int {
 	defer cancel()
 	_ = srv.Shutdown(shutdown)
 	return 0
+}
+
+// advertised is the host:port clients use for a listener: the given host,
+// else the listen host unless it is every interface, else the host name.
+func advertised(addr net.Addr, host string) string {
+	h, port, _ := net.SplitHostPort(addr.String())
+	if host == "" {
+		host = h
+		if ip := net.ParseIP(h); ip == nil || ip.IsUnspecified() {
+			host, _ = os.Hostname()
+		}
+	}
+	return net.JoinHostPort(host, port)
 }
 
 func splitList(s string) []string {

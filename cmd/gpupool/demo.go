@@ -319,7 +319,7 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 		for _, g := range l.GPUs {
 			use := "-"
 			if u := leaseUse[l.ID+"/"+fmt.Sprint(g.Index)]; u != nil && u.SMKnown && g.Milli > 0 {
-				use = fmt.Sprintf("%.0f%%", 100*u.SM/(float64(g.Milli)/1000))
+				use = fmt.Sprintf("%.0f%%", 100*u.ShareUtilization(g.Milli))
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%d\t%s%%\t%s\n", l.ID, l.Namespace, l.Owner.Pod, l.Owner.Labels["app"],
 				l.Server, g.Index, api.FormatMilli(int64(g.Milli)), use)

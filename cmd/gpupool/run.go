@@ -152,7 +152,8 @@ func runLeased(ctx context.Context, cl *client.Client, lease allocator.Lease, tt
 	attachCtx, detach := context.WithCancel(ctx)
 	var attached sync.WaitGroup
 	defer func() { detach(); attached.Wait() }() // the last push goes out before exit
-	attach(attachCtx, &attached, cl, lease, cmd.Process.Pid, pushURL, stderr)
+	// Off the way of renewal: looking the server up may take a while.
+	attached.Go(func() { attach(attachCtx, &attached, cl, lease, cmd.Process.Pid, pushURL, stderr) })
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	lost := make(chan struct{})
