@@ -18,6 +18,9 @@ type Fabric struct {
 	fs     sysfs.FS
 	latest atomic.Pointer[fabricSnapshot]
 	clock  func() time.Time
+	// AfterRound, when set before Run, is called after each round, as the
+	// Sampler's is: the exporter renders the ports' series there.
+	AfterRound func()
 }
 
 type fabricSnapshot struct {
@@ -59,7 +62,7 @@ func (f *Fabric) Round() {
 	if err != nil {
 		prev := f.latest.Load()
 		snap.ports, snap.time = prev.ports, prev.time
-		f.latest.Store(snap)
+		f.store(snap)
 		return
 	}
 	for _, dev := range class {
@@ -76,7 +79,14 @@ func (f *Fabric) Round() {
 		a, b := snap.ports[i], snap.ports[j]
 		return a.Device < b.Device || a.Device == b.Device && a.Port < b.Port
 	})
+	f.store(snap)
+}
+
+func (f *Fabric) store(snap *fabricSnapshot) {
 	f.latest.Store(snap)
+	if f.AfterRound != nil {
+		f.AfterRound()
+	}
 }
 
 // Run reads the ports every interval until ctx ends.

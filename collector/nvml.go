@@ -124,14 +124,7 @@ func (s *NVML) Inventory(server string) (allocator.Server, error) {
 	if err != nil {
 		return allocator.Server{}, err
 	}
-	srv := allocator.Server{Name: server}
-	for _, g := range gpus {
-		if g.Err != nil {
-			return srv, fmt.Errorf("GPU %d: %w", g.Index, g.Err)
-		}
-		srv.GPUs = append(srv.GPUs, allocator.GPU{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: g.Healthy})
-	}
-	return srv, nil
+	return Inventory(server, gpus), nil
 }
 
 // Sample implements Source. A GPU whose identity or memory cannot be read

@@ -8,6 +8,8 @@ package collector
 import (
 	"context"
 	"math"
+
+	"github.com/gpupool/gpupool/allocator"
 )
 
 // Source is one place GPU telemetry comes from.
@@ -57,6 +59,21 @@ type Process struct {
 	SMUtilization float64
 	// PodUID names the Kubernetes pod the process runs in, when known.
 	PodUID string
+}
+
+// Inventory is a server as it registers, from what a source saw: a GPU
+// that could not be read joins unhealthy (so it takes no leases until it
+// recovers), and one whose identity is unknown is left out.
+func Inventory(server string, gpus []GPU) allocator.Server {
+	srv := allocator.Server{Name: server}
+	for _, g := range gpus {
+		if g.UUID == "" {
+			continue
+		}
+		srv.GPUs = append(srv.GPUs, allocator.GPU{Index: len(srv.GPUs), UUID: g.UUID, Model: g.Model,
+			MemoryBytes: g.MemoryBytes, Healthy: g.Healthy && g.Err == nil})
+	}
+	return srv
 }
 
 // unknown marks a reading a source does not offer.

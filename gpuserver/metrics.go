@@ -203,6 +203,9 @@ func Registry(d *Daemon) *prometheus.Registry {
 	for _, s := range d.cfg.Samplers {
 		s.AfterRound = func() { gpus.Render(); leases.Render() }
 	}
+	if d.cfg.Fabric != nil {
+		d.cfg.Fabric.AfterRound = gpus.Render
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(gpus, leases, d.latency)
 	return reg

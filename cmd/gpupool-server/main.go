@@ -97,15 +97,20 @@ func run(args []string, stderr io.Writer) int {
 		src = nv
 	case "dcgm":
 		dc := &collector.DCGM{URL: *dcgmURL, Client: &http.Client{Timeout: 5 * time.Second}}
-		gpus, err := dc.Sample(ctx, false)
-		if err != nil {
-			log.Error("reading the GPUs from dcgm-exporter", "err", err)
-			return 1
+		for {
+			gpus, err := dc.Sample(ctx, false)
+			if err == nil && len(gpus) > 0 {
+				inv = collector.Inventory(*name, gpus)
+				break
+			}
+			log.Warn("waiting for dcgm-exporter", "url", *dcgmURL, "err", err, "gpus", len(gpus))
+			select {
+			case <-ctx.Done():
+				return 0
+			case <-time.After(5 * time.Second):
+			}
 		}
-		inv = allocator.Server{Name: *name, CPUMilli: *cpu}
-		for _, g := range gpus {
-			inv.GPUs = append(inv.GPUs, allocator.GPU{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: g.Healthy})
-		}
+		inv.CPUMilli = *cpu
 		src = dc
 	default:
 		log.Error("bad flag", "err", fmt.Sprintf("--source %q is not one of simulated, nvml, dcgm", *source))
