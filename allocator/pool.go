@@ -139,9 +139,6 @@ func (p *Pool) SetQuota(namespace string, percent int64) error {
 	return nil
 }
 
-// RemoveQuota lifts a namespace's quota.
-func (p *Pool) RemoveQuota(namespace string) { delete(p.quota, namespace) }
-
 // Acquire grants a lease for r, or returns why not: a *FieldError for bad
 // input, a *QuotaExceededError or a *NoCapacityError. A request whose
 // idempotency key matches a live lease of the namespace returns that lease.
