@@ -38,6 +38,10 @@ test: deps verify ## vet; unit, scenario, property and e2e tests (real etcd, pro
 	$(GO) test -count=1 ./...
 	$(GO) test -count=1 -race -short ./...
 
+.PHONY: e2e
+e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the daemon, the demo
+	$(GO) test -count=1 ./test/e2e
+
 .PHONY: bench
 bench: deps build ## placement decisions/s per policy, one whole replay timed, durable acquisitions/s over HTTP
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./simulate
