@@ -9,7 +9,7 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 
 .PHONY: help
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 .PHONY: build
 build: ## build every binary into bin/
@@ -43,7 +43,7 @@ e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the 
 	$(GO) test -count=1 ./test/e2e
 
 .PHONY: bench
-bench: deps build ## placement decisions/s per policy, one whole replay timed, durable acquisitions/s over HTTP
+bench: deps build ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, daemon scrape and sampling cost
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./simulate
 	$(GO) test -run '^$$' -bench AcquireRelease -benchtime 4000x ./test/e2e
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./gpuserver
