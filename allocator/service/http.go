@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -274,6 +275,10 @@ func (h *handler) fail(w http.ResponseWriter, err error) {
 		status, e.Reason = http.StatusConflict, api.ReasonConflict
 	case errors.Is(err, errUnavailable):
 		status, e.Reason = http.StatusServiceUnavailable, api.ReasonUnavailable
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// The client gave up (or its deadline passed) before the write was
+		// durable: not a server fault; the change may still land.
+		status, e.Reason, e.Message = http.StatusServiceUnavailable, api.ReasonUnavailable, "request canceled before it was durable; retry with the same idempotency key"
 	default:
 		h.log.Error("request failed", "err", err)
 		e.Reason, e.Message = api.ReasonInternal, "internal error"
