@@ -15,8 +15,11 @@ help: ## list the targets
 build: ## build every binary into bin/
 	$(GO) build -o bin/ ./cmd/...
 
+# DEMO_FLAGS=--duration=0 runs the demo until Ctrl-C.
+DEMO_FLAGS ?= --duration=60s
+
 .PHONY: demo
-demo: ## the whole pool on this machine (allocator, simulated GPU servers, workload); DEMO_FLAGS=--duration=60s
+demo: ## the whole pool on this machine for 60s (allocator, simulated GPU servers, workload; Ctrl-C stops early)
 	$(GO) run ./cmd/gpupool demo $(DEMO_FLAGS)
 
 .PHONY: simulate
