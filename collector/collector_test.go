@@ -24,7 +24,13 @@ func TestSimulatedFollowsLeases(t *testing.T) {
 	sim := &Simulated{Server: "sim", Seed: 3, Clock: func() time.Time { return now },
 		GPUs:   []SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
 		Leases: func() []allocator.Lease { return []allocator.Lease{lease} },
-		Demand: func(*allocator.Lease, time.Time) float64 { return 0.8 },
+		Demand: func(ls []allocator.Lease, _ time.Time) map[string]float64 {
+			out := map[string]float64{}
+			for _, l := range ls {
+				out[l.ID] = 0.8
+			}
+			return out
+		},
 	}
 	gpus, err := sim.Sample(context.Background(), true)
 	if err != nil {

@@ -23,9 +23,10 @@ type Simulated struct {
 	GPUs   []SimulatedGPU
 	// Leases returns the leases on this server.
 	Leases func() []allocator.Lease
-	// Demand is how busy a lease's work keeps its share at t (0..1); nil
-	// takes a slow wave per lease.
-	Demand func(l *allocator.Lease, t time.Time) float64
+	// Demand is how busy each lease's work keeps its share at t (0..1),
+	// by lease ID, given every lease on the server; a lease it leaves out
+	// (or all, when nil) follows a slow wave of its own.
+	Demand func(leases []allocator.Lease, t time.Time) map[string]float64
 	// PID returns the real process a lease's work runs as, when one was
 	// reported (by `gpupool run`); other leases get a made-up PID.
 	PID   func(lease string) (int, bool)
@@ -68,9 +69,13 @@ func (s *Simulated) Sample(_ context.Context, processes bool) ([]GPU, error) {
 	if s.Leases != nil {
 		leases = s.Leases()
 	}
+	var demands map[string]float64
+	if s.Demand != nil {
+		demands = s.Demand(leases, now)
+	}
 	for li := range leases {
 		l := &leases[li]
-		demand := s.demand(l, now)
+		demand := s.demand(l, demands, now)
 		for _, lg := range l.GPUs {
 			if lg.Index >= len(gpus) {
 				continue
@@ -98,9 +103,9 @@ func (s *Simulated) Sample(_ context.Context, processes bool) ([]GPU, error) {
 	return gpus, nil
 }
 
-func (s *Simulated) demand(l *allocator.Lease, t time.Time) float64 {
-	if s.Demand != nil {
-		return math.Max(0, math.Min(1, s.Demand(l, t)))
+func (s *Simulated) demand(l *allocator.Lease, demands map[string]float64, t time.Time) float64 {
+	if d, ok := demands[l.ID]; ok {
+		return math.Max(0, math.Min(1, d))
 	}
 	phase := float64(s.hash(l.ID)%1000) / 1000 * 2 * math.Pi
 	return 0.6 + 0.3*math.Sin(2*math.Pi*float64(t.Unix()%600)/600+phase)

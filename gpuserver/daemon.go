@@ -22,11 +22,6 @@ import (
 	"github.com/gpupool/gpupool/collector"
 )
 
-// Labels a daemon sets on its server so clients can find it.
-const (
-	LabelDaemonURL = "gpupool.io/daemon-url"
-)
-
 // Config configures a Daemon.
 type Config struct {
 	// Inventory is the server as it registers: name, GPUs, CPU, memory, labels.
@@ -54,6 +49,7 @@ type Config struct {
 type Daemon struct {
 	cfg     Config
 	latency *prometheus.HistogramVec
+	window  *latencyWindow
 
 	mu     sync.Mutex
 	leases []allocator.Lease
@@ -74,8 +70,15 @@ func New(cfg Config) *Daemon {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Daemon{cfg: cfg, pids: map[int]pidEntry{}, latency: NewLatencyHistogram()}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	latency := NewLatencyHistogram()
+	return &Daemon{cfg: cfg, pids: map[int]pidEntry{}, latency: latency,
+		window: &latencyWindow{hist: latency, started: cfg.Clock()}}
 }
+
+func (d *Daemon) now() time.Time { return d.cfg.Clock() }
 
 // ServeProbes answers clients' latency probes on ln until ctx ends.
 func (d *Daemon) ServeProbes(ctx context.Context, ln net.Listener, interval time.Duration) {

@@ -45,11 +45,15 @@ func ReportProcess(ctx context.Context, url string, p ProcessReport) error {
 	return nil
 }
 
-// Handler serves /metrics, /healthz and POST /v1/processes.
+// Handler serves /metrics, /healthz, GET /v1/usage and POST /v1/processes.
 func Handler(d *Daemon, gatherer prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /v1/usage", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(d.UsageReport())
+	})
 	mux.HandleFunc("POST /v1/processes", func(w http.ResponseWriter, r *http.Request) {
 		// A PID means something only on this host: reports come from
 		// `gpupool run` here, over loopback, and from nowhere else.

@@ -201,7 +201,7 @@ func Registry(d *Daemon) *prometheus.Registry {
 	gpus := &collector.GPUCollector{Server: d.cfg.Inventory.Name, Samplers: d.cfg.Samplers, Fabric: d.cfg.Fabric, Clock: d.cfg.Clock}
 	leases := NewLeaseCollector(d)
 	for _, s := range d.cfg.Samplers {
-		s.AfterRound = func() { gpus.Render(); leases.Render() }
+		s.AfterRound = func() { gpus.Render(); leases.Render(); d.window.mark(d.now()) }
 	}
 	if d.cfg.Fabric != nil {
 		d.cfg.Fabric.AfterRound = gpus.Render

@@ -135,6 +135,18 @@ type GPUHealth struct {
 // PoolStatus is the pool as `gpupool pool status` shows it.
 type PoolStatus struct {
 	Servers []ServerStatus `json:"servers"`
+	// Pending are the requests queued for capacity or quota, oldest first.
+	Pending []PendingRequest `json:"pending,omitempty"`
+}
+
+// PendingRequest is a lease request waiting for capacity or quota.
+type PendingRequest struct {
+	Namespace      string          `json:"namespace"`
+	Owner          allocator.Owner `json:"owner"`
+	GPUs           int             `json:"gpus"`
+	Percent        int             `json:"percent,omitempty"`
+	GPUMemoryBytes int64           `json:"gpuMemoryBytes,omitempty"`
+	Since          time.Time       `json:"since"`
 }
 
 // ServerStatus is one server and what is leased on it.

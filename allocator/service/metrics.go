@@ -116,7 +116,7 @@ var (
 	descLeaseInfo     = prometheus.NewDesc("bitfusion_lease_info", "Live leases; 1 per lease, with its owner.", []string{"lease", "namespace", "pod", "server"}, nil)
 	descLeaseGPUs     = prometheus.NewDesc("bitfusion_lease_allocated_gpus", "GPU share the lease holds, in GPUs (summed over its GPUs).", []string{"lease", "namespace", "server"}, nil)
 	descLeaseExpiry   = prometheus.NewDesc("bitfusion_lease_expiry_timestamp_seconds", "When the lease expires unless renewed.", []string{"lease", "namespace"}, nil)
-	descPending       = prometheus.NewDesc("bitfusion_lease_pending_requests", "Lease requests queued for capacity or quota.", nil, nil)
+	descPending       = prometheus.NewDesc("bitfusion_lease_pending_requests", "Lease requests queued for capacity or quota, by namespace.", []string{"namespace"}, nil)
 )
 
 // freeClasses are the min_free values of bitfusion_pool_free_gpus, in milli.
@@ -146,7 +146,11 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	for k, v := range s.lastSeen {
 		lastSeen[k] = v
 	}
-	work, pending := s.workloadLocked(), s.pending
+	work := s.workloadLocked()
+	pending := map[string]int{}
+	for r := range s.waiting {
+		pending[r.Namespace]++
+	}
 	for i := range nodes { // the GPU slices are shared with the pool
 		nodes[i].GPUs = append([]allocator.NodeGPU(nil), nodes[i].GPUs...)
 	}
@@ -190,6 +194,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descFragmentation, 0)
 	}
 	for _, q := range quotas {
+		pending[q.Namespace] += 0
 		if q.Limited {
 			gauge(descQuota, q.Hard/100, q.Namespace)
 		}
@@ -200,7 +205,9 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descLeaseGPUs, float64(l.QuotaMilli())/allocator.MilliPerGPU, l.ID, l.Namespace, l.Server)
 		gauge(descLeaseExpiry, float64(l.ExpiresAt.UnixNano())/1e9, l.ID, l.Namespace)
 	}
-	gauge(descPending, float64(pending))
+	for ns, n := range pending {
+		gauge(descPending, float64(n), ns)
+	}
 }
 
 func boolValue(b bool) float64 {

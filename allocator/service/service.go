@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,8 +50,9 @@ type Service struct {
 	lastSeen map[string]time.Time
 	// freed is closed, and replaced, whenever share or quota frees up, to
 	// wake the requests that wait for it.
-	freed   chan struct{}
-	pending int
+	freed chan struct{}
+	// waiting holds the requests queued for capacity or quota, and since when.
+	waiting map[*allocator.Request]time.Time
 	recent  []allocator.Demand // ring of recent demands, the expected workload
 	next    int
 
@@ -93,7 +95,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	s := &Service{
 		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, lastSeen: map[string]time.Time{},
-		freed: make(chan struct{}), kick: make(chan struct{}, 1), failed: make(chan struct{}),
+		waiting: map[*allocator.Request]time.Time{},
+		freed:   make(chan struct{}), kick: make(chan struct{}, 1), failed: make(chan struct{}),
 	}
 	pol, err := allocator.NewPolicy(cfg.Policy, allocator.PolicyOptions{Seed: cfg.Seed})
 	if err != nil {
@@ -296,7 +299,7 @@ func (s *Service) Acquire(ctx context.Context, r allocator.Request, wait time.Du
 			s.metrics.acquired(start, reason(err))
 			return allocator.Lease{}, err
 		}
-		if werr := s.waitForFreed(ctx, freed, deadline); werr != nil {
+		if werr := s.waitForFreed(ctx, &r, start, freed, deadline); werr != nil {
 			s.metrics.acquired(start, reason(err))
 			return allocator.Lease{}, err
 		}
@@ -310,13 +313,13 @@ func waitable(err error) bool {
 	return errors.As(err, &capacity) || errors.As(err, &quota)
 }
 
-func (s *Service) waitForFreed(ctx context.Context, freed chan struct{}, deadline time.Time) error {
+func (s *Service) waitForFreed(ctx context.Context, r *allocator.Request, since time.Time, freed chan struct{}, deadline time.Time) error {
 	s.mu.Lock()
-	s.pending++
+	s.waiting[r] = since
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		s.pending--
+		delete(s.waiting, r)
 		s.mu.Unlock()
 	}()
 	t := time.NewTimer(time.Until(deadline))
@@ -607,6 +610,11 @@ func (s *Service) Status() api.PoolStatus {
 		}
 		st.Servers = append(st.Servers, ss)
 	}
+	for r, since := range s.waiting {
+		st.Pending = append(st.Pending, api.PendingRequest{Namespace: r.Namespace, Owner: r.Owner, GPUs: r.GPUs,
+			Percent: r.Percent, GPUMemoryBytes: r.GPUMemoryBytes, Since: since})
+	}
+	slices.SortFunc(st.Pending, func(a, b api.PendingRequest) int { return a.Since.Compare(b.Since) })
 	return st
 }
 
@@ -620,5 +628,5 @@ func (s *Service) CheckInvariants() error {
 func (s *Service) pendingCount() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.pending
+	return len(s.waiting)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/gpuserver"
+	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 )
 
 func main() {
@@ -43,6 +44,7 @@ func run(args []string, stderr io.Writer) int {
 	dcgmURL := fs.String("dcgm-url", "http://127.0.0.1:9400/metrics", "dcgm-exporter /metrics URL (--source dcgm)")
 	simulate := fs.String("simulate-gpus", "H100:80Gi:8", "simulated GPUs as model:memory:count (--source simulated)")
 	seed := fs.Uint64("seed", 1, "seed of the simulated GPUs")
+	workload := fs.String("simulated-workload", "", "YAML list of workloads {namespace, selector, gpus} that keep the simulated GPUs busy; reread when it changes (--source simulated)")
 	interval := fs.Duration("interval", time.Second, "time between sampling rounds")
 	processEvery := fs.Int("process-every", 5, "read per-process use every this many rounds (the expensive call)")
 	heartbeat := fs.Duration("heartbeat", 5*time.Second, "time between heartbeats to the allocator")
@@ -81,6 +83,13 @@ func run(args []string, stderr io.Writer) int {
 		}
 		sim := &collector.Simulated{Server: *name, Seed: *seed, GPUs: gpus, Clock: time.Now,
 			Leases: func() []allocator.Lease { return d.Leases() }, PID: func(l string) (int, bool) { return d.PIDOf(l) }}
+		if *workload != "" {
+			if _, _, err := collector.ReadWorkloads(*workload); err != nil {
+				log.Error("bad flag", "err", fmt.Sprintf("--simulated-workload: %v", err))
+				return 2
+			}
+			sim.Demand = (&collector.WorkloadFile{Path: *workload}).Demand
+		}
 		src, inv = sim, sim.Inventory(*cpu, 0, nil)
 	case "nvml":
 		nv, err := collector.OpenNVML()
@@ -122,7 +131,7 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	inv.Labels = map[string]string{
-		gpuserver.LabelDaemonURL:    "http://" + advertised(ln.Addr(), *advertise),
+		gpuapi.LabelDaemonURL:       "http://" + advertised(ln.Addr(), *advertise),
 		gpuserver.LabelProbeAddress: advertised(probeLn.Addr(), *advertise),
 	}
 	sampler := collector.NewSampler(src, *interval, *processEvery, nil)

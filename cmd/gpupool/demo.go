@@ -201,12 +201,17 @@ func startDemo(ctx context.Context, seed uint64) (*demo, error) {
 }
 
 // demoDemand drives the simulated GPUs: the training group's load rises
-// and falls over two minutes; other leases follow the default wave.
-func demoDemand(l *allocator.Lease, t time.Time) float64 {
-	if l.Owner.Labels["app"] == "tf-training" {
-		return 0.55 + 0.4*math.Sin(2*math.Pi*float64(t.UnixMilli()%120000)/120000)
+// and falls over two minutes; other leases follow a faster wave.
+func demoDemand(leases []allocator.Lease, t time.Time) map[string]float64 {
+	out := make(map[string]float64, len(leases))
+	for _, l := range leases {
+		if l.Owner.Labels["app"] == "tf-training" {
+			out[l.ID] = 0.55 + 0.4*math.Sin(2*math.Pi*float64(t.UnixMilli()%120000)/120000)
+		} else {
+			out[l.ID] = 0.3 + 0.2*math.Sin(2*math.Pi*float64(t.UnixMilli()%45000)/45000)
+		}
 	}
-	return 0.3 + 0.2*math.Sin(2*math.Pi*float64(t.UnixMilli()%45000)/45000)
+	return out
 }
 
 // runWorkload holds the training group's leases and lets other tenants

@@ -24,6 +24,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/gpuserver"
+	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 )
 
 // Exit statuses of `gpupool run` when the command did not run, after
@@ -225,7 +226,7 @@ func attach(ctx context.Context, wg *sync.WaitGroup, cl *client.Client, lease al
 		return
 	}
 	labels := pool.Servers[i].Labels
-	if url := labels[gpuserver.LabelDaemonURL]; url != "" {
+	if url := labels[gpuapi.LabelDaemonURL]; url != "" {
 		if err := gpuserver.ReportProcess(lookup, url, gpuserver.ProcessReport{PID: pid, Lease: lease.ID}); err != nil {
 			fmt.Fprintf(stderr, "gpupool run: telling the daemon of %s about PID %d: %v (its use will not be attributed)\n", lease.Server, pid, err)
 		}

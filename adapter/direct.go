@@ -1,0 +1,276 @@
+package adapter
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/gpupool/gpupool/allocator"
+	allocapi "github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/gpuserver/api"
+)
+
+// newLeaseGrace is how long a lease may go unreported by its server's
+// daemon (which learns of new leases on its next heartbeat) before the
+// missing reading makes the answer "no data" rather than leaving the new
+// lease out, as the HPA leaves out pods that are not ready yet.
+const newLeaseGrace = 30 * time.Second
+
+// Direct is the embedded backend: it reads the pool and the leases from
+// the allocator and each GPU server's latest round from its daemon
+// (GET /v1/usage), at most once per Refresh whatever the request rate.
+type Direct struct {
+	allocator *client.Client
+	http      *http.Client
+	refresh   time.Duration
+	clock     func() time.Time
+	log       *slog.Logger
+
+	mu   sync.Mutex // held while reading, so concurrent queries share one read
+	view *poolView
+}
+
+// poolView is one read of the pool.
+type poolView struct {
+	at     time.Time
+	pool   allocapi.PoolStatus
+	leases []allocator.Lease
+	// usage is each server's latest round; a server whose daemon did not
+	// answer is missing.
+	usage map[string]*api.Usage
+}
+
+// NewDirect reads through c (whose token must see every namespace) and
+// refreshes its view of the pool at most every refresh.
+func NewDirect(c *client.Client, refresh time.Duration, log *slog.Logger) *Direct {
+	return &Direct{allocator: c, http: &http.Client{Timeout: 2 * time.Second}, refresh: refresh, clock: time.Now, log: log}
+}
+
+// Name implements Backend.
+func (*Direct) Name() string { return "direct" }
+
+// Query implements Backend.
+func (d *Direct) Query(ctx context.Context, q Query) ([]Value, error) {
+	v, err := d.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	switch q.Metric {
+	case GPUUtilization, MemoryPressure:
+		return v.leaseRatio(q, d.clock()), nil
+	case RDMALatency:
+		return v.latency(q), nil
+	case PoolUnallocatedGPUs:
+		return v.freeGPUs(q), nil
+	case PendingRequests:
+		return v.pending(q), nil
+	}
+	return nil, errUnknownMetric
+}
+
+func (d *Direct) read(ctx context.Context) (*poolView, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := d.clock()
+	if d.view != nil && now.Sub(d.view.at) < d.refresh {
+		return d.view, nil
+	}
+	pool, err := d.allocator.Pool(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the pool from the allocator: %w", err)
+	}
+	leases, err := d.allocator.Leases(ctx, client.LeaseFilter{})
+	if err != nil {
+		return nil, fmt.Errorf("listing leases from the allocator: %w", err)
+	}
+	v := &poolView{at: now, pool: pool, leases: leases, usage: map[string]*api.Usage{}}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, s := range pool.Servers {
+		url := s.Labels[api.LabelDaemonURL]
+		if url == "" {
+			continue
+		}
+		wg.Go(func() {
+			u, err := d.fetchUsage(ctx, url)
+			if err != nil {
+				d.log.Warn("no reading from a GPU server", "server", s.Name, "url", url, "err", err)
+				return
+			}
+			mu.Lock()
+			v.usage[s.Name] = u
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	d.view = v
+	return v, nil
+}
+
+func (d *Direct) fetchUsage(ctx context.Context, base string) (*api.Usage, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/usage", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := d.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("daemon answered %s", resp.Status)
+	}
+	var u api.Usage
+	if err := json.NewDecoder(resp.Body).Decode(&u); err != nil {
+		return nil, fmt.Errorf("decoding the daemon's usage: %w", err)
+	}
+	return &u, nil
+}
+
+// selected returns the namespace's leases whose owners match.
+func (v *poolView) selected(q Query) []allocator.Lease {
+	var out []allocator.Lease
+	for _, l := range v.leases {
+		if l.Namespace == q.Namespace && q.Selector.Matches(labels.Set(l.Owner.Labels)) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// leaseRatio is GPUUtilization (SM use over share) or MemoryPressure
+// (memory used over granted) summed over the selected leases' GPUs. A lease
+// its daemon does not report yet is left out while new; one whose reading
+// is gone (daemon down) or unknown makes the answer no data.
+func (v *poolView) leaseRatio(q Query, now time.Time) []Value {
+	var num, den float64
+	var oldest time.Time
+	for _, l := range v.selected(q) {
+		u := v.usage[l.Server]
+		if u == nil {
+			return nil
+		}
+		for _, lg := range l.GPUs {
+			r := leaseUsage(u, l.ID, lg.Index)
+			if r == nil {
+				if now.Sub(l.GrantedAt) < newLeaseGrace {
+					continue
+				}
+				return nil
+			}
+			if q.Metric == GPUUtilization {
+				if r.SMUtilization == nil {
+					return nil
+				}
+				num += *r.SMUtilization
+				den += float64(r.Milli) / allocator.MilliPerGPU
+			} else {
+				num += float64(r.MemoryUsedBytes)
+				den += float64(r.MemoryGrantedBytes)
+			}
+			if oldest.IsZero() || u.SampledAt.Before(oldest) {
+				oldest = u.SampledAt
+			}
+		}
+	}
+	if den == 0 {
+		return nil
+	}
+	return []Value{{Value: num / den, Time: oldest}}
+}
+
+// latency is the LatencyQuantile of the round trips the servers holding
+// the selected leases measured in their window, per transport.
+func (v *poolView) latency(q Query) []Value {
+	sums := map[string]*api.LatencyWindow{}
+	var oldest time.Time
+	seen := map[string]bool{}
+	for _, l := range v.selected(q) {
+		if seen[l.Server] {
+			continue
+		}
+		seen[l.Server] = true
+		u := v.usage[l.Server]
+		if u == nil {
+			return nil
+		}
+		if oldest.IsZero() || u.SampledAt.Before(oldest) {
+			oldest = u.SampledAt
+		}
+		for _, w := range u.Latency {
+			s := sums[w.Transport]
+			if s == nil {
+				s = &api.LatencyWindow{Transport: w.Transport, Buckets: append([]api.Bucket(nil), w.Buckets...)}
+				s.Count = w.Count
+				sums[w.Transport] = s
+				continue
+			}
+			if len(s.Buckets) != len(w.Buckets) {
+				continue // another bucket layout: not summable
+			}
+			for i := range s.Buckets {
+				s.Buckets[i].Count += w.Buckets[i].Count
+			}
+			s.Count += w.Count
+		}
+	}
+	var out []Value
+	for transport, s := range sums {
+		if s.Count == 0 {
+			continue
+		}
+		out = append(out, Value{Labels: map[string]string{"transport": transport},
+			Value: bucketQuantile(LatencyQuantile, s.Buckets, s.Count), Time: oldest})
+	}
+	return out
+}
+
+// freeGPUs is the unleased share of healthy GPUs on schedulable servers,
+// per model the selector matches.
+func (v *poolView) freeGPUs(q Query) []Value {
+	free := map[string]float64{}
+	for _, s := range v.pool.Servers {
+		for _, g := range s.GPUs {
+			if !q.Selector.Matches(labels.Set{"model": g.Model}) {
+				continue
+			}
+			free[g.Model] += 0
+			if s.Schedulable && g.Healthy {
+				free[g.Model] += float64(allocator.MilliPerGPU-g.AllocatedMilli) / allocator.MilliPerGPU
+			}
+		}
+	}
+	var out []Value
+	for model, f := range free {
+		out = append(out, Value{Labels: map[string]string{"model": model}, Value: f, Time: v.at})
+	}
+	return out
+}
+
+// pending counts the namespace's queued requests whose owners match.
+func (v *poolView) pending(q Query) []Value {
+	n := 0
+	for _, p := range v.pool.Pending {
+		if p.Namespace == q.Namespace && q.Selector.Matches(labels.Set(p.Owner.Labels)) {
+			n++
+		}
+	}
+	return []Value{{Value: float64(n), Time: v.at}}
+}
+
+// leaseUsage finds a lease's reading on one GPU.
+func leaseUsage(u *api.Usage, id string, gpu int) *api.LeaseUsage {
+	for i := range u.Leases {
+		if u.Leases[i].Lease == id && u.Leases[i].GPU == gpu {
+			return &u.Leases[i]
+		}
+	}
+	return nil
+}

@@ -1,0 +1,213 @@
+package adapter
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/gpupool/gpupool/allocator"
+	allocapi "github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/allocator/service"
+	"github.com/gpupool/gpupool/allocator/store"
+	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/gpuserver"
+	"github.com/gpupool/gpupool/gpuserver/api"
+)
+
+// testPool is a real allocator and one real GPU-server daemon on simulated
+// GPUs, in process: each lease's work keeps its share as busy as its
+// owner's "load" label says, in tenths.
+type testPool struct {
+	client    *client.Client
+	allocator *httptest.Server
+	daemon    *gpuserver.Daemon
+	daemonSrv *httptest.Server
+	sampler   *collector.Sampler
+	probeAddr string
+}
+
+func newTestPool(t *testing.T, gpus int) *testPool {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	st, err := store.OpenBolt(filepath.Join(t.TempDir(), "allocator"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	reg := prometheus.NewRegistry()
+	svc, err := service.New(ctx, service.Config{Store: st, Policy: "best-fit", DefaultTTL: time.Hour, MaxTTL: time.Hour,
+		HeartbeatTimeout: time.Minute, Quotas: map[string]int64{"ml": 800}, Registry: reg, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &testPool{allocator: httptest.NewServer(service.Handler(svc, nil, reg, quietLog()))}
+	t.Cleanup(p.allocator.Close)
+	if p.client, err = client.New([]string{p.allocator.URL}, ""); err != nil {
+		t.Fatal(err)
+	}
+	p.client.Retries = 1
+
+	var handler http.Handler
+	p.daemonSrv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
+	t.Cleanup(p.daemonSrv.Close)
+	sim := &collector.Simulated{Server: "gpu-0", Seed: 1, GPUs: make([]collector.SimulatedGPU, gpus), Clock: time.Now,
+		Demand: func(leases []allocator.Lease, _ time.Time) map[string]float64 {
+			out := map[string]float64{}
+			for _, l := range leases {
+				if d := l.Owner.Labels["load"]; len(d) == 1 {
+					out[l.ID] = float64(d[0]-'0') / 10
+				}
+			}
+			return out
+		}}
+	for i := range sim.GPUs {
+		sim.GPUs[i] = collector.SimulatedGPU{Model: "H100", MemoryBytes: 80 << 30}
+	}
+	sim.Leases = func() []allocator.Lease { return p.daemon.Leases() }
+	inv := sim.Inventory(0, 0, map[string]string{api.LabelDaemonURL: p.daemonSrv.URL})
+	p.sampler = collector.NewSampler(sim, time.Hour, 1, nil)
+	p.daemon = gpuserver.New(gpuserver.Config{Inventory: inv, Client: p.client, Samplers: []*collector.Sampler{p.sampler},
+		Heartbeat: 50 * time.Millisecond, LabelAllowlist: []string{"app"}, Log: quietLog()})
+	handler = gpuserver.Handler(p.daemon, gpuserver.Registry(p.daemon))
+	p.sampler.Round(ctx) // the daemon vouches for GPUs it has read
+	go p.daemon.Run(ctx)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.probeAddr = ln.Addr().String()
+	go p.daemon.ServeProbes(ctx, ln, 10*time.Millisecond)
+	waitUntil(t, func() bool { s, err := p.client.Pool(ctx); return err == nil && len(s.Servers) == 1 })
+	return p
+}
+
+// acquire takes a lease for a pod and waits until the daemon follows it,
+// then samples a round.
+func (p *testPool) acquire(t *testing.T, pod, app string, load, percent int) allocator.Lease {
+	t.Helper()
+	l, err := p.client.Acquire(context.Background(), allocapi.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: percent,
+		Owner: allocator.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": app, "load": string(rune('0' + load))}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, func() bool {
+		for _, held := range p.daemon.Leases() {
+			if held.ID == l.ID {
+				return true
+			}
+		}
+		return false
+	})
+	p.sampler.Round(context.Background())
+	return l
+}
+
+func waitUntil(t *testing.T, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+	}
+}
+
+func query(t *testing.T, b Backend, metric, selector string) []Value {
+	t.Helper()
+	sel, err := labels.Parse(selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := b.Query(context.Background(), Query{Metric: metric, Namespace: "ml", Selector: sel})
+	if err != nil {
+		t.Fatalf("%s{%s}: %v", metric, selector, err)
+	}
+	return v
+}
+
+func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
+
+// TestDirectBackend: the direct backend joins the allocator's leases (by
+// their owners' labels) with the daemon's latest round.
+func TestDirectBackend(t *testing.T) {
+	p := newTestPool(t, 2)
+	p.acquire(t, "tf-0", "tf-training", 6, 50)
+	p.acquire(t, "tf-1", "tf-training", 8, 50)
+	p.acquire(t, "web-0", "web", 2, 25)
+	d := NewDirect(p.client, 0, quietLog())
+
+	// (0.5*0.6 + 0.5*0.8) / (0.5 + 0.5): busy share over held share.
+	if v := query(t, d, GPUUtilization, "app=tf-training"); len(v) != 1 || !near(v[0].Value, 0.7) {
+		t.Errorf("utilization of tf-training = %+v, want 0.7", v)
+	}
+	if v := query(t, d, GPUUtilization, "app=web"); len(v) != 1 || !near(v[0].Value, 0.2) {
+		t.Errorf("utilization of web = %+v, want 0.2", v)
+	}
+	if v := query(t, d, GPUUtilization, "app=nobody"); len(v) != 0 {
+		t.Errorf("utilization of no leases = %+v, want no data", v)
+	}
+	// The simulated leases use 50-90% of their grant, one in twenty 120%.
+	if v := query(t, d, MemoryPressure, "app=tf-training"); len(v) != 1 || v[0].Value < 0.5 || v[0].Value > 1.2 {
+		t.Errorf("memory pressure = %+v, want 0.5..1.2", v)
+	}
+	if v := query(t, d, PoolUnallocatedGPUs, ""); len(v) != 1 || !near(v[0].Value, 2-1.25) || v[0].Labels["model"] != "H100" {
+		t.Errorf("unallocated = %+v, want 0.75 of H100", v)
+	}
+	if v := query(t, d, PoolUnallocatedGPUs, "model=A100"); len(v) != 0 {
+		t.Errorf("unallocated A100 = %+v, want no data", v)
+	}
+	if v := query(t, d, PendingRequests, ""); len(v) != 1 || v[0].Value != 0 {
+		t.Errorf("pending = %+v, want 0", v)
+	}
+	if v := query(t, d, RDMALatency, "app=tf-training"); len(v) != 0 {
+		t.Errorf("latency before any probe = %+v, want no data", v)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_ = gpuserver.DialProbe(ctx, p.probeAddr, "client-0", 10*time.Millisecond, func(time.Duration) {})
+	cancel()
+	v := query(t, d, RDMALatency, "app=tf-training")
+	if len(v) != 1 || v[0].Labels["transport"] != "" && v[0].Labels["transport"] != gpuserver.TransportTCP || v[0].Value <= 0 || v[0].Value > 0.08 {
+		t.Errorf("latency after probing = %+v, want one tcp p99 in (0, 80ms]", v)
+	}
+
+	// The daemon stops answering: its leases have no reading, so no data.
+	p.daemonSrv.Close()
+	if v := query(t, d, GPUUtilization, "app=tf-training"); len(v) != 0 {
+		t.Errorf("utilization with the daemon gone = %+v, want no data", v)
+	}
+}
+
+// TestDirectBackendLeavesNewLeasesOut: a lease the daemon has not reported
+// yet is left out of the answer while it is new, not counted as idle.
+func TestDirectBackendLeavesNewLeasesOut(t *testing.T) {
+	p := newTestPool(t, 1)
+	p.acquire(t, "tf-0", "tf-training", 6, 50)
+	d := NewDirect(p.client, 0, quietLog())
+	// Leases granted straight at the allocator, unknown to the daemon's
+	// last round: the view is as if the daemon had not caught up.
+	if _, err := p.client.Acquire(context.Background(), allocapi.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: 50,
+		Owner: allocator.Owner{Pod: "tf-1", UID: "uid-tf-1", Labels: map[string]string{"app": "tf-training", "load": "2"}}}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := d.read(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := v.usage["gpu-0"]
+	u.Leases = u.Leases[:1] // as reported before the second lease
+	sel := labels.SelectorFromSet(labels.Set{"app": "tf-training"})
+	if got := v.leaseRatio(Query{Metric: GPUUtilization, Namespace: "ml", Selector: sel}, time.Now()); len(got) != 1 || !near(got[0].Value, 0.6) {
+		t.Errorf("with a new unreported lease = %+v, want 0.6 from the reported one", got)
+	}
+	if got := v.leaseRatio(Query{Metric: GPUUtilization, Namespace: "ml", Selector: sel}, time.Now().Add(time.Minute)); len(got) != 0 {
+		t.Errorf("with a lease unreported for a minute = %+v, want no data", got)
+	}
+}

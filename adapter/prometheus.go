@@ -1,0 +1,203 @@
+package adapter
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"text/template"
+	"time"
+
+	"k8s.io/apimachinery/pkg/selection"
+	"sigs.k8s.io/yaml"
+)
+
+//go:embed prometheus.yaml
+var defaultQueries []byte
+
+// Prometheus is the backend that asks Prometheus (or anything speaking its
+// HTTP query API: VictoriaMetrics, Thanos) with a PromQL template per
+// metric.
+//
+// A value is as fresh as Prometheus's data: a series whose target stopped
+// answering goes stale at the next failed scrape (or after the 5 minute
+// lookback without one), and then the query has no data. The value's time
+// is the evaluation time.
+type Prometheus struct {
+	url     string
+	http    *http.Client
+	queries map[string]*template.Template
+}
+
+// NewPrometheus queries the server at baseURL with the templates in
+// queriesFile (the embedded defaults when empty).
+func NewPrometheus(baseURL, queriesFile string) (*Prometheus, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		return nil, fmt.Errorf("--prometheus-url %q is not a URL such as http://prometheus:9090", baseURL)
+	}
+	src, name := defaultQueries, "the embedded queries"
+	if queriesFile != "" {
+		if src, err = os.ReadFile(queriesFile); err != nil {
+			return nil, err
+		}
+		name = queriesFile
+	}
+	var cfg struct {
+		Queries map[string]string `json:"queries"`
+	}
+	if err := yaml.UnmarshalStrict(src, &cfg); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	p := &Prometheus{url: strings.TrimRight(baseURL, "/"), http: &http.Client{Timeout: 10 * time.Second}, queries: map[string]*template.Template{}}
+	for metric, q := range cfg.Queries {
+		if !slices.Contains(MetricNames, metric) {
+			return nil, fmt.Errorf("%s: queries.%s: not a metric the adapter serves (%s)", name, metric, strings.Join(MetricNames, ", "))
+		}
+		t, err := template.New(metric).Option("missingkey=error").Parse(q)
+		if err != nil {
+			return nil, fmt.Errorf("%s: queries.%s: %w", name, metric, err)
+		}
+		p.queries[metric] = t
+	}
+	return p, nil
+}
+
+// Name implements Backend.
+func (*Prometheus) Name() string { return "prometheus" }
+
+// PromQL is the query the backend runs for q.
+func (p *Prometheus) PromQL(q Query) (string, error) {
+	t := p.queries[q.Metric]
+	if t == nil {
+		return "", errUnknownMetric
+	}
+	sel, err := matchers(q, "label_")
+	if err != nil {
+		return "", err
+	}
+	raw, err := matchers(Query{Selector: q.Selector}, "")
+	if err != nil {
+		return "", err
+	}
+	var b bytes.Buffer
+	err = t.Execute(&b, map[string]string{"LeaseMatchers": sel, "SelectorMatchers": raw, "Namespace": q.Namespace})
+	return b.String(), err
+}
+
+// Query implements Backend.
+func (p *Prometheus) Query(ctx context.Context, q Query) ([]Value, error) {
+	promql, err := p.PromQL(q)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url+"/api/v1/query",
+		strings.NewReader(url.Values{"query": {promql}}.Encode()))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := p.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			ResultType string `json:"resultType"`
+			Result     []struct {
+				Metric map[string]string `json:"metric"`
+				Value  [2]any            `json:"value"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return nil, fmt.Errorf("%s answered %s, not a query result: %w", p.url, resp.Status, err)
+	}
+	if body.Status != "success" {
+		return nil, fmt.Errorf("%s: %s (query: %s)", p.url, body.Error, promql)
+	}
+	if body.Data.ResultType != "vector" {
+		return nil, fmt.Errorf("%s: query for %s gives a %s, want a vector", p.url, q.Metric, body.Data.ResultType)
+	}
+	var out []Value
+	for _, r := range body.Data.Result {
+		ts, ok := r.Value[0].(float64)
+		s, ok2 := r.Value[1].(string)
+		if !ok || !ok2 {
+			return nil, fmt.Errorf("%s: malformed sample %v", p.url, r.Value)
+		}
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+			continue // 0/0 where nothing matched: no data
+		}
+		delete(r.Metric, "__name__")
+		sec, frac := math.Modf(ts)
+		out = append(out, Value{Labels: r.Metric, Value: v, Time: time.Unix(int64(sec), int64(frac*1e9))})
+	}
+	return out, nil
+}
+
+// matchers writes the namespace (when set) and the selector as PromQL
+// label matchers, selector keys prefixed and made label names.
+func matchers(q Query, prefix string) (string, error) {
+	var out []string
+	if q.Namespace != "" {
+		out = append(out, "namespace="+strconv.Quote(q.Namespace))
+	}
+	reqs, _ := q.Selector.Requirements()
+	for _, r := range reqs {
+		name := prefix + labelName(r.Key())
+		values := r.ValuesUnsorted()
+		slices.Sort(values)
+		var m string
+		switch r.Operator() {
+		case selection.Equals, selection.DoubleEquals:
+			m = name + "=" + strconv.Quote(values[0])
+		case selection.NotEquals:
+			m = name + "!=" + strconv.Quote(values[0])
+		case selection.In:
+			m = name + "=~" + strconv.Quote(alternatives(values))
+		case selection.NotIn:
+			m = name + "!~" + strconv.Quote(alternatives(values))
+		case selection.Exists:
+			m = name + `!=""`
+		case selection.DoesNotExist:
+			m = name + `=""`
+		default:
+			return "", fmt.Errorf("selector %q: operator %s has no PromQL matcher (use =, !=, in, notin, exists, !)", q.Selector, r.Operator())
+		}
+		out = append(out, m)
+	}
+	return strings.Join(out, ","), nil
+}
+
+func alternatives(values []string) string {
+	q := make([]string, len(values))
+	for i, v := range values {
+		q[i] = regexp.QuoteMeta(v)
+	}
+	return strings.Join(q, "|")
+}
+
+// labelName makes a pod label key a Prometheus label name, as the daemon
+// does for its label_<name> labels.
+func labelName(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '_'
+	}, s)
+}

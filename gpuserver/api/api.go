@@ -1,0 +1,71 @@
+// Package api holds the GPU-server daemon's wire types for its HTTP API,
+// shared by the daemon (gpuserver) and its readers (the adapter's direct
+// backend), which need not link the daemon's telemetry sources.
+//
+//	GET  /v1/usage      the latest sampling round per GPU and lease (Usage)
+//	POST /v1/processes  a process started under a lease, from this host only
+package api
+
+import "time"
+
+// LabelDaemonURL is the server label (set at registration) that tells
+// clients where the server's daemon answers this API.
+const LabelDaemonURL = "gpupool.io/daemon-url"
+
+// Usage is what a GPU server's leases and GPUs use, as of its latest
+// sampling round.
+type Usage struct {
+	Server string `json:"server"`
+	// SampledAt is when the oldest of the daemon's sources last read its
+	// GPUs successfully: every value below is at least this fresh. Zero
+	// before the first good round.
+	SampledAt time.Time    `json:"sampledAt"`
+	GPUs      []GPUUsage   `json:"gpus"`
+	Leases    []LeaseUsage `json:"leases"`
+	// Latency is the round trips the daemon measured over the window.
+	Latency []LatencyWindow `json:"latency,omitempty"`
+}
+
+// GPUUsage is one GPU's reading; nil values are readings the source does
+// not offer.
+type GPUUsage struct {
+	Index           int      `json:"index"`
+	UUID            string   `json:"uuid"`
+	Model           string   `json:"model"`
+	Healthy         bool     `json:"healthy"`
+	Utilization     *float64 `json:"utilization,omitempty"`
+	MemoryUsedBytes int64    `json:"memoryUsedBytes"`
+	MemoryBytes     int64    `json:"memoryBytes"`
+}
+
+// LeaseUsage is what one lease's processes use of one GPU it holds.
+type LeaseUsage struct {
+	Lease     string `json:"lease"`
+	Namespace string `json:"namespace"`
+	GPU       int    `json:"gpu"`
+	// Milli is the share granted; SMUtilization the processes' share of
+	// the GPU's SM time (0..1), nil when the source cannot tell.
+	Milli              int32    `json:"milli"`
+	SMUtilization      *float64 `json:"smUtilization,omitempty"`
+	MemoryUsedBytes    int64    `json:"memoryUsedBytes"`
+	MemoryGrantedBytes int64    `json:"memoryGrantedBytes"`
+	Processes          int      `json:"processes"`
+}
+
+// LatencyWindow counts the round trips of one transport measured during
+// the window, in the buckets of bitfusion_rdma_latency_seconds.
+type LatencyWindow struct {
+	Transport string        `json:"transport"`
+	Window    time.Duration `json:"window"`
+	// Buckets are the finite buckets; Count is every round trip (the
+	// +Inf bucket, which JSON cannot write).
+	Buckets []Bucket `json:"buckets"`
+	Count   uint64   `json:"count"`
+}
+
+// Bucket is a histogram bucket: Count observations at most UpperBound
+// seconds (cumulative across buckets, as in Prometheus).
+type Bucket struct {
+	UpperBound float64 `json:"upperBound"`
+	Count      uint64  `json:"count"`
+}
