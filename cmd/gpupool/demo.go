@@ -22,7 +22,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/custom-metrics-apiserver/pkg/cmd/options"
+	"sigs.k8s.io/custom-metrics-apiserver/pkg/provider"
 
+	"github.com/gpupool/gpupool/adapter"
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
@@ -30,6 +35,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/store"
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/gpuserver"
+	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 )
 
 // demoServers are the simulated GPU servers of the demo: mixed models.
@@ -86,6 +92,8 @@ Flags:
 	for _, s := range d.servers {
 		fmt.Fprintf(stdout, "  metrics: %s/metrics (%s)\n", s.url, s.name)
 	}
+	fmt.Fprintf(stdout, "  external metrics: %s (no authentication: loopback only; its own metrics are on the allocator's)\n", d.adapterURL)
+	fmt.Fprintf(stdout, "  try: curl -sk '%s/namespaces/ml/bitfusion_gpu_utilization?labelSelector=app%%3Dtf-training'\n", d.adapterURL)
 	fmt.Fprintf(stdout, "  try: GPUPOOL_ALLOCATOR=%s gpupool pool status\n\n", d.allocatorURL)
 	clear := isTerminal(stdout)
 	t := time.NewTicker(*refresh)
@@ -112,10 +120,13 @@ type demoServer struct {
 }
 
 type demo struct {
-	allocatorURL, logFile string
-	client                *client.Client
-	servers               []*demoServer
-	closers               []func()
+	allocatorURL, logFile, adapterURL string
+	client                            *client.Client
+	servers                           []*demoServer
+	adapter                           *adapter.Provider
+	log                               *slog.Logger
+	logWriter                         io.Writer
+	closers                           []func()
 }
 
 func (d *demo) close() {
@@ -130,6 +141,12 @@ func (d *demo) serve(h http.Handler) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	d.serveOn(ln, h)
+	return "http://" + ln.Addr().String(), nil
+}
+
+// serveOn serves h on ln until the demo closes.
+func (d *demo) serveOn(ln net.Listener, h http.Handler) {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	d.closers = append(d.closers, func() {
@@ -137,7 +154,6 @@ func (d *demo) serve(h http.Handler) (string, error) {
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	})
-	return "http://" + ln.Addr().String(), nil
 }
 
 func startDemo(ctx context.Context, seed uint64) (*demo, error) {
@@ -153,6 +169,7 @@ func startDemo(ctx context.Context, seed uint64) (*demo, error) {
 	}
 	d.closers = append(d.closers, func() { _ = logf.Close() })
 	log := slog.New(slog.NewTextHandler(logf, nil))
+	d.log, d.logWriter = log, logf
 
 	st, err := store.OpenBolt(filepath.Join(dir, "allocator"), time.Second)
 	if err != nil {
@@ -181,23 +198,54 @@ func startDemo(ctx context.Context, seed uint64) (*demo, error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &demoServer{name: spec.name}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		s := &demoServer{name: spec.name, url: "http://" + ln.Addr().String()}
 		sim := &collector.Simulated{Server: spec.name, Seed: seed + uint64(i), GPUs: gpus, Clock: time.Now, Demand: demoDemand,
 			Leases: func() []allocator.Lease { return s.daemon.Leases() }}
 		s.sampler = collector.NewSampler(sim, time.Second, 2, nil)
 		s.daemon = gpuserver.New(gpuserver.Config{
-			Inventory: sim.Inventory(int64(len(gpus))*16000, int64(len(gpus))*(64<<30), nil), Client: d.client,
-			Samplers: []*collector.Sampler{s.sampler}, Heartbeat: 2 * time.Second, LabelAllowlist: []string{"app"}, Log: log,
+			Inventory: sim.Inventory(int64(len(gpus))*16000, int64(len(gpus))*(64<<30), map[string]string{gpuapi.LabelDaemonURL: s.url}),
+			Client:    d.client, Samplers: []*collector.Sampler{s.sampler}, Heartbeat: 2 * time.Second, LabelAllowlist: []string{"app"}, Log: log,
 		})
-		if s.url, err = d.serve(gpuserver.Handler(s.daemon, gpuserver.Registry(s.daemon))); err != nil {
-			return nil, err
-		}
+		d.serveOn(ln, gpuserver.Handler(s.daemon, gpuserver.Registry(s.daemon)))
 		go s.sampler.Run(ctx)
 		go s.daemon.Run(ctx)
 		d.servers = append(d.servers, s)
 	}
+	if err := d.startAdapter(ctx, dir, reg); err != nil {
+		return nil, fmt.Errorf("starting the adapter: %w", err)
+	}
 	go runWorkload(ctx, d.client, seed, log)
 	return d, nil
+}
+
+// startAdapter serves the external metrics API on loopback with the
+// direct backend. There is no cluster to delegate authentication to, so
+// it serves everyone: the demo says so.
+func (d *demo) startAdapter(ctx context.Context, dir string, reg prometheus.Registerer) error {
+	// The API server logs through klog; keep it in the demo's log.
+	klog.LogToStderr(false)
+	klog.SetOutput(d.logWriter)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	opts := options.NewCustomMetricsAdapterServerOptions()
+	opts.SecureServing.Listener = ln
+	opts.SecureServing.BindPort = ln.Addr().(*net.TCPAddr).Port
+	opts.SecureServing.ServerCert.CertDirectory = filepath.Join(dir, "adapter-certs")
+	d.adapter = adapter.NewProvider(adapter.NewDirect(d.client, 500*time.Millisecond, d.log), 30*time.Second,
+		adapter.NewMetrics(reg), nil, d.log)
+	srv, err := adapter.NewServer(opts, nil, d.adapter)
+	if err != nil {
+		return err
+	}
+	go func() { _ = srv.GenericAPIServer.PrepareRun().RunWithContext(ctx) }()
+	d.adapterURL = "https://" + ln.Addr().String() + "/apis/external.metrics.k8s.io/v1beta1"
+	return nil
 }
 
 // demoDemand drives the simulated GPUs: the training group's load rises
@@ -340,6 +388,12 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 		fmt.Fprintf(w, "quota %s: %g %s   ", q.Namespace, q.Used, hard)
 	}
 	fmt.Fprintln(w)
+	sel := labels.SelectorFromSet(labels.Set{"app": "tf-training"})
+	signal := "no value (the HPA would hold)"
+	if v, err := d.adapter.GetExternalMetric(ctx, "ml", sel, provider.ExternalMetricInfo{Metric: adapter.GPUUtilization}); err == nil && len(v.Items) > 0 {
+		signal = v.Items[0].Value.String()
+	}
+	fmt.Fprintf(w, "HPA signal: %s{namespace=ml, app=tf-training} = %s\n", adapter.GPUUtilization, signal)
 }
 
 // bar draws a ratio as a 10-cell bar and a percent.

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bufio"
+	"crypto/tls"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os/exec"
@@ -29,14 +31,19 @@ func TestDemo(t *testing.T) {
 		t.Fatal(err)
 	}
 	var urls []string
+	var external string
 	var out strings.Builder
 	sc := bufio.NewScanner(stdout)
 	metricsLine := regexp.MustCompile(`metrics: (http://\S+/metrics)`)
+	externalLine := regexp.MustCompile(`external metrics: (https://\S+)`)
 	for sc.Scan() {
 		line := sc.Text()
 		out.WriteString(line + "\n")
 		if m := metricsLine.FindStringSubmatch(line); m != nil {
 			urls = append(urls, m[1])
+		}
+		if m := externalLine.FindStringSubmatch(line); m != nil {
+			external = m[1]
 		}
 		if strings.HasPrefix(line, "  try:") {
 			break
@@ -62,12 +69,30 @@ func TestDemo(t *testing.T) {
 			t.Errorf("%s exports no bitfusion_ metric", u)
 		}
 	}
+	// The adapter serves the training group's utilization over its
+	// self-signed loopback certificate, as a curl -k would read it.
+	insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the demo's self-signed loopback certificate
+	resp, err := insecure.Get(external + "/namespaces/ml/bitfusion_gpu_utilization?labelSelector=app%3Dtf-training")
+	if err != nil {
+		t.Fatalf("external metrics at %q: %v", external, err)
+	}
+	var list struct {
+		Kind  string `json:"kind"`
+		Items []struct {
+			Value string `json:"value"`
+		} `json:"items"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	if err != nil || list.Kind != "ExternalMetricValueList" || len(list.Items) != 1 {
+		t.Errorf("external metric: %v %+v", err, list)
+	}
 	rest, _ := io.ReadAll(stdout)
 	out.Write(rest)
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("demo exited with %v", err)
 	}
-	for _, want := range []string{"tf-training-0", "quota ml:", "gpupool demo: stopped"} {
+	for _, want := range []string{"tf-training-0", "quota ml:", "HPA signal: bitfusion_gpu_utilization", "gpupool demo: stopped"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}
