@@ -1,15 +1,10 @@
 package adapter
 
 import (
-	"context"
-	"fmt"
-	"net"
-	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/gpupool/gpupool/internal/metricstest"
 )
 
 // TestPrometheusBackendAgreesWithDirect: a real Prometheus and a real
@@ -18,18 +13,17 @@ import (
 func TestPrometheusBackendAgreesWithDirect(t *testing.T) {
 	for _, tsdb := range []struct {
 		name  string
-		start func(t *testing.T, targets []string) string
+		start func(t testing.TB, interval time.Duration, targets ...string) string
 	}{
-		{"prometheus", startPrometheus},
-		{"victoria-metrics", startVictoriaMetrics},
+		{"prometheus", metricstest.StartPrometheus},
+		{"victoria-metrics", metricstest.StartVictoriaMetrics},
 	} {
 		t.Run(tsdb.name, func(t *testing.T) {
 			p := newTestPool(t, 2)
 			p.acquire(t, "tf-0", "tf-training", 6, 50)
 			p.acquire(t, "tf-1", "tf-training", 8, 50)
 			p.acquire(t, "web-0", "web", 2, 25)
-			targets := []string{hostPort(t, p.allocator.URL), hostPort(t, p.daemonSrv.URL)}
-			prom, err := NewPrometheus(tsdb.start(t, targets), "")
+			prom, err := NewPrometheus(tsdb.start(t, time.Second, p.allocator.URL, p.daemonSrv.URL), "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -58,84 +52,4 @@ func TestPrometheusBackendAgreesWithDirect(t *testing.T) {
 			}
 		})
 	}
-}
-
-func hostPort(t *testing.T, raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return u.Host
-}
-
-func freePort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func scrapeConfig(t *testing.T, targets []string) string {
-	cfg := "global: {scrape_interval: 1s}\nscrape_configs:\n- job_name: gpupool\n  static_configs:\n  - targets: ["
-	for i, tg := range targets {
-		if i > 0 {
-			cfg += ", "
-		}
-		cfg += fmt.Sprintf("%q", tg)
-	}
-	cfg += "]\n"
-	path := filepath.Join(t.TempDir(), "scrape.yml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
-// startTSDB runs a Debian-packaged time-series database until the test
-// ends and returns its base URL once it answers.
-func startTSDB(t *testing.T, addr string, name string, args ...string) string {
-	bin, err := exec.LookPath(name)
-	if err != nil {
-		t.Fatalf("%s is not installed (make deps installs it): %v", name, err)
-	}
-	cmd := exec.Command(bin, args...)
-	log := filepath.Join(t.TempDir(), name+".log")
-	f, err := os.Create(log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = f.Close() })
-	base := "http://" + addr
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		p, err := NewPrometheus(base, "")
-		if err == nil {
-			if _, err = p.Query(context.Background(), Query{Metric: PendingRequests, Namespace: "ml", Selector: everything()}); err == nil {
-				return base
-			}
-		}
-		if time.Now().After(deadline) {
-			out, _ := os.ReadFile(log)
-			t.Fatalf("%s did not start: %v\n%s", name, err, out)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-func startPrometheus(t *testing.T, targets []string) string {
-	addr := freePort(t)
-	return startTSDB(t, addr, "prometheus", "--config.file="+scrapeConfig(t, targets), "--storage.tsdb.path="+t.TempDir(),
-		"--web.listen-address="+addr)
-}
-
-func startVictoriaMetrics(t *testing.T, targets []string) string {
-	addr := freePort(t)
-	return startTSDB(t, addr, "victoria-metrics", "-promscrape.config="+scrapeConfig(t, targets), "-storageDataPath="+t.TempDir(),
-		"-httpListenAddr="+addr, "-search.latencyOffset=0s", "-search.disableCache")
 }

@@ -142,5 +142,3 @@ func TestSelectorAsPromQLMatchers(t *testing.T) {
 		t.Error("gpus>2 turned into a matcher")
 	}
 }
-
-func everything() labels.Selector { return labels.Everything() }

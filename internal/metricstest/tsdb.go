@@ -1,0 +1,93 @@
+package metricstest
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// StartPrometheus runs the Debian-packaged Prometheus until the test ends,
+// scraping targets (base URLs; /metrics is scraped) every interval, and
+// returns its base URL once it answers queries.
+func StartPrometheus(t testing.TB, interval time.Duration, targets ...string) string {
+	t.Helper()
+	addr := freeAddr(t)
+	return startTSDB(t, addr, "prometheus", "--config.file="+scrapeConfig(t, interval, targets),
+		"--storage.tsdb.path="+t.TempDir(), "--web.listen-address="+addr)
+}
+
+// StartVictoriaMetrics is StartPrometheus with the Debian-packaged
+// single-node VictoriaMetrics, which serves the same query API.
+func StartVictoriaMetrics(t testing.TB, interval time.Duration, targets ...string) string {
+	t.Helper()
+	addr := freeAddr(t)
+	return startTSDB(t, addr, "victoria-metrics", "-promscrape.config="+scrapeConfig(t, interval, targets),
+		"-storageDataPath="+t.TempDir(), "-httpListenAddr="+addr, "-search.latencyOffset=0s", "-search.disableCache")
+}
+
+func freeAddr(t testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func scrapeConfig(t testing.TB, interval time.Duration, targets []string) string {
+	hosts := make([]string, len(targets))
+	for i, tg := range targets {
+		u, err := url.Parse(tg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hosts[i] = fmt.Sprintf("%q", u.Host)
+	}
+	cfg := fmt.Sprintf("global: {scrape_interval: %s}\nscrape_configs:\n- job_name: gpupool\n  static_configs:\n  - targets: [%s]\n",
+		interval, strings.Join(hosts, ", "))
+	path := filepath.Join(t.TempDir(), "scrape.yml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func startTSDB(t testing.TB, addr, name string, args ...string) string {
+	t.Helper()
+	bin, err := exec.LookPath(name)
+	if err != nil {
+		t.Fatalf("%s is not installed (make deps installs it): %v", name, err)
+	}
+	log := filepath.Join(t.TempDir(), name+".log")
+	f, err := os.Create(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = f.Close() })
+	base := "http://" + addr
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, err := http.Get(base + "/api/v1/query?query=1")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return base
+			}
+		}
+		if time.Now().After(deadline) {
+			out, _ := os.ReadFile(log)
+			t.Fatalf("%s did not start: %v\n%s", name, err, out)
+		}
+	}
+}

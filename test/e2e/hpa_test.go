@@ -1,0 +1,424 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/metricstest"
+	"github.com/gpupool/gpupool/test/e2e/kube"
+)
+
+// The HPA tests need the control plane test/e2e/kube/build.sh builds;
+// `make e2e` sets KUBE_BIN_DIR to it. Without it they are skipped.
+
+const (
+	hpaNamespace = "ml"
+	hpaApp       = "tf-training"
+	gpuNode      = "gpu-node-0"
+	// Each replica of tf-training holds half a GPU; the HPA aims at 60%
+	// of what the replicas hold busy.
+	replicaPercent = 50
+	hpaTarget      = "600m"
+)
+
+// expectedReplicas is what the HPA settles on for work (in GPUs): the
+// replicas whose shares the work keeps 60% busy, rounded up.
+func expectedReplicas(work float64) int {
+	n := int(work/(float64(replicaPercent)/100*0.6) + 0.999)
+	return min(max(n, 1), 6)
+}
+
+// hpaRig is the whole loop on one machine: a real control plane (etcd,
+// kube-apiserver, kube-controller-manager, kwok), the allocator, one
+// simulated GPU server whose load follows a workload file, the adapter
+// registered as the external-metrics APIService, and the tf-training
+// Deployment with its HPA. Each Ready replica holds a lease, so scaling
+// out spreads the same work thinner: the loop is closed.
+type hpaRig struct {
+	cp        *kube.ControlPlane
+	client    *client.Client
+	allocURL  string
+	workload  string
+	dir       string
+	serverArg []string
+	serverMu  sync.Mutex
+	server    *exec.Cmd
+	logs      *syncBuffer
+}
+
+type rigOptions struct {
+	syncPeriod time.Duration
+	backend    string // direct or prometheus
+	scrape     time.Duration
+}
+
+func startHPARig(t testing.TB, o rigOptions) *hpaRig {
+	t.Helper()
+	bins := os.Getenv("KUBE_BIN_DIR")
+	if bins == "" {
+		t.Skip("KUBE_BIN_DIR is not set: `make e2e` builds the control plane (test/e2e/kube/build.sh) and sets it")
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	cp, err := kube.Start(ctx, kube.Options{BinDir: bins, Dir: dir, HPASyncPeriod: o.syncPeriod})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Stop)
+	r := &hpaRig{cp: cp, dir: dir, workload: filepath.Join(dir, "workload.yaml"), logs: &syncBuffer{}}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("control plane:\n%s\npool:\n%s", cp.Logs(20), tail(r.logs.String(), 40))
+		}
+	})
+	r.setLoad(t, 0.25)
+
+	a := startAllocator(t, "--data-dir", t.TempDir(), "--heartbeat-timeout", "5s")
+	r.allocURL, r.client = a.URL, newClient(t, a.URL, "")
+	daemonAddr := "127.0.0.1:" + freePort(t)
+	r.serverArg = []string{"--allocator", a.URL, "--name", "gpu-0", "--listen", daemonAddr, "--probe-listen", "127.0.0.1:0",
+		"--simulate-gpus", "H100:80Gi:8", "--simulated-workload", r.workload, "--interval", "200ms", "--process-every", "1",
+		"--heartbeat", "500ms", "--metric-labels-allowlist", "app"}
+	r.startServer(t)
+
+	// The adapter, with a serving certificate for the Service name the
+	// aggregator checks, delegating authentication and authorization.
+	cert, key, err := cp.ServingCert("gpupool-adapter.gpupool.svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile := filepath.Join(dir, "adapter.crt"), filepath.Join(dir, "adapter.key")
+	if err := os.WriteFile(certFile, cert, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	args := []string{"--secure-port", port, "--bind-address", "127.0.0.1", "--tls-cert-file", certFile,
+		"--tls-private-key-file", keyFile, "--kubeconfig", cp.Kubeconfig, "--authentication-kubeconfig", cp.Kubeconfig,
+		"--authorization-kubeconfig", cp.Kubeconfig, "--max-age", "10s", "--metrics-listen", "127.0.0.1:0",
+		"--backend", o.backend, "--allocator", a.URL}
+	if o.backend == "prometheus" {
+		args = append(args, "--prometheus-url", metricstest.StartPrometheus(t, o.scrape, a.URL, "http://"+daemonAddr))
+	}
+	r.start(t, "gpupool-adapter", regexp.MustCompile(`Serving securely`), args...)
+	portNum, _ := strconv.Atoi(port)
+	if err := cp.RegisterAPIService(ctx, "external.metrics.k8s.io", "v1beta1", "gpupool", "gpupool-adapter", int32(portNum)); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.WaitAPIServiceAvailable(ctx, "v1beta1.external.metrics.k8s.io"); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := cp.AddKwokNode(ctx, gpuNode, map[string]string{"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}); err != nil {
+		t.Fatal(err)
+	}
+	r.createWorkload(t)
+	followCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); r.followReplicas(followCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	return r
+}
+
+func tail(s string, lines int) string {
+	n := 0
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '\n' {
+			if n++; n > lines {
+				return s[i+1:]
+			}
+		}
+	}
+	return s
+}
+
+// start runs one of gpupool's binaries until the test ends, its output in
+// the rig's logs, and waits until it logs ready.
+func (r *hpaRig) start(t testing.TB, name string, ready *regexp.Regexp, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, name), args...)
+	out, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = cmd.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	seen := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(out)
+		once := sync.Once{}
+		for sc.Scan() {
+			fmt.Fprintf(r.logs, "%s: %s\n", name, sc.Text())
+			if ready.MatchString(sc.Text()) {
+				once.Do(func() { close(seen) })
+			}
+		}
+		_, _ = io.Copy(io.Discard, out)
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	select {
+	case <-seen:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s did not start:\n%s", name, tail(r.logs.String(), 30))
+	}
+	return cmd
+}
+
+func (r *hpaRig) startServer(t testing.TB) {
+	cmd := r.start(t, "gpupool-server", regexp.MustCompile(`gpu server serving`), r.serverArg...)
+	r.serverMu.Lock()
+	r.server = cmd
+	r.serverMu.Unlock()
+}
+
+// stopServer kills the GPU server's daemon: its readings stop.
+func (r *hpaRig) stopServer() {
+	r.serverMu.Lock()
+	defer r.serverMu.Unlock()
+	_ = r.server.Process.Kill()
+	_ = r.server.Wait()
+}
+
+// setLoad sets the work tf-training has, in GPUs kept busy.
+func (r *hpaRig) setLoad(t testing.TB, gpus float64) {
+	t.Helper()
+	body := fmt.Sprintf("- {namespace: %s, selector: app=%s, gpus: %g}\n", hpaNamespace, hpaApp, gpus)
+	tmp := r.workload + ".tmp"
+	if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, r.workload); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// createWorkload creates the tf-training Deployment (one replica, on the
+// kwok GPU node) and its HPA on bitfusion_gpu_utilization.
+func (r *hpaRig) createWorkload(t testing.TB) {
+	t.Helper()
+	ctx := context.Background()
+	c := r.cp.Client
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: hpaNamespace}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"app": hpaApp}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: hpaApp, Namespace: hpaNamespace},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](1),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					NodeName:    gpuNode, // no scheduler runs: kwok's node takes them
+					Tolerations: []corev1.Toleration{{Key: "kwok.x-k8s.io/node", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+					Containers:  []corev1.Container{{Name: "trainer", Image: "tf-training:fake"}},
+				},
+			},
+		},
+	}
+	if _, err := c.AppsV1().Deployments(hpaNamespace).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	fast := &autoscalingv2.HPAScalingRules{StabilizationWindowSeconds: ptr.To[int32](0),
+		Policies: []autoscalingv2.HPAScalingPolicy{{Type: autoscalingv2.PercentScalingPolicy, Value: 400, PeriodSeconds: 1}}}
+	hpa := &autoscalingv2.HorizontalPodAutoscaler{
+		ObjectMeta: metav1.ObjectMeta{Name: hpaApp, Namespace: hpaNamespace},
+		Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
+			ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: hpaApp},
+			MinReplicas:    ptr.To[int32](1),
+			MaxReplicas:    6,
+			Metrics: []autoscalingv2.MetricSpec{{
+				Type: autoscalingv2.ExternalMetricSourceType,
+				External: &autoscalingv2.ExternalMetricSource{
+					Metric: autoscalingv2.MetricIdentifier{Name: "bitfusion_gpu_utilization", Selector: &metav1.LabelSelector{MatchLabels: labels}},
+					Target: autoscalingv2.MetricTarget{Type: autoscalingv2.ValueMetricType, Value: ptr.To(resource.MustParse(hpaTarget))},
+				},
+			}},
+			Behavior: &autoscalingv2.HorizontalPodAutoscalerBehavior{ScaleUp: fast, ScaleDown: fast},
+		},
+	}
+	if _, err := c.AutoscalingV2().HorizontalPodAutoscalers(hpaNamespace).Create(ctx, hpa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// followReplicas is what each replica's `gpupool run` does: a Ready pod
+// holds a lease of half a GPU, owned by the pod (its UID is how the
+// daemon attributes the work); a pod that is gone releases it.
+func (r *hpaRig) followReplicas(ctx context.Context) {
+	held := map[string]string{} // pod UID -> lease ID
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		pods, err := r.cp.Client.CoreV1().Pods(hpaNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + hpaApp})
+		if err != nil {
+			continue
+		}
+		ready := map[string]bool{}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp != nil || !podReady(&p) {
+				continue
+			}
+			uid := string(p.UID)
+			ready[uid] = true
+			if held[uid] != "" {
+				continue
+			}
+			l, err := r.client.Acquire(ctx, api.AcquireRequest{Namespace: hpaNamespace, GPUAmount: 1, GPUPercent: replicaPercent, TTL: "1h",
+				IdempotencyKey: uid, Owner: allocator.Owner{Pod: p.Name, UID: uid, Labels: p.Labels}})
+			if err == nil {
+				held[uid] = l.ID
+			}
+		}
+		for uid, id := range held {
+			if !ready[uid] {
+				if err := r.client.Release(ctx, id); err == nil {
+					delete(held, uid)
+				}
+			}
+		}
+	}
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func (r *hpaRig) hpa(t testing.TB) *autoscalingv2.HorizontalPodAutoscaler {
+	t.Helper()
+	h, err := r.cp.Client.AutoscalingV2().HorizontalPodAutoscalers(hpaNamespace).Get(context.Background(), hpaApp, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func condition(h *autoscalingv2.HorizontalPodAutoscaler, typ autoscalingv2.HorizontalPodAutoscalerConditionType) (corev1.ConditionStatus, string) {
+	for _, c := range h.Status.Conditions {
+		if c.Type == typ {
+			return c.Status, c.Reason
+		}
+	}
+	return corev1.ConditionUnknown, ""
+}
+
+// waitReplicas waits until the HPA wants n replicas and the Deployment
+// has n Ready, and returns how long the HPA took to want them.
+func (r *hpaRig) waitReplicas(t testing.TB, n int32, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	var desired time.Duration
+	for deadline := start.Add(within); ; time.Sleep(250 * time.Millisecond) {
+		h := r.hpa(t)
+		if h.Status.DesiredReplicas == n && desired == 0 {
+			desired = time.Since(start)
+		}
+		dep, err := r.cp.Client.AppsV1().Deployments(hpaNamespace).Get(context.Background(), hpaApp, metav1.GetOptions{})
+		if err == nil && desired > 0 && dep.Status.ReadyReplicas == n && h.Status.DesiredReplicas == n {
+			return desired
+		}
+		if time.Now().After(deadline) {
+			active, why := condition(h, autoscalingv2.ScalingActive)
+			t.Fatalf("after %v the HPA wants %d replicas (current %d), want %d; ScalingActive=%s (%s); metrics %+v",
+				within, h.Status.DesiredReplicas, h.Status.CurrentReplicas, n, active, why, h.Status.CurrentMetrics)
+		}
+	}
+}
+
+// rawMetric reads the external metric through the kube-apiserver, as
+// `kubectl get --raw` does.
+func (r *hpaRig) rawMetric(ctx context.Context) ([]byte, error) {
+	cs := r.cp.Client.(*kubernetes.Clientset)
+	return cs.RESTClient().Get().AbsPath("/apis/external.metrics.k8s.io/v1beta1/namespaces", hpaNamespace, "bitfusion_gpu_utilization").
+		Param("labelSelector", "app="+hpaApp).DoRaw(ctx)
+}
+
+// TestHPAScalesOnGPUUtilization: the real HPA controller scales
+// tf-training out when its work rises, back in when it falls, holds its
+// size while the metric is stale, and resumes when it returns.
+func TestHPAScalesOnGPUUtilization(t *testing.T) {
+	r := startHPARig(t, rigOptions{syncPeriod: 2 * time.Second, backend: "direct"})
+	ctx := context.Background()
+
+	r.waitReplicas(t, 1, 60*time.Second)
+	raw, err := r.rawMetric(ctx)
+	if err != nil || !regexp.MustCompile(`"metricName":\s*"bitfusion_gpu_utilization"`).Match(raw) {
+		t.Fatalf("get --raw: %v\n%s", err, raw)
+	}
+	t.Logf("kubectl get --raw: %s", regexp.MustCompile(`\s+`).ReplaceAll(raw, []byte(" ")))
+
+	const high, low = 1.5, 0.3
+	r.setLoad(t, high)
+	took := r.waitReplicas(t, int32(expectedReplicas(high)), 120*time.Second)
+	t.Logf("load %g GPUs: scaled out to %d (the HPA wanted them %v after the step)", high, expectedReplicas(high), took.Round(time.Second))
+
+	r.setLoad(t, low)
+	took = r.waitReplicas(t, int32(expectedReplicas(low)), 120*time.Second)
+	t.Logf("load %g GPUs: scaled in to %d (%v)", low, expectedReplicas(low), took.Round(time.Second))
+
+	// The daemon stops: no reading, so the HPA must hold, not scale on a
+	// zero, even though the work rose meanwhile.
+	r.stopServer()
+	r.setLoad(t, high)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		if active, _ := condition(r.hpa(t), autoscalingv2.ScalingActive); active == corev1.ConditionFalse {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ScalingActive did not turn False with the metric gone: %+v", r.hpa(t).Status.Conditions)
+		}
+	}
+	time.Sleep(3 * 2 * time.Second) // three sync periods
+	h := r.hpa(t)
+	if h.Status.DesiredReplicas != int32(expectedReplicas(low)) || h.Status.CurrentReplicas != int32(expectedReplicas(low)) {
+		t.Errorf("with the metric stale the HPA moved to %d/%d replicas, want it to hold %d", h.Status.DesiredReplicas, h.Status.CurrentReplicas, expectedReplicas(low))
+	}
+	_, why := condition(h, autoscalingv2.ScalingActive)
+	t.Logf("metric stale: ScalingActive=False (%s), held at %d", why, h.Status.CurrentReplicas)
+	if _, err := r.rawMetric(ctx); err == nil {
+		t.Error("get --raw answered a value while the daemon is down")
+	}
+
+	r.startServer(t)
+	took = r.waitReplicas(t, int32(expectedReplicas(high)), 120*time.Second)
+	t.Logf("metric back: scaled out to %d (%v)", expectedReplicas(high), took.Round(time.Second))
+	if active, _ := condition(r.hpa(t), autoscalingv2.ScalingActive); active != corev1.ConditionTrue {
+		t.Errorf("ScalingActive = %s after the metric returned", active)
+	}
+}
