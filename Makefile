@@ -27,28 +27,41 @@ simulate: ## replay the embedded OpenB trace against every placement policy
 	$(GO) run ./cmd/gpupool simulate
 
 # Debian packages the tests run for real: promtool checks the metrics,
-# etcd backs the replicated allocator.
-DEBIAN_PACKAGES := prometheus etcd-server
+# etcd backs the replicated allocator and the Kubernetes control plane,
+# Prometheus and VictoriaMetrics answer the adapter's PromQL.
+DEBIAN_PACKAGES := prometheus etcd-server victoria-metrics
 
 .PHONY: deps
-deps: ## install the Debian packages the tests use (prometheus, etcd-server) if missing
-	@command -v promtool >/dev/null && command -v etcd >/dev/null || { \
+deps: ## install the Debian packages the tests use (prometheus, etcd-server, victoria-metrics) if missing
+	@command -v promtool >/dev/null && command -v etcd >/dev/null && command -v victoria-metrics >/dev/null || { \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES); }
 
+# Everything but the whole-binary tests, which `make e2e` runs.
+UNIT_PACKAGES = $(shell $(GO) list ./... | grep -v /test/e2e)
+
 .PHONY: test
-test: deps verify ## vet; unit, scenario, property and e2e tests (real etcd, promtool); a race pass
+test: deps verify ## vet; unit, scenario, property and integration tests (real etcd, Prometheus, VictoriaMetrics); a race pass
 	$(GO) vet ./...
-	$(GO) test -count=1 ./...
-	$(GO) test -count=1 -race -short ./...
+	$(GO) test -count=1 $(UNIT_PACKAGES)
+	$(GO) test -count=1 -race -short $(UNIT_PACKAGES)
+
+# The control plane the e2e tests start: kube-apiserver, kube-controller-manager
+# (tools/kube pins them) and kwok, built once into ~/.cache/gpupool.
+KUBE_BIN_DIR = $(shell test/e2e/kube/build.sh | tail -n 1)
+
+.PHONY: kube
+kube: ## build the Kubernetes control plane for the e2e tests once (about 10 minutes cold)
+	test/e2e/kube/build.sh
 
 .PHONY: e2e
-e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the daemon, the demo
-	$(GO) test -count=1 ./test/e2e
+e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the daemon, the demo, the HPA on a real control plane
+	KUBE_BIN_DIR=$(KUBE_BIN_DIR) $(GO) test -count=1 ./test/e2e/...
 
 .PHONY: bench
-bench: deps build ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, daemon scrape and sampling cost
+bench: deps build ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, daemon scrape and sampling cost, adapter latency, HPA reaction time
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./simulate
 	$(GO) test -run '^$$' -bench AcquireRelease -benchtime 4000x ./test/e2e
+	KUBE_BIN_DIR=$(KUBE_BIN_DIR) $(GO) test -run '^$$' -bench 'AdapterThroughAPIServer|HPAReaction' -benchtime 1x -timeout 30m ./test/e2e
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./gpuserver
 	@echo "whole replay, all policies x seeds 42-51, default trace:"
 	bin/gpupool simulate --seeds 42-51 --policies all

@@ -47,7 +47,7 @@ func NewPrometheus(baseURL, queriesFile string) (*Prometheus, error) {
 	}
 	src, name := defaultQueries, "the embedded queries"
 	if queriesFile != "" {
-		if src, err = os.ReadFile(queriesFile); err != nil {
+		if src, err = os.ReadFile(queriesFile); err != nil { //nolint:gosec // the operator names the queries file
 			return nil, err
 		}
 		name = queriesFile

@@ -144,7 +144,7 @@ Flags:
 	}
 	metrics := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = metrics.Serve(ln) }()
-	defer metrics.Close()
+	defer func() { _ = metrics.Close() }()
 	log.Info("adapter serving", "backend", be.Name(), "max_age", *maxAge, "metrics", "http://"+ln.Addr().String()+"/metrics",
 		"api", fmt.Sprintf("https://%s:%d/apis/external.metrics.k8s.io/v1beta1", opts.SecureServing.BindAddress, opts.SecureServing.BindPort))
 	if err := srv.GenericAPIServer.PrepareRun().RunWithContext(ctx); err != nil {

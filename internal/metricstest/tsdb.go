@@ -37,7 +37,7 @@ func freeAddr(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }()
 	return ln.Addr().String()
 }
 
@@ -80,7 +80,7 @@ func startTSDB(t testing.TB, addr, name string, args ...string) string {
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		resp, err := http.Get(base + "/api/v1/query?query=1")
 		if err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return base
 			}

@@ -71,7 +71,7 @@ func TestDemo(t *testing.T) {
 	}
 	// The adapter serves the training group's utilization over its
 	// self-signed loopback certificate, as a curl -k would read it.
-	insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the demo's self-signed loopback certificate
+	insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	resp, err := insecure.Get(external + "/namespaces/ml/bitfusion_gpu_utilization?labelSelector=app%3Dtf-training")
 	if err != nil {
 		t.Fatalf("external metrics at %q: %v", external, err)

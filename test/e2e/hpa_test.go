@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpupool/gpupool/allocator"
@@ -364,9 +365,24 @@ func (r *hpaRig) waitReplicas(t testing.TB, n int32, within time.Duration) time.
 // rawMetric reads the external metric through the kube-apiserver, as
 // `kubectl get --raw` does.
 func (r *hpaRig) rawMetric(ctx context.Context) ([]byte, error) {
-	cs := r.cp.Client.(*kubernetes.Clientset)
-	return cs.RESTClient().Get().AbsPath("/apis/external.metrics.k8s.io/v1beta1/namespaces", hpaNamespace, "bitfusion_gpu_utilization").
-		Param("labelSelector", "app="+hpaApp).DoRaw(ctx)
+	get, err := newRawGetter(r.cp.Config)
+	if err != nil {
+		return nil, err
+	}
+	return get(ctx)
+}
+
+// newRawGetter returns a reader of tf-training's utilization through the
+// kube-apiserver at cfg.
+func newRawGetter(cfg *rest.Config) (func(context.Context) ([]byte, error), error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) ([]byte, error) {
+		return cs.RESTClient().Get().AbsPath("/apis/external.metrics.k8s.io/v1beta1/namespaces", hpaNamespace, "bitfusion_gpu_utilization").
+			Param("labelSelector", "app="+hpaApp).DoRaw(ctx)
+	}, nil
 }
 
 // TestHPAScalesOnGPUUtilization: the real HPA controller scales

@@ -361,7 +361,7 @@ func freePorts(n int) ([]int, error) {
 		if err != nil {
 			return nil, err
 		}
-		defer l.Close()
+		defer func() { _ = l.Close() }()
 		ports[i] = l.Addr().(*net.TCPAddr).Port
 	}
 	return ports, nil

@@ -37,7 +37,7 @@ func startProcess(name, bin string, args []string, logFile string) (*process, er
 		return nil, err
 	}
 	// The child writes to its own copy of the descriptor.
-	defer log.Close()
+	defer func() { _ = log.Close() }()
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = sysProcAttr()
@@ -71,7 +71,7 @@ func (p *process) waitFor(ctx context.Context, what string, check func(context.C
 	case err == nil:
 		return nil
 	case errors.Is(err, errExited):
-		err = fmt.Errorf("%s exited (%v) before %s", p.name, p.err, what)
+		err = fmt.Errorf("%s exited (%w) before %s", p.name, p.err, what)
 	default:
 		err = fmt.Errorf("%s: waiting for %s: %w", p.name, what, err)
 	}
