@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/custom-metrics-apiserver/pkg/provider"
 
 	"github.com/gpupool/gpupool/gpuserver/api"
+	"github.com/gpupool/gpupool/internal/metricstest"
 )
 
 // fakeBackend answers every query with the same values or error.
@@ -140,5 +141,35 @@ func TestSelectorAsPromQLMatchers(t *testing.T) {
 	gt, _ := labels.Parse("gpus>2")
 	if _, err := matchers(Query{Selector: gt}, ""); err == nil {
 		t.Error("gpus>2 turned into a matcher")
+	}
+}
+
+// TestAdapterMetricsDocumented: every metric the adapter exports is in
+// docs/metrics.md with its type, every documented one is exported, and
+// promtool finds nothing wrong.
+func TestAdapterMetricsDocumented(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	now := time.Now()
+	p := NewProvider(&fakeBackend{values: []Value{{Labels: map[string]string{"model": "H100"}, Value: 2, Time: now}}}, time.Minute, m, nil, quietLog())
+	if _, err := p.GetExternalMetric(context.Background(), "ml", labels.Everything(), provider.ExternalMetricInfo{Metric: PoolUnallocatedGPUs}); err != nil {
+		t.Fatal(err)
+	}
+	m.backendErrors.WithLabelValues("fake")
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented, err := metricstest.Section("../docs/metrics.md", "Adapter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, problem := range metricstest.Diff(families, documented) {
+		t.Error(problem)
+	}
+	if ok, err := metricstest.Promtool(families); !ok {
+		t.Fatal("promtool is not installed (make deps installs it)")
+	} else if err != nil {
+		t.Error(err)
 	}
 }
