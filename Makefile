@@ -26,14 +26,16 @@ demo: ## the whole pool on this machine for 60s (allocator, simulated GPU server
 simulate: ## replay the embedded OpenB trace against every placement policy
 	$(GO) run ./cmd/gpupool simulate
 
-# Debian packages the tests run for real: promtool checks the metrics,
-# etcd backs the replicated allocator and the Kubernetes control plane,
-# Prometheus and VictoriaMetrics answer the adapter's PromQL.
-DEBIAN_PACKAGES := prometheus etcd-server victoria-metrics
+# Debian packages the tests run for real: promtool checks the metrics and
+# the rules, etcd backs the replicated allocator and the Kubernetes control
+# plane, Prometheus and VictoriaMetrics answer the adapter's PromQL,
+# Alertmanager delivers the alerts.
+DEBIAN_PACKAGES := prometheus etcd-server victoria-metrics prometheus-alertmanager
 
 .PHONY: deps
-deps: ## install the Debian packages the tests use (prometheus, etcd-server, victoria-metrics) if missing
-	@command -v promtool >/dev/null && command -v etcd >/dev/null && command -v victoria-metrics >/dev/null || { \
+deps: ## install the Debian packages the tests use (prometheus, etcd-server, victoria-metrics, prometheus-alertmanager) if missing
+	@command -v promtool >/dev/null && command -v etcd >/dev/null && command -v victoria-metrics >/dev/null \
+		&& command -v prometheus-alertmanager >/dev/null || { \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES); }
 
 # Everything but the whole-binary tests, which `make e2e` runs.

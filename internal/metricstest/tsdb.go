@@ -18,9 +18,51 @@ import (
 // returns its base URL once it answers queries.
 func StartPrometheus(t testing.TB, interval time.Duration, targets ...string) string {
 	t.Helper()
+	return StartPrometheusWith(t, PrometheusConfig{Interval: interval}, targets...)
+}
+
+// PrometheusConfig is what StartPrometheusWith sets beyond the targets.
+type PrometheusConfig struct {
+	// Interval is the scrape and rule evaluation interval.
+	Interval time.Duration
+	// RuleFiles are evaluated; alerts go to Alertmanager (host:port).
+	RuleFiles    []string
+	Alertmanager string
+}
+
+// StartPrometheusWith is StartPrometheus with rules and an Alertmanager.
+func StartPrometheusWith(t testing.TB, c PrometheusConfig, targets ...string) string {
+	t.Helper()
+	cfg := scrapeConfig(t, c.Interval, targets, ", evaluation_interval: "+c.Interval.String())
+	if len(c.RuleFiles) > 0 || c.Alertmanager != "" {
+		extra := fmt.Sprintf("rule_files: [%s]\n", quoteAll(c.RuleFiles))
+		if c.Alertmanager != "" {
+			extra += fmt.Sprintf("alerting:\n  alertmanagers:\n  - static_configs:\n    - targets: [%q]\n", c.Alertmanager)
+		}
+		appendFile(t, cfg, extra)
+	}
 	addr := freeAddr(t)
-	return startTSDB(t, addr, "prometheus", "--config.file="+scrapeConfig(t, interval, targets),
+	return startTSDB(t, addr, "prometheus", "--config.file="+cfg,
 		"--storage.tsdb.path="+t.TempDir(), "--web.listen-address="+addr)
+}
+
+func quoteAll(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = fmt.Sprintf("%q", s)
+	}
+	return strings.Join(q, ", ")
+}
+
+func appendFile(t testing.TB, path, text string) {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	if _, err := f.WriteString(text); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // StartVictoriaMetrics is StartPrometheus with the Debian-packaged
@@ -28,7 +70,7 @@ func StartPrometheus(t testing.TB, interval time.Duration, targets ...string) st
 func StartVictoriaMetrics(t testing.TB, interval time.Duration, targets ...string) string {
 	t.Helper()
 	addr := freeAddr(t)
-	return startTSDB(t, addr, "victoria-metrics", "-promscrape.config="+scrapeConfig(t, interval, targets),
+	return startTSDB(t, addr, "victoria-metrics", "-promscrape.config="+scrapeConfig(t, interval, targets, ""),
 		"-storageDataPath="+t.TempDir(), "-httpListenAddr="+addr, "-search.latencyOffset=0s", "-search.disableCache")
 }
 
@@ -41,7 +83,9 @@ func freeAddr(t testing.TB) string {
 	return ln.Addr().String()
 }
 
-func scrapeConfig(t testing.TB, interval time.Duration, targets []string) string {
+// scrapeConfig writes a config scraping targets; globalExtra adds to its
+// global section (VictoriaMetrics rejects what it does not know).
+func scrapeConfig(t testing.TB, interval time.Duration, targets []string, globalExtra string) string {
 	hosts := make([]string, len(targets))
 	for i, tg := range targets {
 		u, err := url.Parse(tg)
@@ -50,8 +94,8 @@ func scrapeConfig(t testing.TB, interval time.Duration, targets []string) string
 		}
 		hosts[i] = fmt.Sprintf("%q", u.Host)
 	}
-	cfg := fmt.Sprintf("global: {scrape_interval: %s}\nscrape_configs:\n- job_name: gpupool\n  static_configs:\n  - targets: [%s]\n",
-		interval, strings.Join(hosts, ", "))
+	cfg := fmt.Sprintf("global: {scrape_interval: %[1]s%[3]s}\nscrape_configs:\n- job_name: gpupool\n  static_configs:\n  - targets: [%[2]s]\n",
+		interval, strings.Join(hosts, ", "), globalExtra)
 	path := filepath.Join(t.TempDir(), "scrape.yml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

@@ -124,7 +124,7 @@ func startHPARig(t testing.TB, o rigOptions) *hpaRig {
 	if o.backend == "prometheus" {
 		args = append(args, "--prometheus-url", metricstest.StartPrometheus(t, o.scrape, a.URL, "http://"+daemonAddr))
 	}
-	r.start(t, "gpupool-adapter", regexp.MustCompile(`Serving securely`), args...)
+	startBinary(t, r.logs, "gpupool-adapter", regexp.MustCompile(`Serving securely`), args...)
 	portNum, _ := strconv.Atoi(port)
 	if err := cp.RegisterAPIService(ctx, "external.metrics.k8s.io", "v1beta1", "gpupool", "gpupool-adapter", int32(portNum)); err != nil {
 		t.Fatal(err)
@@ -156,9 +156,9 @@ func tail(s string, lines int) string {
 	return s
 }
 
-// start runs one of gpupool's binaries until the test ends, its output in
-// the rig's logs, and waits until it logs ready.
-func (r *hpaRig) start(t testing.TB, name string, ready *regexp.Regexp, args ...string) *exec.Cmd {
+// startBinary runs one of gpupool's binaries until the test ends, its
+// output in logs, and waits until it logs a line matching ready.
+func startBinary(t testing.TB, logs *syncBuffer, name string, ready *regexp.Regexp, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(binDir, name), args...)
 	out, err := cmd.StderrPipe()
@@ -174,7 +174,7 @@ func (r *hpaRig) start(t testing.TB, name string, ready *regexp.Regexp, args ...
 		sc := bufio.NewScanner(out)
 		once := sync.Once{}
 		for sc.Scan() {
-			fmt.Fprintf(r.logs, "%s: %s\n", name, sc.Text())
+			fmt.Fprintf(logs, "%s: %s\n", name, sc.Text())
 			if ready.MatchString(sc.Text()) {
 				once.Do(func() { close(seen) })
 			}
@@ -185,13 +185,13 @@ func (r *hpaRig) start(t testing.TB, name string, ready *regexp.Regexp, args ...
 	select {
 	case <-seen:
 	case <-time.After(60 * time.Second):
-		t.Fatalf("%s did not start:\n%s", name, tail(r.logs.String(), 30))
+		t.Fatalf("%s did not start:\n%s", name, tail(logs.String(), 30))
 	}
 	return cmd
 }
 
 func (r *hpaRig) startServer(t testing.TB) {
-	cmd := r.start(t, "gpupool-server", regexp.MustCompile(`gpu server serving`), r.serverArg...)
+	cmd := startBinary(t, r.logs, "gpupool-server", regexp.MustCompile(`gpu server serving`), r.serverArg...)
 	r.serverMu.Lock()
 	r.server = cmd
 	r.serverMu.Unlock()
