@@ -90,6 +90,10 @@ verify: ## gofmt clean, go.mod tidy
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) mod tidy -diff
 
+.PHONY: verify-generated
+verify-generated: ## fail when the committed dashboards differ from what dashboards/gen writes
+	$(GO) run ./dashboards/gen -check
+
 .PHONY: clean
 clean: ## remove build outputs
 	rm -rf bin/

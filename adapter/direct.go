@@ -25,7 +25,7 @@ const newLeaseGrace = 30 * time.Second
 
 // Direct is the embedded backend: it reads the pool and the leases from
 // the allocator and each GPU server's latest round from its daemon
-// (GET /v1/usage), at most once per Refresh whatever the request rate.
+// (GET /v1/usage), at most once per refresh whatever the request rate.
 type Direct struct {
 	allocator *client.Client
 	http      *http.Client
@@ -33,8 +33,12 @@ type Direct struct {
 	clock     func() time.Time
 	log       *slog.Logger
 
-	mu   sync.Mutex // held while reading, so concurrent queries share one read
+	mu   sync.Mutex
 	view *poolView
+	// reading is closed when the read in flight ends (nil when none is);
+	// readErr is the last read's failure.
+	reading chan struct{}
+	readErr error
 }
 
 // poolView is one read of the pool.
@@ -47,6 +51,9 @@ type poolView struct {
 	usage map[string]*api.Usage
 }
 
+// readTimeout bounds one read of the pool, daemons included.
+const readTimeout = 5 * time.Second
+
 // NewDirect reads through c (whose token must see every namespace) and
 // refreshes its view of the pool at most every refresh.
 func NewDirect(c *client.Client, refresh time.Duration, log *slog.Logger) *Direct {
@@ -58,7 +65,7 @@ func (*Direct) Name() string { return "direct" }
 
 // Query implements Backend.
 func (d *Direct) Query(ctx context.Context, q Query) ([]Value, error) {
-	v, err := d.read(ctx)
+	v, err := d.current(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -75,13 +82,57 @@ func (d *Direct) Query(ctx context.Context, q Query) ([]Value, error) {
 	return nil, errUnknownMetric
 }
 
-func (d *Direct) read(ctx context.Context) (*poolView, error) {
+// current returns a view of the pool no older than refresh, reading a new
+// one when needed. While a read is in flight, queries are answered from the
+// previous view if it is younger than 4 refreshes, so that no query waits
+// on the allocator and the daemons in the steady state; the values keep
+// their own dates, which the freshness guard checks.
+func (d *Direct) current(ctx context.Context) (*poolView, error) {
+	d.mu.Lock()
+	now, v := d.clock(), d.view
+	if v != nil && now.Sub(v.at) < d.refresh {
+		d.mu.Unlock()
+		return v, nil
+	}
+	done := d.reading
+	if done == nil {
+		done = make(chan struct{})
+		d.reading = done
+		go d.read(done)
+	}
+	d.mu.Unlock()
+	if v != nil && now.Sub(v.at) < 4*d.refresh {
+		return v, nil
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	now := d.clock()
-	if d.view != nil && now.Sub(d.view.at) < d.refresh {
-		return d.view, nil
+	if d.readErr != nil {
+		return nil, d.readErr
 	}
+	return d.view, nil
+}
+
+// read reads the pool once and publishes the view, or the error.
+func (d *Direct) read(done chan struct{}) {
+	ctx, cancel := context.WithTimeout(context.Background(), readTimeout)
+	defer cancel()
+	v, err := d.readPool(ctx)
+	d.mu.Lock()
+	if err == nil {
+		d.view = v
+	}
+	d.readErr, d.reading = err, nil
+	d.mu.Unlock()
+	close(done)
+}
+
+func (d *Direct) readPool(ctx context.Context) (*poolView, error) {
+	at := d.clock()
 	pool, err := d.allocator.Pool(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading the pool from the allocator: %w", err)
@@ -90,7 +141,7 @@ func (d *Direct) read(ctx context.Context) (*poolView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing leases from the allocator: %w", err)
 	}
-	v := &poolView{at: now, pool: pool, leases: leases, usage: map[string]*api.Usage{}}
+	v := &poolView{at: at, pool: pool, leases: leases, usage: map[string]*api.Usage{}}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for _, s := range pool.Servers {
@@ -110,7 +161,6 @@ func (d *Direct) read(ctx context.Context) (*poolView, error) {
 		})
 	}
 	wg.Wait()
-	d.view = v
 	return v, nil
 }
 

@@ -197,7 +197,7 @@ func TestDirectBackendLeavesNewLeasesOut(t *testing.T) {
 		Owner: allocator.Owner{Pod: "tf-1", UID: "uid-tf-1", Labels: map[string]string{"app": "tf-training", "load": "2"}}}); err != nil {
 		t.Fatal(err)
 	}
-	v, err := d.read(context.Background())
+	v, err := d.current(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
