@@ -91,8 +91,9 @@ verify: ## gofmt clean, go.mod tidy
 	$(GO) mod tidy -diff
 
 .PHONY: verify-generated
-verify-generated: ## fail when the committed dashboards differ from what dashboards/gen writes
+verify-generated: ## fail when the committed dashboards or the PrometheusRule differ from what their generators write
 	$(GO) run ./dashboards/gen -check
+	$(GO) run ./deploy/gen -check
 
 .PHONY: clean
 clean: ## remove build outputs

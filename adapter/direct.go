@@ -98,7 +98,7 @@ func (d *Direct) current(ctx context.Context) (*poolView, error) {
 	if done == nil {
 		done = make(chan struct{})
 		d.reading = done
-		go d.read(done)
+		go d.read(done) //nolint:gosec // the read serves every waiting query, not this one: one caller leaving must not cancel it
 	}
 	d.mu.Unlock()
 	if v != nil && now.Sub(v.at) < 4*d.refresh {
