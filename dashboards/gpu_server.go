@@ -64,17 +64,15 @@ func gpuServer() Dashboard {
 				Description: "Round trips between clients (`gpupool run`) and the servers on the data path, " +
 					"as the servers measure them. Bitfusion asks for 50 us on RDMA.",
 				Targets: []Target{{
-					Expr:       `sum by (le) (rate(bitfusion_rdma_latency_seconds_bucket{<sel>, server=~"$server"}[$__rate_interval]))`,
-					Legend:     "{{le}}",
-					MayBeEmpty: needsRun,
+					Expr:   `sum by (le) (rate(bitfusion_rdma_latency_seconds_bucket{<sel>, server=~"$server"}[$__rate_interval]))`,
+					Legend: "{{le}}",
 				}},
 			}, {
 				Kind: Timeseries, Title: "p99 round trip by transport", Unit: "s",
 				Description: "The 99th percentile the autoscaling adapter serves as bitfusion_rdma_latency_seconds.",
 				Targets: []Target{{
-					Expr:       `histogram_quantile(0.99, sum by (le, transport) (rate(bitfusion_rdma_latency_seconds_bucket{<sel>, server=~"$server"}[$__rate_interval])))`,
-					Legend:     "{{transport}}",
-					MayBeEmpty: needsRun,
+					Expr:   `histogram_quantile(0.99, sum by (le, transport) (rate(bitfusion_rdma_latency_seconds_bucket{<sel>, server=~"$server"}[$__rate_interval])))`,
+					Legend: "{{transport}}",
 				}},
 			}, {
 				Kind: Timeseries, Title: "RDMA port traffic", Unit: "Bps",

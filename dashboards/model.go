@@ -134,7 +134,6 @@ type Target struct {
 // Reasons a query may return nothing against the demo.
 const (
 	needsRDMA = "needs RDMA hardware (/sys/class/infiniband)"
-	needsRun  = "needs `gpupool run` clients probing the data path; the demo's workload takes leases through the API only"
 	fromKSM   = "from kube-state-metrics, which the demo does not run"
 )
 

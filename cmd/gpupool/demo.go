@@ -213,6 +213,9 @@ func startDemo(ctx context.Context, seed uint64) (*demo, error) {
 		d.serveOn(ln, gpuserver.Handler(s.daemon, gpuserver.Registry(s.daemon)))
 		go s.sampler.Run(ctx)
 		go s.daemon.Run(ctx)
+		if err := d.probe(ctx, s.daemon); err != nil {
+			return nil, err
+		}
 		d.servers = append(d.servers, s)
 	}
 	if err := d.startAdapter(ctx, dir, reg); err != nil {
@@ -220,6 +223,20 @@ func startDemo(ctx context.Context, seed uint64) (*demo, error) {
 	}
 	go runWorkload(ctx, d.client, seed, log)
 	return d, nil
+}
+
+// probe has the server answer data-path probes on loopback and a client
+// node probe it, as `gpupool run` does, so the latency series have data.
+func (d *demo) probe(ctx context.Context, daemon *gpuserver.Daemon) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	go daemon.ServeProbes(ctx, ln, time.Second)
+	go func() {
+		_ = gpuserver.DialProbe(ctx, ln.Addr().String(), "demo-client-0", time.Second, func(time.Duration) {})
+	}()
+	return nil
 }
 
 // startAdapter serves the external metrics API on loopback with the
