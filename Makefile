@@ -48,8 +48,9 @@ test: deps verify ## vet; unit, scenario, property and integration tests (real e
 	$(GO) test -count=1 -race -short $(UNIT_PACKAGES)
 
 # The control plane the e2e tests start: kube-apiserver, kube-controller-manager
-# (tools/kube pins them) and kwok, built once into ~/.cache/gpupool.
-KUBE_BIN_DIR = $(shell test/e2e/kube/build.sh | tail -n 1)
+# (tools/kube pins them) and kwok, built once into ~/.cache/gpupool (or
+# $KUBE_BIN_DIR). Lower case, so that make does not export it to every recipe.
+kube_bin_dir = $(shell test/e2e/kube/build.sh | tail -n 1)
 
 .PHONY: kube
 kube: ## build the Kubernetes control plane for the e2e tests once (about 10 minutes cold)
@@ -57,13 +58,13 @@ kube: ## build the Kubernetes control plane for the e2e tests once (about 10 min
 
 .PHONY: e2e
 e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the daemon, the demo, the HPA on a real control plane
-	KUBE_BIN_DIR=$(KUBE_BIN_DIR) $(GO) test -count=1 ./test/e2e/...
+	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -count=1 ./test/e2e/...
 
 .PHONY: bench
 bench: deps build ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, daemon scrape and sampling cost, adapter latency, HPA reaction time
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./simulate
 	$(GO) test -run '^$$' -bench AcquireRelease -benchtime 4000x ./test/e2e
-	KUBE_BIN_DIR=$(KUBE_BIN_DIR) $(GO) test -run '^$$' -bench 'AdapterThroughAPIServer|HPAReaction' -benchtime 1x -timeout 30m ./test/e2e
+	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench 'AdapterThroughAPIServer|HPAReaction' -benchtime 1x -timeout 30m ./test/e2e
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./gpuserver
 	@echo "whole replay, all policies x seeds 42-51, default trace:"
 	bin/gpupool simulate --seeds 42-51 --policies all
