@@ -119,4 +119,3 @@ func run(t *testing.T, bin, urlLine string, args ...string) process {
 	}
 	return process{}
 }
-
