@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -60,5 +63,26 @@ func TestBadUsage(t *testing.T) {
 		if code != tc.code || !strings.Contains(stderr.String()+stdout.String(), tc.want) {
 			t.Errorf("gpupool %v: exit %d, output %q; want exit %d and %q", tc.args, code, stderr.String(), tc.code, tc.want)
 		}
+	}
+}
+
+func TestReadPodLabels(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "labels")
+	if err := os.WriteFile(path, []byte("app=\"tf-training\"\npod-template-hash=\"5d8f\"\nteam=\"a \\\"b\\\"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readPodLabels(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"app": "tf-training", "pod-template-hash": "5d8f", "team": `a "b"`}
+	if !maps.Equal(got, want) {
+		t.Errorf("labels = %v, want %v", got, want)
+	}
+	if err := os.WriteFile(path, []byte("app=tf-training\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readPodLabels(path); err == nil {
+		t.Error("an unquoted value was taken")
 	}
 }

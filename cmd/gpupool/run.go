@@ -49,6 +49,8 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	wait := fs.Duration("wait", 0, "queue up to this long for capacity or quota instead of failing")
 	namespace := fs.String("namespace", envOr("GPUPOOL_NAMESPACE", "default"), "namespace to charge (env GPUPOOL_NAMESPACE)")
 	pod := fs.String("pod", envOr("POD_NAME", ""), "pod that owns the lease, for attribution (env POD_NAME)")
+	podUID := fs.String("pod-uid", os.Getenv("POD_UID"), "UID of that pod: the daemon attributes the pod's GPU processes to the lease by it (env POD_UID, from the downward API's metadata.uid)")
+	labelsFile := fs.String("pod-labels-file", os.Getenv("POD_LABELS_FILE"), "the pod's labels as the downward API writes them (key=\"value\" lines); HPA selectors select leases by them (env POD_LABELS_FILE)")
 	pushURL := fs.String("metrics-push-url", os.Getenv("GPUPOOL_METRICS_PUSH_URL"), "push this client's metrics (its measured data-path round trips) here, e.g. VictoriaMetrics' /api/v1/import/prometheus (env GPUPOOL_METRICS_PUSH_URL)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Usage: gpupool run -n N (-p P | -m M) [flags] -- command [args...]
@@ -83,13 +85,21 @@ Flags:
 		fmt.Fprintf(stderr, "gpupool run: --ttl %s is below the minimum 3s\n", *ttl)
 		return exitUsage
 	}
+	var podLabels map[string]string
+	if *labelsFile != "" {
+		var err error
+		if podLabels, err = readPodLabels(*labelsFile); err != nil {
+			fmt.Fprintf(stderr, "gpupool run: --pod-labels-file: %v\n", err)
+			return exitUsage
+		}
+	}
 	cl, ok := cf.client(stderr)
 	if !ok {
 		return exitUsage
 	}
 	req := api.AcquireRequest{
 		Namespace: *namespace, GPUAmount: *amount, GPUPercent: *percent, GPUMemory: *memory,
-		TTL: ttl.String(), Owner: allocator.Owner{Pod: *pod},
+		TTL: ttl.String(), Owner: allocator.Owner{Pod: *pod, UID: *podUID, Labels: podLabels},
 	}
 	if *model != "" {
 		req.Models = strings.Split(*model, "|")
@@ -310,4 +320,26 @@ func exitStatus(err error) int {
 		return exit.ExitCode()
 	}
 	return 1
+}
+
+// readPodLabels reads labels in the downward API's format: one
+// key="value" per line, the value quoted as in Go.
+func readPodLabels(path string) (map[string]string, error) {
+	b, err := os.ReadFile(path) //nolint:gosec // the pod's own downward API file
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for i, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if line == "" {
+			continue
+		}
+		k, quoted, ok := strings.Cut(line, "=")
+		v, err := strconv.Unquote(quoted)
+		if !ok || err != nil || k == "" {
+			return nil, fmt.Errorf("%s:%d: %q is not key=\"value\"", path, i+1, line)
+		}
+		out[k] = v
+	}
+	return out, nil
 }
