@@ -98,8 +98,9 @@ Flags:
 		if err != nil {
 			return bad("--allocator: %v", err)
 		}
-		// The HPA asks again in 15 s: answer now, from the next replica or not at all.
-		c.Retries, c.Timeout = 2, 5*time.Second
+		// The HPA asks again in 15 s: answer now, from whichever replica
+		// leads (each is tried twice), or not at all.
+		c.Retries, c.Timeout = 2*len(strings.Split(*allocatorURL, ",")), 5*time.Second
 		be = adapter.NewDirect(c, *refresh, log)
 	case "prometheus":
 		p, err := adapter.NewPrometheus(*promURL, *promQueries)
