@@ -13,6 +13,7 @@ package adapter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
@@ -77,3 +78,13 @@ type Backend interface {
 
 // errUnknownMetric is a backend's answer for a metric it does not serve.
 var errUnknownMetric = errors.New("unknown metric")
+
+// SelectorError is a backend's answer for a selector it cannot express:
+// the caller's mistake, a 400.
+type SelectorError struct {
+	Selector, Key, Operator, Limit string
+}
+
+func (e *SelectorError) Error() string {
+	return fmt.Sprintf("labelSelector %q: %s %s %s", e.Selector, e.Key, e.Operator, e.Limit)
+}

@@ -47,8 +47,15 @@ type poolView struct {
 	pool   allocapi.PoolStatus
 	leases []allocator.Lease
 	// usage is each server's latest round; a server whose daemon did not
-	// answer is missing.
-	usage map[string]*api.Usage
+	// answer is missing. readings indexes their lease readings.
+	usage    map[string]*api.Usage
+	readings map[leaseGPU]*api.LeaseUsage
+}
+
+// leaseGPU names one lease's share of one GPU.
+type leaseGPU struct {
+	lease string
+	gpu   int
 }
 
 // readTimeout bounds one read of the pool, daemons included.
@@ -161,6 +168,13 @@ func (d *Direct) readPool(ctx context.Context) (*poolView, error) {
 		})
 	}
 	wg.Wait()
+	v.readings = map[leaseGPU]*api.LeaseUsage{}
+	for _, u := range v.usage {
+		for i := range u.Leases {
+			r := &u.Leases[i]
+			v.readings[leaseGPU{r.Lease, r.GPU}] = r
+		}
+	}
 	return v, nil
 }
 
@@ -208,7 +222,7 @@ func (v *poolView) leaseRatio(q Query, now time.Time) []Value {
 			return nil
 		}
 		for _, lg := range l.GPUs {
-			r := leaseUsage(u, l.ID, lg.Index)
+			r := v.readings[leaseGPU{l.ID, lg.Index}]
 			if r == nil {
 				if now.Sub(l.GrantedAt) < newLeaseGrace {
 					continue
@@ -313,14 +327,4 @@ func (v *poolView) pending(q Query) []Value {
 		}
 	}
 	return []Value{{Value: float64(n), Time: v.at}}
-}
-
-// leaseUsage finds a lease's reading on one GPU.
-func leaseUsage(u *api.Usage, id string, gpu int) *api.LeaseUsage {
-	for i := range u.Leases {
-		if u.Leases[i].Lease == id && u.Leases[i].GPU == gpu {
-			return &u.Leases[i]
-		}
-	}
-	return nil
 }

@@ -173,6 +173,7 @@ func TestDirectBackend(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	_ = gpuserver.DialProbe(ctx, p.probeAddr, "client-0", 10*time.Millisecond, func(time.Duration) {})
 	cancel()
+	p.sampler.Round(context.Background()) // the daemon reports as of its last round
 	v := query(t, d, RDMALatency, "app=tf-training")
 	if len(v) != 1 || v[0].Labels["transport"] != "" && v[0].Labels["transport"] != gpuserver.TransportTCP || v[0].Value <= 0 || v[0].Value > 0.08 {
 		t.Errorf("latency after probing = %+v, want one tcp p99 in (0, 80ms]", v)
@@ -193,16 +194,18 @@ func TestDirectBackendLeavesNewLeasesOut(t *testing.T) {
 	d := NewDirect(p.client, 0, quietLog())
 	// Leases granted straight at the allocator, unknown to the daemon's
 	// last round: the view is as if the daemon had not caught up.
-	if _, err := p.client.Acquire(context.Background(), allocapi.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: 50,
-		Owner: allocator.Owner{Pod: "tf-1", UID: "uid-tf-1", Labels: map[string]string{"app": "tf-training", "load": "2"}}}); err != nil {
+	unreported, err := p.client.Acquire(context.Background(), allocapi.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: 50,
+		Owner: allocator.Owner{Pod: "tf-1", UID: "uid-tf-1", Labels: map[string]string{"app": "tf-training", "load": "2"}}})
+	if err != nil {
 		t.Fatal(err)
 	}
 	v, err := d.current(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := v.usage["gpu-0"]
-	u.Leases = u.Leases[:1] // as reported before the second lease
+	for _, g := range unreported.GPUs { // as reported before the second lease
+		delete(v.readings, leaseGPU{unreported.ID, g.Index})
+	}
 	sel := labels.SelectorFromSet(labels.Set{"app": "tf-training"})
 	if got := v.leaseRatio(Query{Metric: GPUUtilization, Namespace: "ml", Selector: sel}, time.Now()); len(got) != 1 || !near(got[0].Value, 0.6) {
 		t.Errorf("with a new unreported lease = %+v, want 0.6 from the reported one", got)

@@ -36,7 +36,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bitfusion_adapter_requests_total",
-			Help: "External-metric requests answered, by metric and outcome (served, stale, no_data, unknown_metric, backend_error).",
+			Help: "External-metric requests answered, by metric and outcome (served, stale, no_data, unknown_metric, invalid_selector, backend_error).",
 		}, []string{"metric", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "bitfusion_adapter_request_duration_seconds",

@@ -19,6 +19,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/selection"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gpupool/gpupool/gpuserver/api"
 )
 
 //go:embed prometheus.yaml
@@ -158,7 +160,7 @@ func matchers(q Query, prefix string) (string, error) {
 	}
 	reqs, _ := q.Selector.Requirements()
 	for _, r := range reqs {
-		name := prefix + labelName(r.Key())
+		name := prefix + api.LabelName(r.Key())
 		values := r.ValuesUnsorted()
 		slices.Sort(values)
 		var m string
@@ -176,7 +178,8 @@ func matchers(q Query, prefix string) (string, error) {
 		case selection.DoesNotExist:
 			m = name + `=""`
 		default:
-			return "", fmt.Errorf("selector %q: operator %s has no PromQL matcher (use =, !=, in, notin, exists, !)", q.Selector, r.Operator())
+			return "", &SelectorError{Selector: q.Selector.String(), Key: r.Key(), Operator: string(r.Operator()),
+				Limit: "has no PromQL label matcher; the Prometheus backend takes =, !=, in, notin, exists and !"}
 		}
 		out = append(out, m)
 	}
@@ -189,15 +192,4 @@ func alternatives(values []string) string {
 		q[i] = regexp.QuoteMeta(v)
 	}
 	return strings.Join(q, "|")
-}
-
-// labelName makes a pod label key a Prometheus label name, as the daemon
-// does for its label_<name> labels.
-func labelName(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
-			return r
-		}
-		return '_'
-	}, s)
 }

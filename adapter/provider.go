@@ -46,6 +46,7 @@ const (
 	outcomeStale        = "stale"
 	outcomeNoData       = "no_data"
 	outcomeUnknown      = "unknown_metric"
+	outcomeInvalid      = "invalid_selector"
 	outcomeBackendError = "backend_error"
 )
 
@@ -62,12 +63,17 @@ func (p *Provider) GetExternalMetric(ctx context.Context, namespace string, sele
 	}
 	q := Query{Metric: name, Namespace: namespace, Selector: selector}
 	values, err := p.backend.Query(ctx, q)
-	if err != nil {
+	var invalid *SelectorError
+	switch {
+	case errors.As(err, &invalid):
+		p.metrics.request(start, name, outcomeInvalid)
+		return nil, apierrors.NewBadRequest(invalid.Error())
+	case errors.Is(err, errUnknownMetric): // the backend's queries leave it out
+		p.metrics.request(start, name, outcomeUnknown)
+		return nil, provider.NewMetricNotFoundError(externalGroup, name)
+	case err != nil:
 		p.metrics.request(start, name, outcomeBackendError)
 		p.metrics.backendErrors.WithLabelValues(p.backend.Name()).Inc()
-		if errors.Is(err, errUnknownMetric) {
-			return nil, provider.NewMetricNotFoundError(externalGroup, name)
-		}
 		p.log.Error("backend failed", "backend", p.backend.Name(), "metric", name, "namespace", namespace, "selector", selector.String(), "err", err)
 		return nil, apierrors.NewInternalError(fmt.Errorf("the %s backend failed for %s (the adapter's log says why)", p.backend.Name(), name))
 	}

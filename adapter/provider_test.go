@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -55,13 +56,20 @@ func TestProviderNeverServesMadeUpValues(t *testing.T) {
 		{"no data", MemoryPressure, fakeBackend{}, http.StatusNotFound, outcomeNoData, ""},
 		{"backend down", RDMALatency, fakeBackend{err: errors.New("connection refused")}, http.StatusInternalServerError, outcomeBackendError, ""},
 		{"unknown metric", "bitfusion_gpu_util", fakeBackend{}, http.StatusNotFound, outcomeUnknown, ""},
+		{"metric the backend leaves out", PendingRequests, fakeBackend{err: errUnknownMetric}, http.StatusNotFound, outcomeUnknown, ""},
+		{"selector the backend cannot express", GPUUtilization, fakeBackend{err: &SelectorError{Selector: "gpus>2", Key: "gpus", Operator: ">", Limit: "has no PromQL label matcher"}},
+			http.StatusBadRequest, outcomeInvalid, ""},
 		{"latency in seconds", RDMALatency, fakeBackend{values: []Value{{Value: 31.2e-6, Time: now}}}, 0, outcomeServed, "31200n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := NewMetrics(prometheus.NewRegistry())
 			p := NewProvider(&tc.backend, 30*time.Second, m, func() time.Time { return now }, quietLog())
 			list, err := p.GetExternalMetric(context.Background(), "ml", sel, provider.ExternalMetricInfo{Metric: tc.metric})
-			counted := testutil.ToFloat64(m.requests.WithLabelValues(map[bool]string{true: "", false: tc.metric}[tc.outcome == outcomeUnknown], tc.outcome))
+			countedAs := tc.metric
+			if !slices.Contains(MetricNames, tc.metric) {
+				countedAs = "" // names the adapter does not serve are not labels
+			}
+			counted := testutil.ToFloat64(m.requests.WithLabelValues(countedAs, tc.outcome))
 			if counted != 1 {
 				t.Errorf("requests_total{outcome=%q} = %v, want 1", tc.outcome, counted)
 			}

@@ -49,7 +49,7 @@ func autoscaling() Dashboard {
 				}},
 			}, {
 				Kind: Timeseries, Title: "Errors", Unit: "reqps", Width: 8,
-				Description: "Requests not served (stale, no_data, unknown_metric, backend_error) and failed backend queries; " +
+				Description: "Requests not served (stale, no_data, unknown_metric, invalid_selector, backend_error) and failed backend queries; " +
 					"the HPA holds its size meanwhile. The backend's cause is in the adapter's log.",
 				Targets: []Target{{
 					Expr:       `sum by (metric, outcome) (rate(bitfusion_adapter_requests_total{<sel>, outcome!="served"}[$__rate_interval]))`,

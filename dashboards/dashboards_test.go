@@ -136,17 +136,7 @@ func TestQueriesHaveDataInDemo(t *testing.T) {
 		}
 	}
 	// Rates need two scrapes; the workload places leases in its first seconds.
-	for deadline := time.Now().Add(60 * time.Second); len(pending) > 0 && time.Now().Before(deadline); time.Sleep(2 * time.Second) {
-		var still []query
-		for _, q := range pending {
-			if ok, err := hasData(prom, q); err != nil {
-				t.Fatalf("%s, %s: %v\n%s", q.dashboard, q.where, err, q.expr)
-			} else if !ok {
-				still = append(still, q)
-			}
-		}
-		pending = still
-	}
+	pending = awaitData(t, prom, pending, 60*time.Second, func() {})
 	for _, q := range pending {
 		t.Errorf("%s, %s: no data after 60 s against the demo:\n%s", q.dashboard, q.where, q.expr)
 	}
@@ -200,6 +190,25 @@ func startDemo(t *testing.T, bin string) []string {
 		t.Fatalf("demo printed %d /metrics URLs, want the allocator's and 3 servers':\n%s", len(urls), out.String())
 	}
 	return urls
+}
+
+// awaitData runs the queries every second, after poke, until each has
+// returned data or within has passed, and returns those that never did.
+func awaitData(t *testing.T, prom string, qs []query, within time.Duration, poke func()) []query {
+	t.Helper()
+	for deadline := time.Now().Add(within); len(qs) > 0 && time.Now().Before(deadline); time.Sleep(time.Second) {
+		poke()
+		var still []query
+		for _, q := range qs {
+			if ok, err := hasData(prom, q); err != nil {
+				t.Fatalf("%s, %s: %v\n%s", q.dashboard, q.where, err, q.expr)
+			} else if !ok {
+				still = append(still, q)
+			}
+		}
+		qs = still
+	}
+	return qs
 }
 
 // hasData runs q as an instant query: a variable's needs a series with

@@ -56,24 +56,14 @@ func TestFaultQueriesHaveDataDuringFault(t *testing.T) {
 	_ = allocator.cmd.Process.Kill()
 	insecure := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	ask := "https://127.0.0.1:" + securePort + "/apis/external.metrics.k8s.io/v1beta1/namespaces/ml/bitfusion_gpu_utilization?labelSelector=app%3Dtf-training"
-	pending := during
-	for deadline := time.Now().Add(60 * time.Second); len(pending) > 0 && time.Now().Before(deadline); time.Sleep(time.Second) {
+	pending := awaitData(t, prom, during, 60*time.Second, func() {
 		if resp, err := insecure.Get(ask); err == nil {
 			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				t.Fatal("the adapter served a value with its allocator gone")
 			}
 		}
-		var still []query
-		for _, q := range pending {
-			if ok, err := hasData(prom, q); err != nil {
-				t.Fatalf("%s, %s: %v\n%s", q.dashboard, q.where, err, q.expr)
-			} else if !ok {
-				still = append(still, q)
-			}
-		}
-		pending = still
-	}
+	})
 	for _, q := range pending {
 		t.Errorf("%s, %s: no data during the fault (%s):\n%s", q.dashboard, q.where, q.mayBeEmpty, q.expr)
 	}

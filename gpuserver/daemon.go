@@ -12,6 +12,7 @@ import (
 	"maps"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +21,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/collector"
+	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 )
 
 // Config configures a Daemon.
@@ -50,6 +52,8 @@ type Daemon struct {
 	cfg     Config
 	latency *prometheus.HistogramVec
 	window  *latencyWindow
+	// report is the usage report the last sampling round rendered.
+	report atomic.Pointer[gpuapi.Usage]
 
 	mu     sync.Mutex
 	leases []allocator.Lease

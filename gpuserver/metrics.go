@@ -3,13 +3,13 @@ package gpuserver
 import (
 	"math"
 	"strconv"
-	"strings"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/gpuserver/api"
 )
 
 // LeaseCollector exports what each lease on the host really uses, from the
@@ -32,7 +32,7 @@ type leaseDescs struct {
 func NewLeaseCollector(d *Daemon) *LeaseCollector {
 	labels := []string{"server", "gpu", "lease", "namespace", "pod"}
 	for _, l := range d.cfg.LabelAllowlist {
-		labels = append(labels, "label_"+sanitize(l))
+		labels = append(labels, "label_"+api.LabelName(l))
 	}
 	return &LeaseCollector{d: d, descs: leaseDescs{
 		util:         prometheus.NewDesc("bitfusion_lease_gpu_utilization", "SM use of the lease's processes on the GPU relative to the share granted (1 = all of its share).", labels, nil),
@@ -42,16 +42,6 @@ func NewLeaseCollector(d *Daemon) *LeaseCollector {
 		procs:        prometheus.NewDesc("bitfusion_lease_processes", "Processes attributed to the lease on the GPU.", labels, nil),
 		unattributed: prometheus.NewDesc("bitfusion_gpu_unattributed_processes", "Processes on the GPU that belong to no lease on this server.", []string{"server", "gpu"}, nil),
 	}}
-}
-
-// sanitize makes a pod label key a Prometheus label name.
-func sanitize(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
-			return r
-		}
-		return '_'
-	}, s)
 }
 
 // Describe implements prometheus.Collector.
@@ -150,15 +140,17 @@ func (c *LeaseCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // Render attributes the latest snapshots to the leases and builds the series.
-func (c *LeaseCollector) Render() {
+func (c *LeaseCollector) Render() { c.renderFrom(c.d.Usage()) }
+
+// renderFrom builds the series from an attribution (Daemon.Usage).
+func (c *LeaseCollector) renderFrom(use map[[2]string]*LeaseUse, unattributed map[int]int) {
 	var out []prometheus.Metric
-	c.render(func(m prometheus.Metric) { out = append(out, m) })
+	c.render(use, unattributed, func(m prometheus.Metric) { out = append(out, m) })
 	c.rendered.Store(&out)
 }
 
-func (c *LeaseCollector) render(emit func(prometheus.Metric)) {
+func (c *LeaseCollector) render(use map[[2]string]*LeaseUse, unattributed map[int]int, emit func(prometheus.Metric)) {
 	d := c.d
-	use, unattributed := d.Usage()
 	server := d.cfg.Inventory.Name
 	for gpu, n := range unattributed {
 		emit(prometheus.MustNewConstMetric(c.descs.unattributed, prometheus.GaugeValue, float64(n), server, strconv.Itoa(gpu)))
@@ -201,7 +193,16 @@ func Registry(d *Daemon) *prometheus.Registry {
 	gpus := &collector.GPUCollector{Server: d.cfg.Inventory.Name, Samplers: d.cfg.Samplers, Fabric: d.cfg.Fabric, Clock: d.cfg.Clock}
 	leases := NewLeaseCollector(d)
 	for _, s := range d.cfg.Samplers {
-		s.AfterRound = func() { gpus.Render(); leases.Render(); d.window.mark(d.now()) }
+		// Each round attributes once; the series and the usage report
+		// (GET /v1/usage) are built from it, and requests only copy them.
+		s.AfterRound = func() {
+			gpus.Render()
+			use, unattributed := d.Usage()
+			leases.renderFrom(use, unattributed)
+			d.window.mark(d.now())
+			rep := d.usageReport(use, unattributed)
+			d.report.Store(&rep)
+		}
 	}
 	if d.cfg.Fabric != nil {
 		d.cfg.Fabric.AfterRound = gpus.Render

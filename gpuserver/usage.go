@@ -22,8 +22,17 @@ const (
 )
 
 // UsageReport is the latest sampling rounds per GPU and per lease (GET
-// /v1/usage), what the adapter's direct backend serves to the HPA.
+// /v1/usage), what the adapter's direct backend serves to the HPA, as the
+// last round rendered it.
 func (d *Daemon) UsageReport() api.Usage {
+	if rep := d.report.Load(); rep != nil {
+		return *rep
+	}
+	return d.usageReport(d.Usage())
+}
+
+// usageReport builds the report from the samplers and an attribution.
+func (d *Daemon) usageReport(use map[[2]string]*LeaseUse, unattributed map[int]int) api.Usage {
 	rep := api.Usage{Server: d.cfg.Inventory.Name, GPUs: []api.GPUUsage{}, Leases: []api.LeaseUsage{}}
 	for i, s := range d.cfg.Samplers {
 		snap := s.Latest()
@@ -43,7 +52,6 @@ func (d *Daemon) UsageReport() api.Usage {
 			rep.GPUs = append(rep.GPUs, u)
 		}
 	}
-	use, unattributed := d.Usage()
 	for _, l := range d.Leases() {
 		for _, lg := range l.GPUs {
 			if _, known := unattributed[lg.Index]; !known {

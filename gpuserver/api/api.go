@@ -6,11 +6,27 @@
 //	POST /v1/processes  a process started under a lease, from this host only
 package api
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // LabelDaemonURL is the server label (set at registration) that tells
 // clients where the server's daemon answers this API.
 const LabelDaemonURL = "gpupool.io/daemon-url"
+
+// LabelName makes a pod label key a Prometheus label name (anything but
+// letters and digits becomes _); the daemon's per-lease series carry the
+// allowlisted pod labels as label_<LabelName(key)>, as kube-state-metrics
+// names them, and PromQL written from a label selector must match that.
+func LabelName(key string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '_'
+	}, key)
+}
 
 // Usage is what a GPU server's leases and GPUs use, as of its latest
 // sampling round.
