@@ -1,5 +1,12 @@
 package allocator
 
+import (
+	"fmt"
+	"strconv"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
 // MilliPerGPU is one whole GPU in the pool's share unit.
 const MilliPerGPU = 1000
 
@@ -23,4 +30,38 @@ type GPU struct {
 	// Healthy is false when the daemon reports the device broken or gone;
 	// an unhealthy GPU keeps its leases but takes no new ones.
 	Healthy bool `json:"healthy"`
+}
+
+// validate checks a server as it registers: a Kubernetes object name (the
+// GPU servers are the cluster's nodes), label keys, and capacities within
+// the limits the pool's arithmetic holds.
+func (s *Server) validate() error {
+	if errs := validation.IsDNS1123Subdomain(s.Name); len(errs) > 0 {
+		return &FieldError{"server.name", shorten(s.Name), "is not a node name: " + errs[0]}
+	}
+	if err := validateLabels("server.labels", s.Labels, false); err != nil {
+		return err
+	}
+	switch {
+	case s.CPUMilli < 0 || s.CPUMilli > MaxCPUMilli:
+		return &FieldError{"server.cpuMilli", strconv.FormatInt(s.CPUMilli, 10), fmt.Sprintf("out of range 0..%d", int64(MaxCPUMilli))}
+	case s.MemoryBytes < 0 || s.MemoryBytes > MaxMemoryBytes:
+		return &FieldError{"server.memoryBytes", strconv.FormatInt(s.MemoryBytes, 10), fmt.Sprintf("out of range 0..%d (1Ei)", int64(MaxMemoryBytes))}
+	case len(s.GPUs) > maxGPUsPerServer:
+		return &FieldError{"server.gpus", strconv.Itoa(len(s.GPUs)) + " GPUs", fmt.Sprintf("out of range 0..%d per server", maxGPUsPerServer)}
+	}
+	for i, g := range s.GPUs {
+		field := "server.gpus[" + strconv.Itoa(i) + "]"
+		switch {
+		case g.Index != i:
+			return &FieldError{field + ".index", strconv.Itoa(g.Index), "must equal its position " + strconv.Itoa(i)}
+		case g.Model == "" || len(g.Model) > maxNameLen:
+			return &FieldError{field + ".model", shorten(g.Model), fmt.Sprintf("must be 1..%d characters", maxNameLen)}
+		case len(g.UUID) > maxNameLen:
+			return &FieldError{field + ".uuid", shorten(g.UUID), fmt.Sprintf("longer than %d characters", maxNameLen)}
+		case g.MemoryBytes < 0 || g.MemoryBytes > MaxGPUMemoryBytes:
+			return &FieldError{field + ".memoryBytes", strconv.FormatInt(g.MemoryBytes, 10), fmt.Sprintf("out of range 0..%d (1Pi)", int64(MaxGPUMemoryBytes))}
+		}
+	}
+	return nil
 }

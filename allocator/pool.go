@@ -58,16 +58,8 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 // capacity and the health of its GPUs. A server's GPUs (count, UUIDs,
 // models, memory) can change only while it holds no leases.
 func (p *Pool) RegisterServer(s Server) error {
-	if s.Name == "" {
-		return &FieldError{"server.name", "", "must not be empty"}
-	}
-	for i, g := range s.GPUs {
-		if g.Index != i {
-			return &FieldError{"server.gpus[" + strconv.Itoa(i) + "].index", strconv.Itoa(g.Index), "must equal its position " + strconv.Itoa(i)}
-		}
-		if g.Model == "" {
-			return &FieldError{"server.gpus[" + strconv.Itoa(i) + "].model", "", "must not be empty"}
-		}
+	if err := s.validate(); err != nil {
+		return err
 	}
 	s = cloneServer(&s)
 	i, known := p.nodeIndex[s.Name]
@@ -258,8 +250,8 @@ func (p *Pool) Renew(now time.Time, id string, ttl time.Duration) (Lease, error)
 	if err != nil {
 		return Lease{}, err
 	}
-	if ttl < 0 || ttl > p.cfg.MaxTTL {
-		return Lease{}, &FieldError{"ttl", ttl.String(), "out of range 0.." + p.cfg.MaxTTL.String()}
+	if ttl != 0 && ttl < MinTTL || ttl < 0 || ttl > p.cfg.MaxTTL {
+		return Lease{}, &FieldError{"ttl", ttl.String(), "out of range " + MinTTL.String() + ".." + p.cfg.MaxTTL.String() + " (0 renews by the lease's own)"}
 	}
 	if ttl == 0 {
 		ttl = l.TTL

@@ -2,10 +2,13 @@ package allocator
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Request asks the pool for GPUs in the Bitfusion vocabulary. It is the
@@ -13,7 +16,6 @@ import (
 type Request struct {
 	Namespace string `json:"namespace"`
 	// GPUs is bitfusion.io/gpu-amount: how many GPUs, all on one server.
-	// Zero asks for CPU and memory only.
 	GPUs int `json:"gpuAmount"`
 	// Percent is bitfusion.io/gpu-percent, the share of each GPU (1..100).
 	// GPUMemoryBytes is bitfusion.io/gpu-memory, converted to the share of
@@ -42,6 +44,21 @@ type Owner struct {
 	Labels map[string]string `json:"labels,omitempty"`
 }
 
+// Limits on what one request or one server may state. They keep every
+// product of shares and bytes the pool computes inside int64 (a GPU's
+// memory times MilliPerGPU), and they are far above any real machine.
+const (
+	// MaxGPUMemoryBytes bounds one GPU's memory and a gpu-memory request.
+	MaxGPUMemoryBytes = 1 << 50 // 1Pi
+	// MaxCPUMilli and MaxMemoryBytes bound a request's or a server's host
+	// CPU and memory.
+	MaxCPUMilli    = 1_000_000 * 1000 // one million cores
+	MaxMemoryBytes = 1 << 60          // 1Ei
+	// MinTTL is the shortest lease lifetime: a holder renews every third
+	// of it, so anything shorter expires before its first renewal.
+	MinTTL = time.Second
+)
+
 // Validate checks each field against its limits and returns a *FieldError
 // for the first one out of bounds.
 func (r *Request) Validate() error {
@@ -49,26 +66,22 @@ func (r *Request) Validate() error {
 		return err
 	}
 	switch {
-	case r.GPUs < 0:
-		return &FieldError{"gpu-amount", strconv.Itoa(r.GPUs), "must be at least 0"}
+	case r.GPUs < 1 || r.GPUs > maxGPUsPerServer:
+		// A lease is a share of GPUs; CPU and memory ride along with it,
+		// so a lease of none would hold host resources outside any quota.
+		return &FieldError{"gpu-amount", strconv.Itoa(r.GPUs), fmt.Sprintf("out of range 1..%d (GPUs of one server)", maxGPUsPerServer)}
 	case r.Percent < 0 || r.Percent > 100:
 		return &FieldError{"gpu-percent", strconv.Itoa(r.Percent), "out of range 1..100"}
-	case r.GPUMemoryBytes < 0:
-		return &FieldError{"gpu-memory", formatBytes(r.GPUMemoryBytes), "must be positive"}
+	case r.GPUMemoryBytes < 0 || r.GPUMemoryBytes > MaxGPUMemoryBytes:
+		return &FieldError{"gpu-memory", formatBytes(r.GPUMemoryBytes), "out of range 1..1Pi"}
 	case r.Percent > 0 && r.GPUMemoryBytes > 0:
 		return &FieldError{"gpu-memory", formatBytes(r.GPUMemoryBytes), "cannot be combined with gpu-percent"}
-	case r.GPUs == 0 && r.Percent > 0:
-		return &FieldError{"gpu-percent", strconv.Itoa(r.Percent), "needs gpu-amount of at least 1"}
-	case r.GPUs == 0 && r.GPUMemoryBytes > 0:
-		return &FieldError{"gpu-memory", formatBytes(r.GPUMemoryBytes), "needs gpu-amount of at least 1"}
-	case r.CPUMilli < 0:
-		return &FieldError{"cpu", strconv.FormatInt(r.CPUMilli, 10) + "m", "must be at least 0"}
-	case r.MemoryBytes < 0:
-		return &FieldError{"memory", formatBytes(r.MemoryBytes), "must be at least 0"}
-	case r.TTL < 0:
-		return &FieldError{"ttl", r.TTL.String(), "must be at least 0"}
-	case r.GPUs == 0 && r.CPUMilli == 0 && r.MemoryBytes == 0:
-		return &FieldError{"gpu-amount", "0", "asks for nothing: set gpu-amount, cpu or memory"}
+	case r.CPUMilli < 0 || r.CPUMilli > MaxCPUMilli:
+		return &FieldError{"cpu", strconv.FormatInt(r.CPUMilli, 10) + "m", "out of range 0..1M (cores)"}
+	case r.MemoryBytes < 0 || r.MemoryBytes > MaxMemoryBytes:
+		return &FieldError{"memory", formatBytes(r.MemoryBytes), "out of range 0..1Ei"}
+	case r.TTL != 0 && r.TTL < MinTTL:
+		return &FieldError{"ttl", r.TTL.String(), "is shorter than " + MinTTL.String() + " (0 takes the pool's default)"}
 	}
 	if len(r.Models) > maxModels {
 		return &FieldError{"models", strconv.Itoa(len(r.Models)) + " models", fmt.Sprintf("more than %d", maxModels)}
@@ -81,14 +94,12 @@ func (r *Request) Validate() error {
 	return r.Owner.validate()
 }
 
-// Owner limits follow Kubernetes': names of at most 253 characters, label
-// keys of at most 317 (prefix/name), values of at most 63, and a bound on
-// the number of labels so a lease stays small in every store.
+// maxNameLen bounds names and UIDs as Kubernetes bounds object names;
+// maxOwnerLabels bounds the labels a lease carries so it stays small in
+// every store.
 const (
-	maxNameLen       = 253
-	maxLabelKeyLen   = 317
-	maxLabelValueLen = 63
-	maxOwnerLabels   = 64
+	maxNameLen     = 253
+	maxOwnerLabels = 64
 )
 
 func (o *Owner) validate() error {
@@ -100,16 +111,33 @@ func (o *Owner) validate() error {
 	case len(o.Labels) > maxOwnerLabels:
 		return &FieldError{"owner.labels", strconv.Itoa(len(o.Labels)) + " labels", fmt.Sprintf("more than %d", maxOwnerLabels)}
 	}
-	for k, v := range o.Labels {
-		if k == "" || len(k) > maxLabelKeyLen {
-			return &FieldError{"owner.labels", shorten(k), fmt.Sprintf("key must be 1..%d characters", maxLabelKeyLen)}
+	return validateLabels("owner.labels", o.Labels, true)
+}
+
+// validateLabels checks label keys as Kubernetes does (an optional DNS
+// prefix and a name); values too when they are label values (a server's
+// labels may carry URLs and addresses, so theirs are only bounded).
+func validateLabels(field string, labels map[string]string, labelValues bool) error {
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return &FieldError{field, shorten(k), "is not a label key: " + errs[0]}
 		}
-		if len(v) > maxLabelValueLen {
-			return &FieldError{"owner.labels." + shorten(k), shorten(v), fmt.Sprintf("value longer than %d characters", maxLabelValueLen)}
+		v := labels[k]
+		if !labelValues {
+			if len(v) > maxAnnotationLen {
+				return &FieldError{field + "." + shorten(k), shorten(v), fmt.Sprintf("longer than %d characters", maxAnnotationLen)}
+			}
+			continue
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			return &FieldError{field + "." + shorten(k), shorten(v), "is not a label value: " + errs[0]}
 		}
 	}
 	return nil
 }
+
+// maxAnnotationLen bounds a server label's value.
+const maxAnnotationLen = 1024
 
 // shorten keeps error messages readable when a value is huge.
 func shorten(s string) string {
@@ -121,16 +149,8 @@ func shorten(s string) string {
 
 // validateNamespace accepts Kubernetes namespace names (DNS-1123 labels).
 func validateNamespace(ns string) error {
-	const maxLen = 63
-	if ns == "" || len(ns) > maxLen {
-		return &FieldError{"namespace", ns, "must be 1..63 characters"}
-	}
-	for i := 0; i < len(ns); i++ {
-		c := ns[i]
-		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
-		if !alnum && (c != '-' || i == 0 || i == len(ns)-1) {
-			return &FieldError{"namespace", ns, "must be a DNS-1123 label (lower-case letters, digits and inner '-')"}
-		}
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		return &FieldError{"namespace", shorten(ns), "is not a namespace name: " + errs[0]}
 	}
 	return nil
 }
@@ -138,15 +158,28 @@ func validateNamespace(ns string) error {
 // ParseGPUMemory reads a bitfusion.io/gpu-memory value, a Kubernetes
 // quantity such as "8000M" or "16Gi", into bytes.
 func ParseGPUMemory(s string) (int64, error) {
+	return ParseQuantity("gpu-memory", s, 1, MaxGPUMemoryBytes, false)
+}
+
+// ParseQuantity reads a Kubernetes quantity (of thousandths when milli,
+// as CPU is counted) within min..max, checked before any conversion so
+// that a huge value is refused rather than wrapped.
+func ParseQuantity(field, s string, min, max int64, milli bool) (int64, error) {
 	q, err := resource.ParseQuantity(s)
 	if err != nil {
-		return 0, &FieldError{"gpu-memory", s, "is not a quantity (want e.g. 8000M or 16Gi)"}
+		return 0, &FieldError{field, shorten(s), "is not a quantity (e.g. 500m, 2, 8000M or 16Gi)"}
 	}
-	b, ok := q.AsInt64()
-	if !ok || b <= 0 {
-		return 0, &FieldError{"gpu-memory", s, "must be a positive whole number of bytes below 2^63"}
+	lo, hi := resource.NewQuantity(min, resource.BinarySI), resource.NewQuantity(max, resource.BinarySI)
+	if milli {
+		lo, hi = resource.NewMilliQuantity(min, resource.DecimalSI), resource.NewMilliQuantity(max, resource.DecimalSI)
 	}
-	return b, nil
+	if q.Cmp(*lo) < 0 || q.Cmp(*hi) > 0 {
+		return 0, &FieldError{field, s, "out of range " + lo.String() + ".." + hi.String()}
+	}
+	if milli {
+		return q.MilliValue(), nil
+	}
+	return q.Value(), nil
 }
 
 // formatBytes prints a byte count as a Kubernetes quantity when that is

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/datadriven"
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // TestScenarios replays the scenario files in testdata/: each command
@@ -61,11 +62,12 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 	}
 	bytes := func(key string) int64 {
 		if v := arg(key, ""); v != "" {
-			b, err := ParseGPUMemory(v)
+			// Unbounded, so that scenarios can state what the pool refuses.
+			q, err := resource.ParseQuantity(v)
 			if err != nil {
-				d.Fatalf(t, "%v", err)
+				d.Fatalf(t, "%s: %v", key, err)
 			}
-			return b
+			return q.Value()
 		}
 		return 0
 	}

@@ -19,10 +19,10 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
 	"strconv"
 	"time"
-
-	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/gpupool/gpupool/allocator"
 )
@@ -46,6 +46,30 @@ type AcquireRequest struct {
 	// there is no capacity or quota, instead of failing at once.
 	TTL  string `json:"ttl,omitempty"`
 	Wait string `json:"wait,omitempty"`
+
+	// percentGiven tells an explicit "gpuPercent": 0, which is out of
+	// range, from no gpuPercent at all, which asks for whole GPUs.
+	percentGiven bool
+}
+
+// UnmarshalJSON decodes the request, refusing unknown fields, and notes
+// whether gpuPercent was sent.
+func (a *AcquireRequest) UnmarshalJSON(data []byte) error {
+	type plain AcquireRequest // without this method
+	var fields struct {
+		plain
+		GPUPercent *int `json:"gpuPercent,omitempty"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&fields); err != nil {
+		return err
+	}
+	*a = AcquireRequest(fields.plain)
+	if fields.GPUPercent != nil {
+		a.GPUPercent, a.percentGiven = *fields.GPUPercent, true
+	}
+	return nil
 }
 
 // MaxWait bounds how long one request may queue.
@@ -64,10 +88,13 @@ func (a *AcquireRequest) Parse() (allocator.Request, time.Duration, error) {
 			return r, 0, err
 		}
 	}
-	if r.CPUMilli, err = quantity("cpu", a.CPU, true); err != nil {
+	if a.percentGiven && a.GPUPercent == 0 {
+		return r, 0, &allocator.FieldError{Field: "gpu-percent", Value: "0", Limit: "out of range 1..100 (leave it out for whole GPUs)"}
+	}
+	if r.CPUMilli, err = quantity("cpu", a.CPU, allocator.MaxCPUMilli, true); err != nil {
 		return r, 0, err
 	}
-	if r.MemoryBytes, err = quantity("memory", a.Memory, false); err != nil {
+	if r.MemoryBytes, err = quantity("memory", a.Memory, allocator.MaxMemoryBytes, false); err != nil {
 		return r, 0, err
 	}
 	if r.TTL, err = Duration("ttl", a.TTL, 0); err != nil {
@@ -83,20 +110,13 @@ func (a *AcquireRequest) Parse() (allocator.Request, time.Duration, error) {
 	return r, wait, r.Validate()
 }
 
-// quantity parses a Kubernetes quantity; milli returns thousandths (CPU).
-func quantity(field, s string, milli bool) (int64, error) {
+// quantity parses an optional Kubernetes quantity within 0..max; milli
+// returns thousandths (CPU).
+func quantity(field, s string, max int64, milli bool) (int64, error) {
 	if s == "" {
 		return 0, nil
 	}
-	q, err := resource.ParseQuantity(s)
-	if err != nil || q.Sign() < 0 {
-		return 0, &allocator.FieldError{Field: field, Value: s, Limit: "is not a non-negative quantity (e.g. 500m, 2, 4Gi)"}
-	}
-	v := q.Value()
-	if milli {
-		v = q.MilliValue()
-	}
-	return v, nil
+	return allocator.ParseQuantity(field, s, 0, max, milli)
 }
 
 // Duration parses a Go duration such as "30s" within 0..limit (no limit
@@ -194,16 +214,17 @@ type Error struct {
 
 // Reasons in Error bodies.
 const (
-	ReasonInvalid         = "Invalid"
-	ReasonUnauthorized    = "Unauthorized"
-	ReasonForbidden       = "Forbidden"
-	ReasonQuotaExceeded   = "QuotaExceeded"
-	ReasonNotFound        = "NotFound"
-	ReasonNoCapacity      = "NoCapacity"
-	ReasonConflict        = "Conflict"
-	ReasonUnavailable     = "Unavailable"
-	ReasonInternal        = "Internal"
-	ReasonRequestTooLarge = "RequestTooLarge"
+	ReasonInvalid          = "Invalid"
+	ReasonUnauthorized     = "Unauthorized"
+	ReasonForbidden        = "Forbidden"
+	ReasonQuotaExceeded    = "QuotaExceeded"
+	ReasonNotFound         = "NotFound"
+	ReasonNoCapacity       = "NoCapacity"
+	ReasonConflict         = "Conflict"
+	ReasonUnavailable      = "Unavailable"
+	ReasonInternal         = "Internal"
+	ReasonRequestTooLarge  = "RequestTooLarge"
+	ReasonMethodNotAllowed = "MethodNotAllowed"
 )
 
 func (e *Error) Error() string { return e.Message }

@@ -18,6 +18,11 @@ func FuzzAcquireRequest(f *testing.F) {
 		`{"namespace":"ml","gpuAmount":2,"gpuMemory":"16Gi","cpu":"500m","memory":"4Gi","ttl":"30s","wait":"1m"}`,
 		`{"namespace":"ml","gpuAmount":1,"gpuMemory":"8000M","models":["A100","H100"],"idempotencyKey":"k"}`,
 		`{"namespace":"Bad_NS","gpuAmount":-1,"gpuPercent":101,"gpuMemory":"1e400","ttl":"-1s"}`,
+		`{"namespace":"ml","gpuAmount":1,"gpuPercent":0}`,
+		`{"namespace":"ml","gpuAmount":1,"cpu":"1e30","memory":"1e19"}`,
+		`{"namespace":"ml","gpuAmount":1,"gpuMemory":"8e18","ttl":"1ns"}`,
+		`{"namespace":"ml","gpuAmount":0,"cpu":"1"}`,
+		`{"namespace":"ml","gpuAmount":1,"owner":{"labels":{"a b":"c/d"}}}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -34,8 +39,10 @@ func FuzzAcquireRequest(f *testing.F) {
 			}
 			return
 		}
-		if r.Validate() != nil || wait < 0 || wait > MaxWait || r.Percent < 0 || r.Percent > 100 || r.GPUs < 0 ||
-			r.GPUMemoryBytes < 0 || r.CPUMilli < 0 || r.MemoryBytes < 0 || r.TTL < 0 {
+		if r.Validate() != nil || wait < 0 || wait > MaxWait || r.Percent < 0 || r.Percent > 100 || r.GPUs < 1 ||
+			r.GPUMemoryBytes < 0 || r.GPUMemoryBytes > allocator.MaxGPUMemoryBytes || r.CPUMilli < 0 || r.CPUMilli > allocator.MaxCPUMilli ||
+			r.MemoryBytes < 0 || r.MemoryBytes > allocator.MaxMemoryBytes || r.TTL < 0 || r.TTL > 0 && r.TTL < allocator.MinTTL ||
+			in.percentGiven && r.Percent == 0 {
 			t.Fatalf("accepted out-of-range request %+v (wait %s)", r, wait)
 		}
 	})
@@ -43,15 +50,15 @@ func FuzzAcquireRequest(f *testing.F) {
 
 // FuzzParseGPUMemory: any string gives positive bytes or a FieldError.
 func FuzzParseGPUMemory(f *testing.F) {
-	for _, s := range []string{"8000M", "16Gi", "0", "-1Gi", "1e3", "9223372036854775807", "99999999999999999999Ei", "1.5Gi", ""} {
+	for _, s := range []string{"8000M", "16Gi", "0", "-1Gi", "1e3", "9223372036854775807", "99999999999999999999Ei", "1.5Gi", "", "1Ei", "8e18", "1Pi", "1025Ti"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		b, err := allocator.ParseGPUMemory(s)
 		var field *allocator.FieldError
 		switch {
-		case err == nil && b <= 0:
-			t.Fatalf("ParseGPUMemory(%q) = %d, want a positive size", s, b)
+		case err == nil && (b <= 0 || b > allocator.MaxGPUMemoryBytes):
+			t.Fatalf("ParseGPUMemory(%q) = %d, want a size in 1..1Pi", s, b)
 		case err != nil && (!errors.As(err, &field) || field.Field != "gpu-memory"):
 			t.Fatalf("ParseGPUMemory(%q): %v is not a gpu-memory FieldError", s, err)
 		}

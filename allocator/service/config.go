@@ -3,12 +3,15 @@ package service
 import (
 	"crypto/subtle"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 
 	"sigs.k8s.io/yaml"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/gpupool/gpupool/allocator"
 )
@@ -21,15 +24,28 @@ const QuotaResource = "requests.bitfusion.io/gpu"
 // shape of a ResourceQuota's hard limits, and bearer tokens.
 //
 //	admin:   {tokens: [...]}          # every namespace, every operation
-//	servers: {tokens: [...]}          # GPU-server daemons: register, heartbeat
+//	servers:
+//	  tokens: [...]                   # GPU-server daemons, as any server
+//	  perServer: {gpu-0: [...]}       # as gpu-0 only
 //	namespaces:
 //	  team-a:
 //	    hard: {requests.bitfusion.io/gpu: 200}
 //	    tokens: [...]                 # leases in team-a only
 type FileConfig struct {
 	Admin      TokenSet                   `json:"admin"`
-	Servers    TokenSet                   `json:"servers"`
+	Servers    ServersConfig              `json:"servers"`
 	Namespaces map[string]NamespaceConfig `json:"namespaces"`
+}
+
+// ServersConfig holds the GPU-server daemons' tokens. A token of Tokens
+// may speak for any server: one Secret shared by a DaemonSet is that, and
+// it trusts every daemon holding it as every server (as kubelets were
+// trusted before NodeRestriction). A token of PerServer speaks for its
+// server only: it registers, heart-beats and reads the leases of that
+// server and no other.
+type ServersConfig struct {
+	Tokens    []string            `json:"tokens"`
+	PerServer map[string][]string `json:"perServer"`
 }
 
 // TokenSet lists bearer tokens.
@@ -80,6 +96,14 @@ func (c *FileConfig) validate() error {
 	if err := check("servers", c.Servers.Tokens); err != nil {
 		return err
 	}
+	for _, name := range slices.Sorted(maps.Keys(c.Servers.PerServer)) {
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			return &allocator.FieldError{Field: "servers.perServer", Value: name, Limit: "is not a node name: " + errs[0]}
+		}
+		if err := check("servers.perServer."+name, c.Servers.PerServer[name]); err != nil {
+			return err
+		}
+	}
 	for ns, nc := range c.Namespaces {
 		if err := check("namespaces."+ns, nc.Tokens); err != nil {
 			return err
@@ -111,13 +135,28 @@ func (c *FileConfig) Quotas() map[string]int64 {
 
 // Principal is who a request acts as.
 type Principal struct {
-	Admin     bool
-	Server    bool
-	Namespace string // for namespace tokens
+	Admin bool
+	// Server is set for GPU-server daemons; ServerName binds one to a
+	// single server ("" speaks for any).
+	Server     bool
+	ServerName string
+	Namespace  string // for namespace tokens
 }
 
 // mayUse reports whether p may act on leases of namespace ns.
 func (p Principal) mayUse(ns string) bool { return p.Admin || p.Namespace != "" && p.Namespace == ns }
+
+// mayServe reports whether p may speak for the GPU server named server:
+// register it, heart-beat and read the leases placed on it.
+func (p Principal) mayServe(server string) bool {
+	return p.Admin || p.Server && (p.ServerName == "" || p.ServerName == server)
+}
+
+// mayRead reports whether p may see a lease: its namespace's tokens, and
+// the daemon of the server it is placed on.
+func (p Principal) mayRead(l *allocator.Lease) bool {
+	return p.mayUse(l.Namespace) || p.mayServe(l.Server)
+}
 
 // Authenticator maps bearer tokens to principals.
 type Authenticator struct {
@@ -139,6 +178,9 @@ func NewAuthenticator(c *FileConfig) *Authenticator {
 	}
 	add(c.Admin.Tokens, Principal{Admin: true})
 	add(c.Servers.Tokens, Principal{Server: true})
+	for name, tokens := range c.Servers.PerServer {
+		add(tokens, Principal{Server: true, ServerName: name})
+	}
 	for ns, nc := range c.Namespaces {
 		add(nc.Tokens, Principal{Namespace: ns})
 	}

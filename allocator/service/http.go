@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,7 +46,28 @@ func Handler(s *Service, auth *Authenticator, gatherer prometheus.Gatherer, log 
 			_, _ = io.WriteString(w, "ok\n")
 		}
 	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { notFound(mux, w, r) })
 	return mux
+}
+
+// notFound answers a path no route serves, or a method its routes do not
+// take, with the API's JSON error rather than the mux's plain text.
+func notFound(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodPost, http.MethodDelete} {
+		other := r.Clone(r.Context())
+		other.Method = m
+		if _, pattern := mux.Handler(other); pattern != "/" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		writeError(w, http.StatusMethodNotAllowed, &api.Error{Reason: api.ReasonMethodNotAllowed,
+			Message: r.Method + " is not allowed on " + r.URL.Path + "; allowed: " + strings.Join(allow, ", ")})
+		return
+	}
+	writeError(w, http.StatusNotFound, &api.Error{Reason: api.ReasonNotFound, Message: "no such path " + r.URL.Path + " (the API is under /v1, see docs/allocator.md)"})
 }
 
 type handler struct {
@@ -70,12 +92,12 @@ func (h *handler) principal(w http.ResponseWriter, r *http.Request) (Principal, 
 	return Principal{}, false
 }
 
-// serverPrincipal authenticates a GPU-server daemon (or an admin),
-// answering 401 or 403 itself when it is not.
+// serverPrincipal authenticates the daemon of the server the path names
+// (or an admin), answering 401 or 403 itself when it is not.
 func (h *handler) serverPrincipal(w http.ResponseWriter, r *http.Request) bool {
 	p, ok := h.principal(w, r)
-	if ok && !p.Admin && !p.Server {
-		h.fail(w, &ForbiddenError{Namespace: "(servers)"})
+	if ok && !p.mayServe(r.PathValue("name")) {
+		h.fail(w, &ForbiddenError{Server: r.PathValue("name")})
 		return false
 	}
 	return ok
@@ -137,7 +159,23 @@ func (h *handler) listLeases(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	f := LeaseFilter{Namespace: q.Get("namespace"), Server: q.Get("server")}
-	if !p.Admin {
+	switch {
+	case p.Admin:
+	case p.Server:
+		// A daemon reads the leases placed on its own server, of every
+		// namespace, and nothing else.
+		if f.Server == "" {
+			f.Server = p.ServerName
+		}
+		if f.Server == "" {
+			h.fail(w, &allocator.FieldError{Field: "server", Value: "", Limit: "must name the server whose leases a servers token lists"})
+			return
+		}
+		if !p.mayServe(f.Server) {
+			h.fail(w, &ForbiddenError{Server: f.Server})
+			return
+		}
+	default:
 		if f.Namespace == "" {
 			f.Namespace = p.Namespace
 		}
@@ -194,9 +232,17 @@ func (h *handler) release(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) pool(w http.ResponseWriter, r *http.Request) {
-	if _, ok := h.principal(w, r); ok {
-		h.reply(w, http.StatusOK, h.s.Status(), nil)
+	p, ok := h.principal(w, r)
+	if !ok {
+		return
 	}
+	st := h.s.Status()
+	// Servers and shares are everyone's; who waits for them (pods, UIDs,
+	// labels) is each namespace's own.
+	if !p.Admin {
+		st.Pending = slices.DeleteFunc(st.Pending, func(pr api.PendingRequest) bool { return !p.mayUse(pr.Namespace) })
+	}
+	h.reply(w, http.StatusOK, st, nil)
 }
 
 func (h *handler) quotas(w http.ResponseWriter, r *http.Request) {
@@ -220,7 +266,13 @@ func (h *handler) quotas(w http.ResponseWriter, r *http.Request) {
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	err := dec.Decode(v)
+	if err == nil {
+		if extra := dec.Decode(&json.RawMessage{}); !errors.Is(extra, io.EOF) {
+			err = errors.New("more than one JSON value (or trailing data) in the body")
+		}
+	}
+	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
 			writeError(w, http.StatusRequestEntityTooLarge, &api.Error{Reason: api.ReasonRequestTooLarge, Message: fmt.Sprintf("body larger than %d bytes", maxBody)})

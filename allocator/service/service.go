@@ -395,7 +395,7 @@ func (s *Service) Lease(p Principal, id string) (allocator.Lease, error) {
 	if err != nil {
 		return l, err
 	}
-	if !p.mayUse(l.Namespace) {
+	if !p.mayRead(&l) {
 		// Not 403: that would tell which IDs other namespaces hold.
 		return allocator.Lease{}, &allocator.LeaseNotFoundError{ID: id}
 	}
@@ -443,10 +443,17 @@ func (s *Service) onLease(ctx context.Context, p Principal, id string, op func(n
 	return l, err
 }
 
-// ForbiddenError refuses an operation on another namespace.
-type ForbiddenError struct{ Namespace string }
+// ForbiddenError refuses an operation on another namespace, or as a GPU
+// server the token may not speak for.
+type ForbiddenError struct {
+	Namespace string
+	Server    string
+}
 
 func (e *ForbiddenError) Error() string {
+	if e.Server != "" {
+		return "this token may not act as server " + e.Server
+	}
 	return "this token may not act in namespace " + e.Namespace
 }
 

@@ -25,6 +25,7 @@ const (
 	serverToken = "server-token-0123456789"
 	teamAToken  = "team-a-token-0123456789"
 	teamBToken  = "team-b-token-0123456789"
+	s1Token     = "s1-only-token-0123456789"
 )
 
 // fakeClock is a settable clock for the service.
@@ -53,7 +54,7 @@ type testAllocator struct {
 func testConfig() *FileConfig {
 	return &FileConfig{
 		Admin:   TokenSet{Tokens: []string{adminToken}},
-		Servers: TokenSet{Tokens: []string{serverToken}},
+		Servers: ServersConfig{Tokens: []string{serverToken}, PerServer: map[string][]string{"s1": {s1Token}}},
 		Namespaces: map[string]NamespaceConfig{
 			"team-a": {Tokens: []string{teamAToken}},
 			"team-b": {Tokens: []string{teamBToken}},
@@ -157,10 +158,25 @@ func TestBadInputNamesTheField(t *testing.T) {
 		{`{"namespace":"team-a","gpuAmount":1,"gpuMemory":"lots"}`, "gpu-memory", "gpu-memory lots is not a quantity"},
 		{`{"namespace":"team-a","gpuAmount":1,"ttl":"forever"}`, "ttl", "ttl forever must be a duration"},
 		{`{"namespace":"team-a","gpuAmount":1,"wait":"2h"}`, "wait", "wait 2h must be a duration such as 30s or 5m, in 0..1h0m0s"},
-		{`{"namespace":"team-a","gpuAmount":1,"cpu":"-1"}`, "cpu", "cpu -1 is not a non-negative quantity"},
-		{`{"namespace":"team-a","gpuAmount":-2}`, "gpu-amount", "gpu-amount -2 must be at least 0"},
+		{`{"namespace":"team-a","gpuAmount":1,"cpu":"-1"}`, "cpu", "cpu -1 out of range 0..1M"},
+		{`{"namespace":"team-a","gpuAmount":-2}`, "gpu-amount", "gpu-amount -2 out of range 1..64"},
 		{`{"namespace":"team-a","gpuAmount":1,"bogus":1}`, "", `unknown field`},
 		{`not json`, "", "body is not valid JSON"},
+		// Each of these was once accepted: a whole GPU for 0%, huge
+		// quantities wrapped to 0, a lease expired on arrival, a lease of
+		// no GPU outside every quota, bodies with more than one value.
+		{`{"namespace":"team-a","gpuAmount":1,"gpuPercent":0}`, "gpu-percent", "gpu-percent 0 out of range 1..100"},
+		{`{"namespace":"team-a","gpuAmount":1,"cpu":"1e30"}`, "cpu", "cpu 1e30 out of range 0..1M"},
+		{`{"namespace":"team-a","gpuAmount":1,"cpu":"1e16"}`, "cpu", "cpu 1e16 out of range 0..1M"},
+		{`{"namespace":"team-a","gpuAmount":1,"memory":"1e19"}`, "memory", "memory 1e19 out of range 0..1Ei"},
+		{`{"namespace":"team-a","gpuAmount":1,"gpuMemory":"1Ei"}`, "gpu-memory", "gpu-memory 1Ei out of range 1..1Pi"},
+		{`{"namespace":"team-a","gpuAmount":1,"gpuMemory":"8e18"}`, "gpu-memory", "gpu-memory 8e18 out of range 1..1Pi"},
+		{`{"namespace":"team-a","gpuAmount":1,"ttl":"1ns"}`, "ttl", "ttl 1ns is shorter than 1s"},
+		{`{"namespace":"team-a","gpuAmount":0,"cpu":"1"}`, "gpu-amount", "gpu-amount 0 out of range 1..64"},
+		{`{"namespace":"team-a","gpuAmount":1,"owner":{"labels":{"app name":"x"}}}`, "owner.labels", "owner.labels app name is not a label key"},
+		{`{"namespace":"team-a","gpuAmount":1,"owner":{"labels":{"app":"a b"}}}`, "owner.labels.app", "owner.labels.app a b is not a label value"},
+		{`{"namespace":"team-a","gpuAmount":1} garbage`, "", "more than one JSON value"},
+		{`{"namespace":"team-a","gpuAmount":1}{"namespace":"team-a","gpuAmount":1}`, "", "more than one JSON value"},
 	} {
 		req, _ := http.NewRequest(http.MethodPost, a.url+"/v1/leases", strings.NewReader(tc.body))
 		req.Header.Set("Authorization", "Bearer "+teamAToken)

@@ -1,0 +1,208 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
+)
+
+// TestServerTokensReadTheirServersLeases: a daemon holding the servers
+// token lists the leases placed on the server it names, of every
+// namespace, and may not renew or release them; a per-server token speaks
+// for its own server only.
+func TestServerTokensReadTheirServersLeases(t *testing.T) {
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, nil)
+	ctx := context.Background()
+	shared, bound, admin := a.client(t, serverToken), a.client(t, s1Token), a.client(t, adminToken)
+	if err := bound.RegisterServer(ctx, gpuServer("s1", 1)); err != nil {
+		t.Fatalf("s1's own token cannot register s1: %v", err)
+	}
+	if err := shared.RegisterServer(ctx, gpuServer("s2", 1)); err != nil {
+		t.Fatal(err)
+	}
+	var onS1, onS2 allocator.Lease
+	for _, ns := range []string{"team-a", "team-b"} {
+		for range 2 {
+			l, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: ns, GPUAmount: 1, GPUPercent: 25})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Server == "s1" {
+				onS1 = l
+			} else {
+				onS2 = l
+			}
+		}
+	}
+	count := func(c *client.Client, f client.LeaseFilter) (int, error) {
+		ls, err := c.Leases(ctx, f)
+		for _, l := range ls {
+			if f.Server != "" && l.Server != f.Server {
+				t.Errorf("listing %s returned %s's lease %s", f.Server, l.Server, l.ID)
+			}
+		}
+		return len(ls), err
+	}
+	all, _ := admin.Leases(ctx, client.LeaseFilter{})
+	want := map[string]int{}
+	for _, l := range all {
+		want[l.Server]++
+	}
+	if n, err := count(shared, client.LeaseFilter{Server: "s1"}); err != nil || n != want["s1"] {
+		t.Errorf("servers token lists %d leases on s1 (%v), want %d", n, err, want["s1"])
+	}
+	if _, err := shared.Leases(ctx, client.LeaseFilter{}); !client.IsReason(err, api.ReasonInvalid) {
+		t.Errorf("servers token listed every server's leases: %v, want Invalid naming server", err)
+	}
+	if n, err := count(bound, client.LeaseFilter{}); err != nil || n != want["s1"] {
+		t.Errorf("s1's token lists %d leases (%v), want s1's %d", n, err, want["s1"])
+	}
+	if _, err := bound.Leases(ctx, client.LeaseFilter{Server: "s2"}); !client.IsReason(err, api.ReasonForbidden) {
+		t.Errorf("s1's token listed s2's leases: %v", err)
+	}
+	if _, err := shared.Lease(ctx, onS1.ID); err != nil {
+		t.Errorf("servers token cannot read lease %s on s1: %v", onS1.ID, err)
+	}
+	if _, err := bound.Lease(ctx, onS2.ID); !client.IsReason(err, api.ReasonNotFound) {
+		t.Errorf("s1's token read s2's lease: %v", err)
+	}
+	if _, err := shared.Renew(ctx, onS1.ID, 0); !client.IsReason(err, api.ReasonNotFound) {
+		t.Errorf("servers token renewed a lease: %v", err)
+	}
+	_ = shared.Release(ctx, onS1.ID) // NotFound, which the client takes as done
+	if _, err := admin.Lease(ctx, onS1.ID); err != nil {
+		t.Errorf("servers token released a lease: %v", err)
+	}
+	// A per-server token neither registers nor heart-beats another server.
+	if err := bound.RegisterServer(ctx, gpuServer("s2", 1)); !client.IsReason(err, api.ReasonForbidden) {
+		t.Errorf("s1's token registered s2: %v", err)
+	}
+	if err := bound.Heartbeat(ctx, "s2", api.Heartbeat{GPUs: []api.GPUHealth{{Index: 0, Healthy: false}}}); !client.IsReason(err, api.ReasonForbidden) {
+		t.Errorf("s1's token marked s2's GPU unhealthy: %v", err)
+	}
+	if p, _ := admin.Pool(ctx); !p.Servers[1].GPUs[0].Healthy {
+		t.Error("s2's GPU is unhealthy after a refused heartbeat")
+	}
+	if _, err := a.client(t, teamAToken).Leases(ctx, client.LeaseFilter{Server: "s1"}); err != nil {
+		t.Errorf("team-a cannot list its leases on s1: %v", err)
+	}
+}
+
+// TestPoolHidesOtherNamespacesPending: who waits for share (pod, UID,
+// labels) is shown to its own namespace and to admins only.
+func TestPoolHidesOtherNamespacesPending(t *testing.T) {
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, nil)
+	ctx := context.Background()
+	if err := a.client(t, serverToken).RegisterServer(ctx, gpuServer("s1", 1)); err != nil {
+		t.Fatal(err)
+	}
+	teamA := a.client(t, teamAToken)
+	if _, err := teamA.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1}); err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := teamA.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, Wait: "10s",
+			Owner: allocator.Owner{Pod: "secret-pod", UID: "uid-1", Labels: map[string]string{"app": "secret"}}})
+		waiting <- err
+	}()
+	pending := func(token string) int {
+		p, err := a.client(t, token).Pool(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(p.Pending)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for pending(adminToken) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never queued")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for token, want := range map[string]int{adminToken: 1, teamAToken: 1, teamBToken: 0, serverToken: 0, s1Token: 0} {
+		if got := pending(token); got != want {
+			t.Errorf("token %s sees %d pending requests, want %d", token[:6], got, want)
+		}
+	}
+	ls, _ := teamA.Leases(ctx, client.LeaseFilter{})
+	_ = teamA.Release(ctx, ls[0].ID)
+	if err := <-waiting; err != nil {
+		t.Error(err)
+	}
+}
+
+// TestUnroutedRequestsAnswerJSON: a wrong path or method gets the API's
+// JSON error, as every other failure does.
+func TestUnroutedRequestsAnswerJSON(t *testing.T) {
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, nil)
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		reason       string
+		allow        string
+	}{
+		{http.MethodGet, "/v1/nothing", http.StatusNotFound, api.ReasonNotFound, ""},
+		{http.MethodDelete, "/v1/pool", http.StatusMethodNotAllowed, api.ReasonMethodNotAllowed, "GET"},
+		{http.MethodPut, "/v1/leases", http.StatusMethodNotAllowed, api.ReasonMethodNotAllowed, "GET, POST"},
+	} {
+		req, _ := http.NewRequest(tc.method, a.url+tc.path, nil)
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e api.Error
+		derr := json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || derr != nil || e.Reason != tc.reason || resp.Header.Get("Allow") != tc.allow ||
+			resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s: %d %s %+v (%v) Allow %q; want %d %s Allow %q", tc.method, tc.path, resp.StatusCode,
+				resp.Header.Get("Content-Type"), e, derr, resp.Header.Get("Allow"), tc.status, tc.reason, tc.allow)
+		}
+	}
+}
+
+// TestRegistrationRefusesBadServers: names are node names, and a GPU's
+// memory is bounded so that no lease can get a negative share of it.
+func TestRegistrationRefusesBadServers(t *testing.T) {
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, nil)
+	huge := gpuServer("huge", 1)
+	huge.GPUs[0].MemoryBytes = 1 << 62
+	badLabel := gpuServer("labelled", 1)
+	badLabel.Labels = map[string]string{"not a key": "x"}
+	for _, tc := range []struct {
+		srv   allocator.Server
+		field string
+	}{
+		{gpuServer("GPU_1", 1), "server.name"},
+		{gpuServer("-gpu1", 1), "server.name"},
+		{gpuServer("a..b", 1), "server.name"},
+		{huge, "server.gpus[0].memoryBytes"},
+		{badLabel, "server.labels"},
+	} {
+		body, _ := json.Marshal(tc.srv)
+		req, _ := http.NewRequest(http.MethodPut, a.url+"/v1/servers/"+tc.srv.Name, strings.NewReader(string(body)))
+		req.Header.Set("Authorization", "Bearer "+serverToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(out), `"field":"`+tc.field+`"`) {
+			t.Errorf("registering %q: %d %s; want 400 naming %s", tc.srv.Name, resp.StatusCode, out, tc.field)
+		}
+	}
+	if p, _ := a.client(t, adminToken).Pool(context.Background()); len(p.Servers) != 0 {
+		t.Errorf("%d bad servers registered", len(p.Servers))
+	}
+}
