@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/gpupool/gpupool/allocator"
 )
@@ -27,16 +31,23 @@ type Bolt struct {
 	db *bolt.DB
 }
 
-// OpenBolt opens (creating if needed) the store in dir. Only one process
-// may hold it; a second waits up to timeout, then fails.
+// OpenBolt opens the store in dir, creating an empty one where there is
+// no file yet. Only one process may hold it; a second waits up to timeout,
+// then fails. A file that is there but damaged (cut short, overwritten,
+// emptied) is a *DamagedError: the allocator never starts empty on its own
+// in place of state it could not read.
 func OpenBolt(dir string, timeout time.Duration) (*Bolt, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir %s: %w", dir, err)
 	}
-	path := filepath.Join(dir, "gpupool.db")
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout})
+	path := filepath.Join(dir, boltFile)
+	if fi, err := os.Stat(path); err == nil && fi.Size() == 0 {
+		// bbolt would take an empty file for a new store.
+		return nil, &DamagedError{Path: path, Err: errors.New("the file is empty")}
+	}
+	db, err := openChecked(path, &bolt.Options{Timeout: timeout})
 	if err != nil {
-		return nil, fmt.Errorf("opening %s (is another allocator using it?): %w", path, err)
+		return nil, err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{serversBucket, leasesBucket, metaBucket} {
@@ -53,6 +64,91 @@ func OpenBolt(dir string, timeout time.Duration) (*Bolt, error) {
 	return &Bolt{db: db}, nil
 }
 
+// CheckBolt verifies the store file in dir without changing it: its
+// structure (every page reachable or free, exactly once) and that every
+// record decodes. It returns what the file holds.
+func CheckBolt(dir string, timeout time.Duration) (State, error) {
+	path := filepath.Join(dir, boltFile)
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return State{}, fmt.Errorf("no store at %s: %w", path, err)
+	case fi.Size() == 0:
+		return State{}, &DamagedError{Path: path, Err: errors.New("the file is empty")}
+	}
+	db, err := openChecked(path, &bolt.Options{Timeout: timeout, ReadOnly: true})
+	if err != nil {
+		return State{}, err
+	}
+	defer db.Close()
+	st, err := (&Bolt{db: db}).Load(context.Background())
+	if err != nil {
+		return State{}, &DamagedError{Path: path, Err: err}
+	}
+	return st, nil
+}
+
+// boltFile is the store's file in the data directory.
+const boltFile = "gpupool.db"
+
+// openChecked opens a bbolt file and checks it before anything reads it
+// for real: bbolt panics on pages it cannot parse, and a file cut short
+// faults when a page past its end is read; both become a *DamagedError.
+func openChecked(path string, opts *bolt.Options) (db *bolt.DB, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if db != nil {
+				_ = db.Close()
+			}
+			db, err = nil, &DamagedError{Path: path, Err: fmt.Errorf("%v", r)}
+		}
+	}()
+	db, err = bolt.Open(path, 0o600, opts)
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return nil, fmt.Errorf("opening %s: another process holds it (is another allocator using this data dir?)", path)
+	case errors.As(err, new(*fs.PathError)):
+		return nil, fmt.Errorf("opening %s: %w", path, err) // permissions, a full disk: not the file's content
+	case err != nil:
+		return nil, &DamagedError{Path: path, Err: err} // invalid meta pages, checksums, a size too small
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		// Read every record here, where a fault is caught, before
+		// Check walks the same pages on a goroutine of its own.
+		if err := tx.ForEach(func(_ []byte, b *bolt.Bucket) error {
+			return b.ForEach(func(_, _ []byte) error { return nil })
+		}); err != nil {
+			return err
+		}
+		var errs []error
+		for e := range tx.Check() {
+			errs = append(errs, e)
+		}
+		return errors.Join(errs...)
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, &DamagedError{Path: path, Err: err}
+	}
+	return db, nil
+}
+
+// DamagedError says a store file cannot be read as it was written, and
+// what the operator can do about it.
+type DamagedError struct {
+	Path string
+	Err  error
+}
+
+func (e *DamagedError) Error() string {
+	return fmt.Sprintf("store file %s is damaged (%v): restore it from a backup, or move it aside "+
+		"(mv %s %s.damaged) to start with an empty pool, where the GPU servers register again and the leases it held are lost; "+
+		"`gpupool-allocator --check --data-dir %s` verifies a store", e.Path, e.Err, e.Path, e.Path, filepath.Dir(e.Path))
+}
+
+func (e *DamagedError) Unwrap() error { return e.Err }
+
 // Name implements Store.
 func (*Bolt) Name() string { return "bolt" }
 
@@ -60,6 +156,11 @@ func (*Bolt) Name() string { return "bolt" }
 func (b *Bolt) Load(context.Context) (State, error) {
 	var st State
 	err := b.db.View(func(tx *bolt.Tx) error {
+		for _, name := range [][]byte{serversBucket, leasesBucket, metaBucket} {
+			if tx.Bucket(name) == nil {
+				return fmt.Errorf("no %s bucket: not a gpupool store", name)
+			}
+		}
 		err := tx.Bucket(serversBucket).ForEach(func(k, v []byte) error {
 			var s allocator.Server
 			if err := json.Unmarshal(v, &s); err != nil {

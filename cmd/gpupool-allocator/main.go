@@ -29,10 +29,10 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string, stderr io.Writer) int {
+func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpupool-allocator", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:8470", "address to serve the API and /metrics on")
@@ -47,6 +47,7 @@ func run(args []string, stderr io.Writer) int {
 	maxTTL := fs.Duration("max-ttl", time.Hour, "longest lease lifetime a request may ask for")
 	heartbeatTimeout := fs.Duration("heartbeat-timeout", 15*time.Second, "silence after which a server's GPUs take no new leases")
 	tick := fs.Duration("tick", time.Second, "how often leases are expired and heartbeats checked")
+	check := fs.Bool("check", false, "verify the store (--store, --data-dir or --etcd-*) without changing it, print what it holds, and exit: 0 sound, 1 damaged or inconsistent")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Usage: gpupool-allocator [flags]
 
@@ -55,6 +56,12 @@ acquire, renew and release leases on whole or fractional GPUs, within
 namespace quotas. Every grant and release is durable (fsync) before it is
 acknowledged; on start the state is recovered and leases that expired while
 the allocator was down are ended. /metrics serves the pool's state.
+
+A damaged store file is never replaced by an empty one: the allocator
+refuses to start and says how to restore it or move it aside. Verify a store
+(a backup, or the live one while the allocator is stopped) with
+
+  gpupool-allocator --check --data-dir /var/lib/gpupool
 
 Flags:
 `)
@@ -67,6 +74,9 @@ Flags:
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if *check {
+		return checkStore(*storeKind, *dataDir, strings.Split(*etcdEndpoints, ","), *etcdPrefix, *sessionTTL, stdout, stderr)
+	}
 
 	var auth *service.Authenticator
 	quotas := map[string]int64{}
@@ -194,4 +204,51 @@ func standbyHandler(reg *prometheus.Registry) http.Handler {
 		_ = json.NewEncoder(w).Encode(api.Error{Reason: api.ReasonUnavailable, Message: "this allocator replica is standing by; ask the leader"})
 	})
 	return mux
+}
+
+// checkStore loads a store without changing it, restores what it holds
+// into a scratch pool as a starting allocator would, and says what it found.
+func checkStore(kind, dataDir string, endpoints []string, prefix string, sessionTTL time.Duration, stdout, stderr io.Writer) int {
+	var (
+		st    store.State
+		where string
+		err   error
+	)
+	switch kind {
+	case "bolt":
+		where = dataDir
+		st, err = store.CheckBolt(dataDir, time.Second)
+	case "etcd":
+		where = strings.Join(endpoints, ",") + prefix
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var e *store.Etcd
+		if e, err = store.OpenEtcd(ctx, endpoints, prefix, sessionTTL); err == nil {
+			st, err = e.Load(ctx)
+			_ = e.Close()
+		}
+	default:
+		fmt.Fprintf(stderr, "gpupool-allocator: --store %q is not one of bolt, etcd\n", kind)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "gpupool-allocator: store %s: %v\n", where, err)
+		return 1
+	}
+	report, err := service.CheckState(st, time.Now())
+	if err != nil {
+		fmt.Fprintf(stderr, "gpupool-allocator: store %s: %v\n", where, err)
+		return 1
+	}
+	for _, m := range report.Misfits {
+		fmt.Fprintf(stderr, "gpupool-allocator: store %s: lease %s does not fit its server: %v\n", where, m.ID, m.Err)
+	}
+	fmt.Fprintf(stdout, "store %s: %d servers, %d leases (%d expired: a start would end them), next lease ID %d\n",
+		where, report.Servers, report.Leases, report.Expired, report.NextID+1)
+	if len(report.Misfits) > 0 {
+		fmt.Fprintf(stdout, "inconsistent: %d leases would be dropped on start\n", len(report.Misfits))
+		return 1
+	}
+	fmt.Fprintln(stdout, "ok")
+	return 0
 }

@@ -1,0 +1,137 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpupool/gpupool/allocator"
+)
+
+// writeStore fills a store in dir with servers and leases, as an allocator
+// that ran a while leaves it, and returns what it holds.
+func writeStore(t *testing.T, dir string) State {
+	t.Helper()
+	b, err := OpenBolt(dir, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 300 {
+		name := fmt.Sprintf("gpu-%03d", i)
+		c := Change{Servers: []allocator.Server{{Name: name, GPUs: []allocator.GPU{{UUID: "GPU-" + name, Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}},
+			Leases: []allocator.Lease{{ID: fmt.Sprintf("lease-%06d", i), Namespace: "ml", Server: name,
+				GPUs: []allocator.LeaseGPU{{UUID: "GPU-" + name, Model: "A100", Milli: 500}}}},
+			NextID: uint64(i + 1)}
+		if i%3 == 0 && i > 0 {
+			c.Ended = []string{fmt.Sprintf("lease-%06d", i-1)} // freed pages, as real use leaves
+		}
+		if err := b.Apply(ctx, []Change{c}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := b.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestDamagedFilesAreRefused damages a store in the ways a disk or an
+// operator does (cut short, pages overwritten, header zeroed, emptied):
+// opening it must fail with a DamagedError that says what to do, never
+// panic or start empty, and --check's CheckBolt must agree. Damage that
+// only hit free pages may open, and must then read back unchanged.
+func TestDamagedFilesAreRefused(t *testing.T) {
+	src := t.TempDir()
+	want := writeStore(t, src)
+	data, err := os.ReadFile(filepath.Join(src, boltFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const page = 4096
+	damages := map[string][]byte{
+		"empty":       {},
+		"cut in half": data[:len(data)/2],
+		"header zeroed": func() []byte {
+			d := append([]byte(nil), data...)
+			clear(d[:2*page])
+			return d
+		}(),
+		"random pages": func() []byte {
+			d := append([]byte(nil), data...)
+			rng := rand.New(rand.NewPCG(1, 2))
+			for i := 4 * page; i < len(d); i++ {
+				d[i] = byte(rng.Uint32())
+			}
+			return d
+		}(),
+	}
+	mustRefuse := map[string]bool{"empty": true, "cut in half": true, "header zeroed": true, "random pages": true}
+	for cut := page; cut < len(data); cut += page + 512 {
+		damages[fmt.Sprintf("cut at %d", cut)] = data[:cut]
+	}
+	for seed := range uint64(40) {
+		d := append([]byte(nil), data...)
+		rng := rand.New(rand.NewPCG(seed, 7))
+		at := rng.IntN(len(d) / page)
+		for i := at * page; i < (at+1)*page; i++ {
+			d[i] = byte(rng.Uint32())
+		}
+		damages[fmt.Sprintf("page %d overwritten", at)] = d
+	}
+	for name, d := range damages {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, boltFile), d, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, checkErr := CheckBolt(dir, time.Second)
+			b, err := OpenBolt(dir, time.Second)
+			var damaged *DamagedError
+			if err != nil {
+				if !errors.As(err, &damaged) || !strings.Contains(err.Error(), "restore it from a backup") || !strings.Contains(err.Error(), "--check") {
+					t.Fatalf("open: %v; want a DamagedError saying what to do", err)
+				}
+				if checkErr == nil {
+					t.Errorf("OpenBolt refused the file (%v) but CheckBolt passed it", err)
+				}
+				return
+			}
+			defer b.Close()
+			if mustRefuse[name] {
+				t.Fatalf("opened a store that is %s", name)
+			}
+			got, err := b.Load(context.Background())
+			if err != nil || !reflect.DeepEqual(got, want) || checkErr != nil {
+				t.Fatalf("opened a damaged store that reads back differently (load: %v, check: %v)", err, checkErr)
+			}
+		})
+	}
+}
+
+// TestHeldStoreIsNotDamaged: a store another allocator holds is a timeout
+// that says so, not damage.
+func TestHeldStoreIsNotDamaged(t *testing.T) {
+	dir := t.TempDir()
+	b, err := OpenBolt(dir, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	_, err = OpenBolt(dir, 50*time.Millisecond)
+	var damaged *DamagedError
+	if err == nil || errors.As(err, &damaged) || !strings.Contains(err.Error(), "another allocator") {
+		t.Fatalf("second open: %v; want a timeout naming another allocator", err)
+	}
+}
