@@ -61,8 +61,11 @@ Runs the whole pool on this machine, no cluster and no GPU: the allocator
 (embedded store in a temp dir), simulated GPU servers with mixed models
 (each a real gpupool-server daemon on the simulated source), and a workload:
 a training group (app=tf-training in namespace ml) whose load rises and
-falls, and other tenants taking fractional leases. Prints where each
-/metrics is, then a live view every second.
+falls, and other tenants taking fractional leases. Tokens are on, as
+deployed: the allocator's config in the temp dir has random tokens for an
+admin, the GPU servers and each namespace, and each part holds its own.
+Prints where each /metrics is and how to use the tokens, then a live view
+every second.
 
 Flags:
 `)
@@ -87,14 +90,16 @@ Flags:
 		return 1
 	}
 	defer d.close()
-	fmt.Fprintf(stdout, "gpupool demo: allocator %s (no authentication: loopback only); logs in %s\n", d.allocatorURL, d.logFile)
+	fmt.Fprintf(stdout, "gpupool demo: allocator %s (tokens on: %s); logs in %s\n", d.allocatorURL, d.tokens.configFile, d.logFile)
 	fmt.Fprintf(stdout, "  metrics: %s/metrics\n", d.allocatorURL)
 	for _, s := range d.servers {
 		fmt.Fprintf(stdout, "  metrics: %s/metrics (%s)\n", s.url, s.name)
 	}
 	fmt.Fprintf(stdout, "  external metrics: %s (no authentication: loopback only; its own metrics are on the allocator's)\n", d.adapterURL)
 	fmt.Fprintf(stdout, "  try: curl -sk '%s/namespaces/ml/bitfusion_gpu_utilization?labelSelector=app%%3Dtf-training'\n", d.adapterURL)
-	fmt.Fprintf(stdout, "  try: GPUPOOL_ALLOCATOR=%s gpupool pool status\n\n", d.allocatorURL)
+	fmt.Fprintf(stdout, "  try: GPUPOOL_ALLOCATOR=%s GPUPOOL_TOKEN=%s GPUPOOL_NAMESPACE=ml gpupool pool status   (namespace ml's token: gpupool leases, quota and run act in ml only)\n",
+		d.allocatorURL, d.tokens.tenant["ml"])
+	fmt.Fprintf(stdout, "  try: curl -s -H 'Authorization: Bearer %s' %s/v1/leases   (admin token: every namespace)\n\n", d.tokens.admin, d.allocatorURL)
 	clear := isTerminal(stdout)
 	t := time.NewTicker(*refresh)
 	defer t.Stop()
@@ -121,12 +126,14 @@ type demoServer struct {
 
 type demo struct {
 	allocatorURL, logFile, adapterURL string
-	client                            *client.Client
-	servers                           []*demoServer
-	adapter                           *adapter.Provider
-	log                               *slog.Logger
-	logWriter                         io.Writer
-	closers                           []func()
+	tokens                            *demoTokens
+	// client holds the admin token: the view is the operator's.
+	client    *client.Client
+	servers   []*demoServer
+	adapter   *adapter.Provider
+	log       *slog.Logger
+	logWriter io.Writer
+	closers   []func()
 }
 
 func (d *demo) close() {
@@ -171,6 +178,11 @@ func startDemo(ctx context.Context, seed uint64) (*demo, error) {
 	log := slog.New(slog.NewTextHandler(logf, nil))
 	d.log, d.logWriter = log, logf
 
+	tokens, config, err := writeDemoConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	d.tokens = tokens
 	st, err := store.OpenBolt(filepath.Join(dir, "allocator"), time.Second)
 	if err != nil {
 		return nil, err
@@ -180,17 +192,29 @@ func startDemo(ctx context.Context, seed uint64) (*demo, error) {
 	reg.MustRegister(collectors.NewGoCollector())
 	svc, err := service.New(ctx, service.Config{
 		Store: st, Policy: "fgd-cpu", Seed: seed, DefaultTTL: 30 * time.Second, MaxTTL: time.Hour,
-		HeartbeatTimeout: 10 * time.Second, Quotas: demoQuotas, Registry: reg, Logger: log,
+		HeartbeatTimeout: 10 * time.Second, Quotas: config.Quotas(), Registry: reg, Logger: log,
 	})
 	if err != nil {
 		return nil, err
 	}
 	go svc.Run(ctx, time.Second)
-	if d.allocatorURL, err = d.serve(service.Handler(svc, nil, reg, log)); err != nil {
+	if d.allocatorURL, err = d.serve(service.Handler(svc, service.NewAuthenticator(config), reg, log)); err != nil {
 		return nil, err
 	}
-	if d.client, err = client.New([]string{d.allocatorURL}, ""); err != nil {
+	if d.client, err = client.New([]string{d.allocatorURL}, tokens.admin); err != nil {
 		return nil, err
+	}
+	// The daemons share the servers token; each namespace's workload holds
+	// its own.
+	servers, err := client.New([]string{d.allocatorURL}, tokens.servers)
+	if err != nil {
+		return nil, err
+	}
+	tenants := map[string]*client.Client{}
+	for ns, token := range tokens.tenant {
+		if tenants[ns], err = client.New([]string{d.allocatorURL}, token); err != nil {
+			return nil, err
+		}
 	}
 
 	for i, spec := range demoServers {
@@ -208,7 +232,7 @@ func startDemo(ctx context.Context, seed uint64) (*demo, error) {
 		s.sampler = collector.NewSampler(sim, time.Second, 2, nil)
 		s.daemon = gpuserver.New(gpuserver.Config{
 			Inventory: sim.Inventory(int64(len(gpus))*16000, int64(len(gpus))*(64<<30), map[string]string{gpuapi.LabelDaemonURL: s.url}),
-			Client:    d.client, Samplers: []*collector.Sampler{s.sampler}, Heartbeat: 2 * time.Second, LabelAllowlist: []string{"app"}, Log: log,
+			Client:    servers, Samplers: []*collector.Sampler{s.sampler}, Heartbeat: 2 * time.Second, LabelAllowlist: []string{"app"}, Log: log,
 		})
 		d.serveOn(ln, gpuserver.Handler(s.daemon, gpuserver.Registry(s.daemon)))
 		go s.sampler.Run(ctx)
@@ -221,7 +245,7 @@ func startDemo(ctx context.Context, seed uint64) (*demo, error) {
 	if err := d.startAdapter(ctx, dir, reg); err != nil {
 		return nil, fmt.Errorf("starting the adapter: %w", err)
 	}
-	go runWorkload(ctx, d.client, seed, log)
+	go runWorkload(ctx, tenants, seed, log)
 	return d, nil
 }
 
@@ -240,8 +264,9 @@ func (d *demo) probe(ctx context.Context, daemon *gpuserver.Daemon) error {
 }
 
 // startAdapter serves the external metrics API on loopback with the
-// direct backend. There is no cluster to delegate authentication to, so
-// it serves everyone: the demo says so.
+// direct backend, which reads the pool with the admin token. There is no
+// cluster to delegate authentication to, so it serves everyone: the demo
+// says so.
 func (d *demo) startAdapter(ctx context.Context, dir string, reg prometheus.Registerer) error {
 	// The API server logs through klog; keep it in the demo's log.
 	klog.LogToStderr(false)
@@ -280,21 +305,24 @@ func demoDemand(leases []allocator.Lease, t time.Time) map[string]float64 {
 }
 
 // runWorkload holds the training group's leases and lets other tenants
-// come and go, renewing what it holds as `gpupool run` does.
-func runWorkload(ctx context.Context, c *client.Client, seed uint64, log *slog.Logger) {
+// come and go, renewing what it holds as `gpupool run` does, each with
+// its namespace's client (tenants).
+func runWorkload(ctx context.Context, tenants map[string]*client.Client, seed uint64, log *slog.Logger) {
 	rng := rand.New(rand.NewPCG(seed, 99))
 	type held struct {
 		id, pod string
+		c       *client.Client
 		until   time.Time
 	}
 	var leases []held
 	acquire := func(r api.AcquireRequest, hold time.Duration) {
+		c := tenants[r.Namespace]
 		l, err := c.Acquire(ctx, r)
 		if err != nil {
 			log.Info("workload request refused", "namespace", r.Namespace, "pod", r.Owner.Pod, "err", err)
 			return
 		}
-		leases = append(leases, held{l.ID, r.Owner.Pod, time.Now().Add(hold)})
+		leases = append(leases, held{l.ID, r.Owner.Pod, c, time.Now().Add(hold)})
 	}
 	// The training group is a Deployment of three replicas: each holds a
 	// lease, and a replica without one asks again.
@@ -318,10 +346,10 @@ func runWorkload(ctx context.Context, c *client.Client, seed uint64, log *slog.L
 		kept := leases[:0]
 		for _, h := range leases {
 			if time.Now().After(h.until) {
-				_ = c.Release(ctx, h.id)
+				_ = h.c.Release(ctx, h.id)
 				continue
 			}
-			if _, err := c.Renew(ctx, h.id, 30*time.Second); err == nil {
+			if _, err := h.c.Renew(ctx, h.id, 30*time.Second); err == nil {
 				kept = append(kept, h)
 			}
 		}

@@ -102,18 +102,10 @@ func TestAlertsReachAlertmanager(t *testing.T) {
 	if err != nil {
 		t.Fatal("prometheus-alertmanager is not installed (make deps installs it)")
 	}
-	const adminToken, serverToken = "admin-token-0123456789", "server-token-0123456789"
 	dir := t.TempDir()
-	config := filepath.Join(dir, "allocator.yaml")
-	if err := os.WriteFile(config, []byte(fmt.Sprintf(`admin: {tokens: [%s]}
-servers: {tokens: [%s]}
-namespaces:
-  ml: {hard: {requests.bitfusion.io/gpu: 200}}
-`, adminToken, serverToken)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	a := startAllocator(t, "--data-dir", t.TempDir(), "--config", config, "--heartbeat-timeout", "5s")
-	admin := newClient(t, a.URL, adminToken)
+	config := writePoolConfig(t, map[string]int64{"ml": 200})
+	a := startAllocator(t, "--data-dir", t.TempDir(), "--config", config.Path, "--heartbeat-timeout", "5s")
+	ml := newClient(t, a.URL, config.Tenant["ml"])
 	logs := &syncBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -125,8 +117,7 @@ namespaces:
 		if servers[name] == "" {
 			servers[name] = "127.0.0.1:" + freePort(t)
 		}
-		return startBinary(t, logs, "gpupool-server", regexp.MustCompile(`gpu server serving`), "--allocator", a.URL, "--token", serverToken,
-			"--name", name, "--listen", servers[name], "--probe-listen", "127.0.0.1:0", "--simulate-gpus", "H100:80Gi:2",
+		return startDaemon(t, logs, config.Servers, "--allocator", a.URL, "--name", name, "--listen", servers[name], "--probe-listen", "127.0.0.1:0", "--simulate-gpus", "H100:80Gi:2",
 			"--interval", "500ms", "--heartbeat", "500ms")
 	}
 	start("gpu-0")
@@ -172,11 +163,11 @@ receivers:
 	resolved := hook.wait(t, "GPUPoolServerDown", "resolved", map[string]string{"server": "gpu-1"}, restarted, 60*time.Second)
 	t.Logf("GPUPoolServerDown resolved %v after the restart", resolved.at.Sub(restarted).Round(time.Second))
 
-	// Namespace ml fills its quota of two GPUs.
+	// Namespace ml fills its quota of two GPUs, with its own token.
 	filled := time.Now()
 	var leases []string
 	for i := range 2 {
-		l, err := admin.Acquire(context.Background(), api.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: 100, TTL: "10m",
+		l, err := ml.Acquire(context.Background(), api.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: 100, TTL: "10m",
 			Owner: allocator.Owner{Pod: fmt.Sprint("trainer-", i)}})
 		if err != nil {
 			t.Fatal(err)
@@ -190,7 +181,7 @@ receivers:
 	t.Logf("GPUPoolQuotaNearlyExhausted fired %v after the quota filled", full.at.Sub(filled).Round(time.Second))
 	released := time.Now()
 	for _, id := range leases {
-		if err := admin.Release(context.Background(), id); err != nil {
+		if err := ml.Release(context.Background(), id); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -24,10 +24,13 @@ import (
 // TestRunEndToEnd: `gpupool run -n 1 -p 50 -- cmd` against the allocator
 // binary; the lease shows in /metrics and `gpupool leases` while the command
 // runs and is gone after it exits, whose status `gpupool run` passes on.
+// Tokens are on: the servers register with the servers token, the CLI acts
+// with namespace ml's.
 func TestRunEndToEnd(t *testing.T) {
-	a := startAllocator(t, "--data-dir", t.TempDir())
-	register(t, newClient(t, a.URL, ""), gpuServer("gpu-a", 2), gpuServer("gpu-b", 4))
-	env := []string{"GPUPOOL_ALLOCATOR=" + a.URL, "GPUPOOL_NAMESPACE=ml", "POD_NAME=trainer-0"}
+	config := writePoolConfig(t, map[string]int64{"ml": noQuota})
+	a := startAllocator(t, "--data-dir", t.TempDir(), "--config", config.Path)
+	register(t, newClient(t, a.URL, config.Servers), gpuServer("gpu-a", 2), gpuServer("gpu-b", 4))
+	env := append(config.tenantEnv(t, a.URL, "ml"), "POD_NAME=trainer-0")
 
 	marker := filepath.Join(t.TempDir(), "lease")
 	run := exec.Command(filepath.Join(binDir, "gpupool"), "run", "-n", "1", "-p", "50", "--ttl", "3s", "--",
@@ -80,41 +83,40 @@ func TestRunEndToEnd(t *testing.T) {
 // TestCrashKeepsAcknowledgedLeases kills the allocator with SIGKILL under a
 // concurrent acquire/release load and restarts it on the same data dir.
 func TestCrashKeepsAcknowledgedLeases(t *testing.T) {
-	dir := t.TempDir()
-	args := []string{"--data-dir", filepath.Join(dir, "data"), "--config", writeConfig(t, dir)}
+	config := writeLoadConfig(t)
+	args := []string{"--data-dir", filepath.Join(t.TempDir(), "data"), "--config", config.Path}
 	a := startAllocator(t, args...)
-	c := newClient(t, a.URL, adminToken)
+	register(t, newClient(t, a.URL, config.Servers), loadServers()...)
+	c := newClient(t, a.URL, config.Tenant["load"])
 	c.Retries = 1
 	crashUnderLoad(t, c, a.kill, func() *client.Client {
-		return newClient(t, startAllocator(t, args...).URL, adminToken)
+		return newClient(t, startAllocator(t, args...).URL, config.Tenant["load"])
 	})
 }
 
-const adminToken = "e2e-test-admin-token"
-
-func writeConfig(t *testing.T, dir string) string {
-	t.Helper()
-	config := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(config, []byte(`admin: {tokens: [`+adminToken+`]}
-namespaces:
-  load: {hard: {requests.bitfusion.io/gpu: 100000}}
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return config
+// writeLoadConfig is the config of the crash tests: the load's namespace
+// with a quota it never reaches, so that quota is counted but refuses
+// nothing.
+func writeLoadConfig(t *testing.T) *poolConfig {
+	return writePoolConfig(t, map[string]int64{"load": 100000})
 }
 
-// crashUnderLoad runs 8 clients acquiring and releasing through c, calls
-// crash mid-flight, then checks through the client recover returns: no
-// acknowledged lease is lost, no acknowledged release comes back, a retried
-// request never gets a second lease, and the books balance.
-func crashUnderLoad(t *testing.T, c *client.Client, crash func(), recover func() *client.Client) {
-	t.Helper()
+// loadServers are the GPU servers the crash tests load: 4 of 8 GPUs.
+func loadServers() []allocator.Server {
 	var servers []allocator.Server
 	for i := range 4 {
 		servers = append(servers, gpuServer(fmt.Sprint("s", i), 8))
 	}
-	register(t, c, servers...)
+	return servers
+}
+
+// crashUnderLoad runs 8 clients acquiring and releasing in namespace load
+// through c (which holds its token), with loadServers registered, calls
+// crash mid-flight, then checks through the client recover returns: no
+// acknowledged lease is lost, no acknowledged release comes back, a
+// retried request never gets a second lease, and the books balance.
+func crashUnderLoad(t *testing.T, c *client.Client, crash func(), recover func() *client.Client) {
+	t.Helper()
 
 	type outcome struct {
 		req       api.AcquireRequest
@@ -297,11 +299,15 @@ func waitFor(t *testing.T, cond func() bool) {
 // TestRunForwardsSignalsAndStopsWhenTheLeaseIsGone: SIGTERM to `gpupool run`
 // reaches the command, whose status it returns, and the lease is released;
 // a lease that disappears (released elsewhere) stops the command.
+//
+// `gpupool run` holds namespace ml's token; the operator who lists and
+// releases its lease the admin token.
 func TestRunForwardsSignalsAndStopsWhenTheLeaseIsGone(t *testing.T) {
-	a := startAllocator(t, "--data-dir", t.TempDir())
-	c := newClient(t, a.URL, "")
-	register(t, c, gpuServer("gpu-a", 1))
-	env := []string{"GPUPOOL_ALLOCATOR=" + a.URL}
+	config := writePoolConfig(t, map[string]int64{"ml": noQuota})
+	a := startAllocator(t, "--data-dir", t.TempDir(), "--config", config.Path)
+	register(t, newClient(t, a.URL, config.Servers), gpuServer("gpu-a", 1))
+	c := newClient(t, a.URL, config.Admin)
+	env := config.tenantEnv(t, a.URL, "ml")
 	start := func() (*exec.Cmd, *strings.Builder) {
 		cmd := exec.Command(filepath.Join(binDir, "gpupool"), "run", "-n", "1", "-p", "30", "--ttl", "3s", "--",
 			"sh", "-c", `trap 'kill $!; exit 42' TERM; sleep 30 & wait`)

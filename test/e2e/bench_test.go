@@ -15,6 +15,7 @@ import (
 // BenchmarkAcquireRelease measures acquire+release round trips through the
 // allocator binary's HTTP API on loopback, from 16 concurrent clients, with
 // each store: every grant and release is durable before it is answered.
+// Tokens are on, as deployed: each client holds the namespace's token.
 // It reports durable acquisitions per second and the acquire latency's p50
 // and p99.
 func BenchmarkAcquireRelease(b *testing.B) {
@@ -27,11 +28,12 @@ func BenchmarkAcquireRelease(b *testing.B) {
 }
 
 func benchAcquireRelease(b *testing.B, args ...string) {
-	a := startAllocator(b, args...)
+	config := writePoolConfig(b, map[string]int64{"bench": noQuota})
+	a := startAllocator(b, append(args, "--config", config.Path)...)
 	ctx := context.Background()
-	admin := newClient(b, a.URL, "")
+	servers := newClient(b, a.URL, config.Servers)
 	for i := range 8 {
-		register(b, admin, gpuServer(fmt.Sprint("s", i), 8))
+		register(b, servers, gpuServer(fmt.Sprint("s", i), 8))
 	}
 	var mu sync.Mutex
 	var latencies []time.Duration
@@ -39,7 +41,7 @@ func benchAcquireRelease(b *testing.B, args ...string) {
 	b.ResetTimer()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
-		c, _ := client.New([]string{a.URL}, "")
+		c, _ := client.New([]string{a.URL}, config.Tenant["bench"])
 		var mine []time.Duration
 		for pb.Next() {
 			t0 := time.Now()

@@ -15,8 +15,9 @@ import (
 )
 
 // TestDemo runs `gpupool demo` as README's first command does, scrapes
-// every /metrics it prints while it runs, checks them with promtool, and
-// expects it to stop cleanly after --duration.
+// every /metrics it prints while it runs, checks them with promtool, uses
+// the tokens it prints (tokens are on: no token is a 401), and expects it
+// to stop cleanly after --duration.
 func TestDemo(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
@@ -31,26 +32,41 @@ func TestDemo(t *testing.T) {
 		t.Fatal(err)
 	}
 	var urls []string
-	var external string
+	var external, allocatorURL, tenantEnv, adminToken string
 	var out strings.Builder
 	sc := bufio.NewScanner(stdout)
+	allocatorLine := regexp.MustCompile(`^gpupool demo: allocator (http://\S+) \(tokens on`)
 	metricsLine := regexp.MustCompile(`metrics: (http://\S+/metrics)`)
 	externalLine := regexp.MustCompile(`external metrics: (https://\S+)`)
+	tenantLine := regexp.MustCompile(`try: (GPUPOOL_ALLOCATOR=\S+ GPUPOOL_TOKEN=\S+ GPUPOOL_NAMESPACE=ml) gpupool pool status`)
+	adminLine := regexp.MustCompile(`try: curl -s -H 'Authorization: Bearer (\S+)' \S+/v1/leases`)
 	for sc.Scan() {
 		line := sc.Text()
 		out.WriteString(line + "\n")
+		if m := allocatorLine.FindStringSubmatch(line); m != nil {
+			allocatorURL = m[1]
+		}
 		if m := metricsLine.FindStringSubmatch(line); m != nil {
 			urls = append(urls, m[1])
 		}
 		if m := externalLine.FindStringSubmatch(line); m != nil {
 			external = m[1]
 		}
-		if strings.HasPrefix(line, "  try:") {
+		if m := tenantLine.FindStringSubmatch(line); m != nil {
+			tenantEnv = m[1]
+		}
+		if m := adminLine.FindStringSubmatch(line); m != nil {
+			adminToken = m[1]
+		}
+		if line == "" { // the end of the header
 			break
 		}
 	}
 	if len(urls) != 4 {
 		t.Fatalf("demo printed %d /metrics URLs, want the allocator's and 3 servers':\n%s", len(urls), out.String())
+	}
+	if allocatorURL == "" || tenantEnv == "" || adminToken == "" {
+		t.Fatalf("demo did not print its allocator, namespace ml's token and the admin token:\n%s", out.String())
 	}
 	time.Sleep(5 * time.Second) // leases placed, processes sampled
 	for _, u := range urls {
@@ -87,6 +103,7 @@ func TestDemo(t *testing.T) {
 	if err != nil || list.Kind != "ExternalMetricValueList" || len(list.Items) != 1 {
 		t.Errorf("external metric: %v %+v", err, list)
 	}
+	demoTokens(t, allocatorURL, adminToken, strings.Fields(tenantEnv))
 	rest, _ := io.ReadAll(stdout)
 	out.Write(rest)
 	if err := cmd.Wait(); err != nil {
@@ -96,5 +113,39 @@ func TestDemo(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// demoTokens uses the tokens the demo printed: the allocator answers no
+// token 401, the admin token the leases (of every namespace), and the `gpupool`
+// line with namespace ml's token runs and sees ml's leases only.
+func demoTokens(t *testing.T, allocatorURL, admin string, tenantEnv []string) {
+	t.Helper()
+	get := func(token string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, allocatorURL+"/v1/leases", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, body := get(""); code != http.StatusUnauthorized {
+		t.Errorf("GET /v1/leases without a token: %d %s, want 401", code, body)
+	}
+	code, body := get(admin)
+	if code != http.StatusOK || !strings.Contains(body, `"namespace":"ml"`) {
+		t.Errorf("GET /v1/leases with the admin token: %d, want 200 and ml's leases:\n%s", code, body)
+	}
+	if out, code := gpupool(t, tenantEnv, "pool", "status"); code != 0 || !strings.Contains(out, "sim-h100-0") {
+		t.Errorf("%s gpupool pool status: exit %d\n%s", strings.Join(tenantEnv, " "), code, out)
+	}
+	out, code := gpupool(t, tenantEnv, "leases")
+	if code != 0 || !strings.Contains(out, "tf-training-0") || strings.Contains(out, "team-b") {
+		t.Errorf("gpupool leases with namespace ml's token: exit %d, want ml's leases only:\n%s", code, out)
 	}
 }

@@ -57,8 +57,8 @@ func freePort(t testing.TB) string {
 // clients retry through it, and nothing acknowledged is lost.
 func TestEtcdLeaderFailover(t *testing.T) {
 	endpoints := startEtcd(t)
-	dir := t.TempDir()
-	args := []string{"--store", "etcd", "--etcd-endpoints", endpoints, "--etcd-session-ttl", "2s", "--config", writeConfig(t, dir)}
+	config := writeLoadConfig(t)
+	args := []string{"--store", "etcd", "--etcd-endpoints", endpoints, "--etcd-session-ttl", "2s", "--config", config.Path}
 	leader := startAllocator(t, args...)
 	standby := startAllocator(t, args...)
 	t.Cleanup(func() {
@@ -69,7 +69,12 @@ func TestEtcdLeaderFailover(t *testing.T) {
 	if !strings.Contains(standby.logs.String(), "standing by") {
 		t.Fatalf("second replica did not stand by:\n%s", standby.logs)
 	}
-	c, err := client.New([]string{leader.URL, standby.URL}, adminToken)
+	servers, err := client.New([]string{leader.URL, standby.URL}, config.Servers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	register(t, servers, loadServers()...)
+	c, err := client.New([]string{leader.URL, standby.URL}, config.Tenant["load"])
 	if err != nil {
 		t.Fatal(err)
 	}

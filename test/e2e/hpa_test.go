@@ -63,6 +63,7 @@ type hpaRig struct {
 	workload  string
 	dir       string
 	serverArg []string
+	config    *poolConfig
 	serverMu  sync.Mutex
 	server    *exec.Cmd
 	logs      *syncBuffer
@@ -95,8 +96,11 @@ func startHPARig(t testing.TB, o rigOptions) *hpaRig {
 	})
 	r.setLoad(t, 0.25)
 
-	a := startAllocator(t, "--data-dir", t.TempDir(), "--heartbeat-timeout", "5s")
-	r.allocURL, r.client = a.URL, newClient(t, a.URL, "")
+	// Tokens on, as deployed: the daemon holds the servers token, each
+	// replica's `gpupool run` ml's, the adapter the admin token.
+	r.config = writePoolConfig(t, map[string]int64{hpaNamespace: noQuota})
+	a := startAllocator(t, "--data-dir", t.TempDir(), "--heartbeat-timeout", "5s", "--config", r.config.Path)
+	r.allocURL, r.client = a.URL, newClient(t, a.URL, r.config.Tenant[hpaNamespace])
 	daemonAddr := "127.0.0.1:" + freePort(t)
 	r.serverArg = []string{"--allocator", a.URL, "--name", "gpu-0", "--listen", daemonAddr, "--probe-listen", "127.0.0.1:0",
 		"--simulate-gpus", "H100:80Gi:8", "--simulated-workload", r.workload, "--interval", "200ms", "--process-every", "1",
@@ -120,7 +124,7 @@ func startHPARig(t testing.TB, o rigOptions) *hpaRig {
 	args := []string{"--secure-port", port, "--bind-address", "127.0.0.1", "--tls-cert-file", certFile,
 		"--tls-private-key-file", keyFile, "--kubeconfig", cp.Kubeconfig, "--authentication-kubeconfig", cp.Kubeconfig,
 		"--authorization-kubeconfig", cp.Kubeconfig, "--max-age", "10s", "--metrics-listen", "127.0.0.1:0",
-		"--backend", o.backend, "--allocator", a.URL}
+		"--backend", o.backend, "--allocator", a.URL, "--allocator-token-file", r.config.adminTokenFile(t)}
 	if o.backend == "prometheus" {
 		args = append(args, "--prometheus-url", metricstest.StartPrometheus(t, o.scrape, a.URL, "http://"+daemonAddr))
 	}
@@ -160,7 +164,16 @@ func tail(s string, lines int) string {
 // output in logs, and waits until it logs a line matching ready.
 func startBinary(t testing.TB, logs *syncBuffer, name string, ready *regexp.Regexp, args ...string) *exec.Cmd {
 	t.Helper()
+	return startBinaryEnv(t, logs, nil, name, ready, args...)
+}
+
+// startBinaryEnv is startBinary with env added to the binary's environment.
+func startBinaryEnv(t testing.TB, logs *syncBuffer, env []string, name string, ready *regexp.Regexp, args ...string) *exec.Cmd {
+	t.Helper()
 	cmd := exec.Command(filepath.Join(binDir, name), args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	out, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -191,7 +204,7 @@ func startBinary(t testing.TB, logs *syncBuffer, name string, ready *regexp.Rege
 }
 
 func (r *hpaRig) startServer(t testing.TB) {
-	cmd := startBinary(t, r.logs, "gpupool-server", regexp.MustCompile(`gpu server serving`), r.serverArg...)
+	cmd := startDaemon(t, r.logs, r.config.Servers, r.serverArg...)
 	r.serverMu.Lock()
 	r.server = cmd
 	r.serverMu.Unlock()
@@ -269,9 +282,10 @@ func (r *hpaRig) createWorkload(t testing.TB) {
 	}
 }
 
-// followReplicas is what each replica's `gpupool run` does: a Ready pod
-// holds a lease of half a GPU, owned by the pod (its UID is how the
-// daemon attributes the work); a pod that is gone releases it.
+// followReplicas is what each replica's `gpupool run` does with the
+// namespace's token: a Ready pod holds a lease of half a GPU, owned by the
+// pod (its UID is how the daemon attributes the work); a pod that is gone
+// releases it.
 func (r *hpaRig) followReplicas(ctx context.Context) {
 	held := map[string]string{} // pod UID -> lease ID
 	tick := time.NewTicker(200 * time.Millisecond)

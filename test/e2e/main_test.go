@@ -4,6 +4,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -36,6 +37,19 @@ func TestMain(m *testing.M) {
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building the binaries:", err)
 		os.Exit(1)
+	}
+	// GPUPOOL_E2E_ALLOCATOR runs the tests against another allocator
+	// binary, e.g. an older commit's, to see a test fail before its fix.
+	if old := os.Getenv("GPUPOOL_E2E_ALLOCATOR"); old != "" {
+		b, err := os.ReadFile(old) //nolint:gosec // the developer names it
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, "gpupool-allocator"), b, 0o755) //nolint:gosec // an executable
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "GPUPOOL_E2E_ALLOCATOR:", err)
+			os.Exit(1)
+		}
+		fmt.Fprintln(os.Stderr, "e2e: running the allocator", old)
 	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)
@@ -168,4 +182,74 @@ func gpupool(t *testing.T, env []string, args ...string) (string, int) {
 		t.Fatal(err)
 	}
 	return string(out), code
+}
+
+// poolConfig is an allocator config written as deploy/base's is: tokens on
+// for everyone, each with its own.
+type poolConfig struct {
+	// Path is the allocator's --config.
+	Path string
+	// Admin is an operator's token, and the adapter's; Servers the
+	// gpupool-server daemons' (one for all, as the DaemonSet's Secret).
+	Admin, Servers string
+	// Tenant is each namespace's token, what its pods' `gpupool run` holds.
+	Tenant map[string]string
+}
+
+// noQuota is a namespace with a token and no quota.
+const noQuota = -1
+
+// writePoolConfig writes an allocator config with an admin token, a
+// servers token and a token per namespace of quotas, whose value is the
+// namespace's quota in percent of one GPU (or noQuota). The tokens are
+// random: no test leans on a well-known one.
+func writePoolConfig(t testing.TB, quotas map[string]int64) *poolConfig {
+	t.Helper()
+	dir := t.TempDir()
+	c := &poolConfig{Path: filepath.Join(dir, "allocator-config.yaml"), Admin: "admin-" + rand.Text(),
+		Servers: "servers-" + rand.Text(), Tenant: map[string]string{}}
+	var b strings.Builder
+	fmt.Fprintf(&b, "admin: {tokens: [%s]}\nservers: {tokens: [%s]}\nnamespaces:\n", c.Admin, c.Servers)
+	for ns, quota := range quotas {
+		c.Tenant[ns] = ns + "-" + rand.Text()
+		fmt.Fprintf(&b, "  %s:\n    tokens: [%s]\n", ns, c.Tenant[ns])
+		if quota != noQuota {
+			fmt.Fprintf(&b, "    hard: {requests.bitfusion.io/gpu: %d}\n", quota)
+		}
+	}
+	if err := os.WriteFile(c.Path, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// tenantEnv is the environment of a `gpupool` command acting in namespace
+// ns with its token, as a pod of ns runs it.
+func (c *poolConfig) tenantEnv(t testing.TB, allocatorURL, ns string) []string {
+	t.Helper()
+	token, ok := c.Tenant[ns]
+	if !ok {
+		t.Fatalf("namespace %s has no token in the config", ns)
+	}
+	return []string{"GPUPOOL_ALLOCATOR=" + allocatorURL, "GPUPOOL_TOKEN=" + token, "GPUPOOL_NAMESPACE=" + ns}
+}
+
+// adminTokenFile writes the admin token to a file, the adapter's
+// --allocator-token-file (a Secret's key mounted as a file).
+func (c *poolConfig) adminTokenFile(t testing.TB) string {
+	t.Helper()
+	path := filepath.Join(filepath.Dir(c.Path), "admin-token")
+	if err := os.WriteFile(path, []byte(c.Admin+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// startDaemon runs gpupool-server until the test ends, with the servers
+// token in GPUPOOL_TOKEN as deploy/base/server.yaml gives it (not on the
+// command line, which every process on the host can read), and waits
+// until it serves.
+func startDaemon(t testing.TB, logs *syncBuffer, token string, args ...string) *exec.Cmd {
+	t.Helper()
+	return startBinaryEnv(t, logs, []string{"GPUPOOL_TOKEN=" + token}, "gpupool-server", regexp.MustCompile(`gpu server serving`), args...)
 }

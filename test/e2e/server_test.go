@@ -21,12 +21,15 @@ import (
 // the simulated source registers with the allocator; `gpupool run` reports
 // its command's PID to it and probes the data path; the daemon attributes
 // the command's GPU use to the lease and publishes the round trips it
-// measured, and the client pushes its own.
+// measured, and the client pushes its own. Tokens are on: the daemon
+// holds the servers token, `gpupool run` namespace ml's.
 func TestGPUServerAttributesRunAndMeasuresLatency(t *testing.T) {
-	a := startAllocator(t, "--data-dir", t.TempDir())
+	config := writePoolConfig(t, map[string]int64{"ml": noQuota})
+	a := startAllocator(t, "--data-dir", t.TempDir(), "--config", config.Path)
 	srv := exec.Command(filepath.Join(binDir, "gpupool-server"), "--allocator", a.URL, "--name", "sim-0",
 		"--listen", "127.0.0.1:0", "--probe-listen", "127.0.0.1:0", "--simulate-gpus", "H100:80Gi:2",
 		"--interval", "200ms", "--process-every", "1", "--heartbeat", "500ms")
+	srv.Env = append(os.Environ(), "GPUPOOL_TOKEN="+config.Servers)
 	stderr, err := srv.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +54,7 @@ func TestGPUServerAttributesRunAndMeasuresLatency(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("gpupool-server did not start")
 	}
-	c := newClient(t, a.URL, "")
+	c := newClient(t, a.URL, config.Tenant["ml"])
 	waitFor(t, func() bool { p, err := c.Pool(context.Background()); return err == nil && len(p.Servers) == 1 })
 
 	var mu sync.Mutex
@@ -73,7 +76,7 @@ func TestGPUServerAttributesRunAndMeasuresLatency(t *testing.T) {
 
 	run := exec.Command(filepath.Join(binDir, "gpupool"), "run", "-n", "1", "-p", "50", "--pod", "trainer-0",
 		"--metrics-push-url", push.URL, "--", "sleep", "4")
-	run.Env = append(os.Environ(), "GPUPOOL_ALLOCATOR="+a.URL, "NODE_NAME=client-node-1")
+	run.Env = append(append(os.Environ(), config.tenantEnv(t, a.URL, "ml")...), "NODE_NAME=client-node-1")
 	var out strings.Builder
 	run.Stdout, run.Stderr = &out, &out
 	if err := run.Start(); err != nil {
