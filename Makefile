@@ -74,6 +74,7 @@ fuzz: ## fuzz the pool's operation stream, request decoding and quantity parsing
 	$(GO) test ./allocator -run '^$$' -fuzz FuzzPool -fuzztime 60s
 	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzAcquireRequest -fuzztime 60s
 	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzParseGPUMemory -fuzztime 60s
+	$(GO) test ./gpuserver -run '^$$' -fuzz FuzzProcessReport -fuzztime 60s
 
 .PHONY: rewrite
 rewrite: ## rewrite the scenario files' expected output (read the diff!)

@@ -8,9 +8,11 @@ package gpuserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,7 +31,10 @@ type Config struct {
 	// Inventory is the server as it registers: name, GPUs, CPU, memory, labels.
 	Inventory allocator.Server
 	Client    *client.Client
-	Samplers  []*collector.Sampler
+	// AllocatorURLs are the allocator's replicas, where a process report is
+	// checked with the reporter's own token.
+	AllocatorURLs []string
+	Samplers      []*collector.Sampler
 	// Fabric, when set, reads the host's RDMA ports.
 	Fabric *collector.Fabric
 	// Heartbeat is how often the daemon checks in and refreshes its leases.
@@ -42,6 +47,9 @@ type Config struct {
 	// PodOf returns the Kubernetes pod UID a process runs in ("" for
 	// none), for sources that do not tell; nil skips that.
 	PodOf func(pid int) string
+	// Alive reports whether a process exists, so that reports of gone
+	// processes are refused and pruned; nil counts every process alive.
+	Alive func(pid int) bool
 	// Clock dates scrapes (snapshot ages); time.Now when nil.
 	Clock func() time.Time
 	Log   *slog.Logger
@@ -58,9 +66,26 @@ type Daemon struct {
 	mu     sync.Mutex
 	leases []allocator.Lease
 	pids   map[int]pidEntry // as `gpupool run` reported
-	// pods caches PodOf per PID until the leases next change.
+	// pods caches PodOf per PID until the leases next change, or it holds
+	// maxPIDs entries.
 	pods map[int]string
 }
+
+// The process registry holds at most maxPIDs processes, maxPIDsPerLease of
+// one lease: `gpupool run` reports one per lease (its children count
+// through their ancestry), so the caps only stop a reporter from crowding
+// out the others.
+const (
+	maxPIDs         = 4096
+	maxPIDsPerLease = 64
+	// maxAncestry bounds the walks up a process's ancestors.
+	maxAncestry = 32
+)
+
+// registryFullError refuses a report when the registry is at a cap.
+type registryFullError struct{ limit string }
+
+func (e *registryFullError) Error() string { return "the process registry is full: " + e.limit }
 
 // pidEntry is a reported process: its lease, and when it was reported, so
 // that a lease list fetched before the report does not drop it.
@@ -96,11 +121,61 @@ func (d *Daemon) Leases() []allocator.Lease {
 	return d.leases
 }
 
-// RegisterPID records that pid runs under lease (from `gpupool run`).
-func (d *Daemon) RegisterPID(pid int, lease string) {
+// RegisterPID records that pid runs under lease (from `gpupool run`),
+// replacing what an earlier report said of pid. It refuses with a
+// *registryFullError when the registry, pruned of gone processes, or the
+// lease's part of it is at its cap.
+func (d *Daemon) RegisterPID(pid int, lease string) error {
+	err := d.addPID(pid, lease)
+	var full *registryFullError
+	if errors.As(err, &full) {
+		d.pruneGone()
+		err = d.addPID(pid, lease)
+	}
+	return err
+}
+
+func (d *Daemon) addPID(pid int, lease string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.pids[pid] = pidEntry{lease: lease, at: time.Now()}
+	if e, ok := d.pids[pid]; !ok || e.lease != lease {
+		n := 0
+		for _, e := range d.pids {
+			if e.lease == lease {
+				n++
+			}
+		}
+		if n >= maxPIDsPerLease {
+			return &registryFullError{limit: fmt.Sprintf("at most %d processes per lease", maxPIDsPerLease)}
+		}
+		if !ok && len(d.pids) >= maxPIDs {
+			return &registryFullError{limit: fmt.Sprintf("at most %d processes on this server", maxPIDs)}
+		}
+	}
+	d.pids[pid] = pidEntry{lease: lease, at: d.now()}
+	return nil
+}
+
+// pruneGone drops the registered processes that no longer exist; it looks
+// them up without holding the lock, which scrapes need.
+func (d *Daemon) pruneGone() {
+	if d.cfg.Alive == nil {
+		return
+	}
+	d.mu.Lock()
+	pids := slices.Collect(maps.Keys(d.pids))
+	d.mu.Unlock()
+	var gone []int
+	for _, pid := range pids {
+		if !d.cfg.Alive(pid) {
+			gone = append(gone, pid)
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, pid := range gone {
+		delete(d.pids, pid)
+	}
 }
 
 // PIDOf returns a PID reported for the lease.
@@ -180,7 +255,7 @@ func (d *Daemon) heartbeat(ctx context.Context) bool {
 // intervals (a hung driver call), vouches for none of its GPUs.
 func (d *Daemon) health() map[string]bool {
 	out := map[string]bool{}
-	now := time.Now()
+	now := d.now()
 	for _, s := range d.cfg.Samplers {
 		snap := s.Latest()
 		fresh := snap.Err == nil && now.Sub(snap.Time) <= staleRounds*s.Interval
@@ -195,8 +270,12 @@ func (d *Daemon) health() map[string]bool {
 // GPUs count as unhealthy.
 const staleRounds = 5
 
+// refreshLeases fetches the leases on this server, and prunes the process
+// registry of gone processes and, once the leases are known, of processes
+// whose lease is gone.
 func (d *Daemon) refreshLeases(ctx context.Context) {
-	fetched := time.Now()
+	d.pruneGone()
+	fetched := d.now()
 	leases, err := d.cfg.Client.Leases(ctx, client.LeaseFilter{Server: d.cfg.Inventory.Name})
 	if err != nil {
 		if !errors.Is(err, context.Canceled) {
@@ -219,7 +298,7 @@ func (d *Daemon) refreshLeases(ctx context.Context) {
 // names (for it or its nearest registered ancestor), else its pod's UID.
 func (d *Daemon) attribute(p *collector.Process, pids map[int]string) (string, bool) {
 	pid := p.PID
-	for range 32 {
+	for range maxAncestry {
 		if lease, ok := pids[pid]; ok {
 			return lease, true
 		}
@@ -251,7 +330,7 @@ func (d *Daemon) podOf(pid int) string {
 	}
 	uid = d.cfg.PodOf(pid)
 	d.mu.Lock()
-	if d.pods == nil {
+	if d.pods == nil || len(d.pods) >= maxPIDs {
 		d.pods = map[int]string{}
 	}
 	d.pods[pid] = uid

@@ -1,51 +1,34 @@
 package gpuserver
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sys/unix"
 
+	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
+	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
+	"github.com/gpupool/gpupool/internal/httpserver"
 )
 
-// ProcessReport is what `gpupool run` tells the daemon: the command it
-// started runs under this lease.
-type ProcessReport struct {
-	PID   int    `json:"pid"`
-	Lease string `json:"lease"`
-}
-
-// ReportProcess tells the daemon at url that a process runs under a lease.
-func ReportProcess(ctx context.Context, url string, p ProcessReport) error {
-	body, err := json.Marshal(p)
-	if err != nil {
-		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(url, "/")+"/v1/processes", bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		return fmt.Errorf("daemon answered %s", resp.Status)
-	}
-	return nil
-}
-
-// Handler serves /metrics, /healthz, GET /v1/usage and POST /v1/processes.
+// Handler serves /metrics, /healthz and GET /v1/usage over TCP. Process
+// reports come over the Unix socket of ProcessServer instead, where the
+// kernel tells who sends them.
 func Handler(d *Daemon, gatherer prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
@@ -54,27 +37,282 @@ func Handler(d *Daemon, gatherer prometheus.Gatherer) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(d.UsageReport())
 	})
+	return mux
+}
+
+const (
+	// maxReportBody bounds a process report; one is under 100 bytes.
+	maxReportBody = 4096
+	// maxPID is Linux's PID_MAX_LIMIT on 64-bit hosts.
+	maxPID = 1 << 22
+	// maxLeaseIDLen bounds a lease ID; the allocator's are 12 bytes.
+	maxLeaseIDLen = 64
+	// leaseCheckTimeout bounds asking the allocator about a reported
+	// lease, failovers included.
+	leaseCheckTimeout = 5 * time.Second
+)
+
+// ListenProcessSocket listens for process reports on the Unix socket at
+// path. It creates the directory, replaces a socket that no daemon answers
+// on (left by one that was killed), refuses one that a daemon answers on,
+// and lets every local user connect: reports are checked, not reporters.
+// Closing the listener removes the socket.
+func ListenProcessSocket(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil { //nolint:gosec // local users must reach the socket in it
+		return nil, err
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&fs.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("%s: another daemon answers on it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, err
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o666); err != nil { //nolint:gosec // every local process may report; each report is checked
+		_ = ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// ProcessServer serves POST /v1/processes (a gpuapi.ProcessReport) on the
+// listener of ListenProcessSocket. A report is taken when the kernel's
+// word on the sender (its peer credentials) shows that it may speak for
+// the process, and the allocator, asked with the sender's bearer token,
+// that the token may use the lease and the lease is on this server.
+func ProcessServer(d *Daemon) *http.Server {
+	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/processes", func(w http.ResponseWriter, r *http.Request) {
-		// A PID means something only on this host: reports come from
-		// `gpupool run` here, over loopback, and from nowhere else.
-		if host, _, err := net.SplitHostPort(r.RemoteAddr); err != nil || !net.ParseIP(host).IsLoopback() {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusForbidden)
-			_ = json.NewEncoder(w).Encode(api.Error{Reason: api.ReasonForbidden, Message: "process reports are taken from this host only"})
+		if ref := d.takeReport(w, r); ref != nil {
+			writeError(w, ref.status, &ref.body)
 			return
 		}
-		var p ProcessReport
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&p); err != nil || p.PID <= 1 || p.Lease == "" {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusBadRequest)
-			_ = json.NewEncoder(w).Encode(api.Error{Reason: api.ReasonInvalid, Message: "want {\"pid\": >1, \"lease\": \"lease-...\"}",
-				Field: "pid", Limit: "must be a process ID above 1, with the lease it runs under"})
-			return
-		}
-		d.RegisterPID(p.PID, p.Lease)
 		w.WriteHeader(http.StatusNoContent)
 	})
-	return mux
+	srv := httpserver.New(mux, httpserver.Default)
+	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		pid, err := peerPID(c)
+		return context.WithValue(ctx, peerKey{}, peer{pid: pid, err: err})
+	}
+	return srv
+}
+
+// peerKey keys the sender's peer in a connection's context.
+type peerKey struct{}
+
+type peer struct {
+	pid int
+	err error
+}
+
+// peerPID reads the PID of the process at the other end of a Unix socket
+// (SO_PEERCRED), as of when it connected, in this daemon's PID namespace;
+// 0 when the sender's namespace is not visible from the daemon's.
+func peerPID(c net.Conn) (int, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return 0, fmt.Errorf("process reports come over a Unix socket, not %s", c.LocalAddr().Network())
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if credErr != nil {
+		return 0, fmt.Errorf("reading the peer credentials: %w", credErr)
+	}
+	return int(cred.Pid), nil
+}
+
+// refusal is a report refused: the status and the body.
+type refusal struct {
+	status int
+	body   api.Error
+}
+
+func refuse(status int, reason, field, value, limit, message string) *refusal {
+	return &refusal{status: status, body: api.Error{Reason: reason, Message: message, Field: field, Value: value, Limit: limit}}
+}
+
+func invalid(field, value, limit string) *refusal {
+	e := allocator.FieldError{Field: field, Value: value, Limit: limit}
+	return refuse(http.StatusBadRequest, api.ReasonInvalid, field, value, limit, e.Error())
+}
+
+func writeError(w http.ResponseWriter, status int, e *api.Error) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(e)
+}
+
+// takeReport checks a process report and registers it, or says why not.
+func (d *Daemon) takeReport(w http.ResponseWriter, r *http.Request) *refusal {
+	sender, _ := r.Context().Value(peerKey{}).(peer)
+	if sender.err != nil {
+		d.cfg.Log.Error("process report: cannot tell who sent it", "err", sender.err)
+		return refuse(http.StatusInternalServerError, api.ReasonInternal, "", "", "", "cannot read the sender's credentials")
+	}
+	if sender.pid <= 0 {
+		return refuse(http.StatusForbidden, api.ReasonForbidden, "", "", "",
+			"the sender runs in a PID namespace this daemon cannot see: report from the host's namespace or one below it")
+	}
+	rep, ref := parseReport(http.MaxBytesReader(w, r.Body, maxReportBody))
+	if ref != nil {
+		return ref
+	}
+	pid := rep.PID
+	if pid == 0 {
+		pid = sender.pid
+	}
+	if ref := d.mayReport(sender.pid, pid); ref != nil {
+		return ref
+	}
+	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if ref := d.checkLease(r.Context(), token, rep.Lease); ref != nil {
+		return ref
+	}
+	var full *registryFullError
+	if err := d.RegisterPID(pid, rep.Lease); errors.As(err, &full) {
+		return refuse(http.StatusServiceUnavailable, api.ReasonUnavailable, "pid", strconv.Itoa(pid), full.limit,
+			err.Error()+"; reports are taken again as reported processes end")
+	}
+	return nil
+}
+
+// pidLimit is the limit of a report's pid.
+var pidLimit = fmt.Sprintf("must be a process ID 2..%d, or omitted for the sender itself", maxPID)
+
+// reportBodyLimit is the limit of a report's body as a whole.
+const reportBodyLimit = `one JSON object {"pid": N, "lease": "lease-..."}, pid optional`
+
+// parseReport decodes and validates a process report's body, which the
+// caller bounds with http.MaxBytesReader.
+func parseReport(body io.Reader) (gpuapi.ProcessReport, *refusal) {
+	var rep gpuapi.ProcessReport
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&rep)
+	if err == nil {
+		// Anything but white space after the object is refused, not
+		// ignored: the sender meant something else.
+		if _, err = dec.Token(); errors.Is(err, io.EOF) {
+			err = nil
+		} else if err == nil {
+			err = errors.New("more after the JSON object")
+		}
+	}
+	var tooLarge *http.MaxBytesError
+	var wrongType *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &tooLarge):
+		limit := fmt.Sprintf("at most %d bytes", tooLarge.Limit)
+		return rep, refuse(http.StatusRequestEntityTooLarge, api.ReasonRequestTooLarge, "", "", limit, "process report larger than "+limit)
+	case errors.As(err, &wrongType) && wrongType.Field != "":
+		limit := pidLimit
+		if wrongType.Field != "pid" {
+			limit = "must be a string, the lease ID"
+		}
+		return rep, invalid(wrongType.Field, wrongType.Value, limit)
+	case err != nil && strings.HasPrefix(err.Error(), "json: unknown field "):
+		name, _ := strconv.Unquote(strings.TrimPrefix(err.Error(), "json: unknown field "))
+		return rep, invalid(name, "", "is not a field of a process report (pid, lease)")
+	case err != nil:
+		return rep, refuse(http.StatusBadRequest, api.ReasonInvalid, "", "", reportBodyLimit, "body is not a process report: "+err.Error())
+	}
+	if rep.PID < 0 || rep.PID == 1 || rep.PID > maxPID {
+		return rep, invalid("pid", strconv.Itoa(rep.PID), pidLimit)
+	}
+	if !validLeaseID(rep.Lease) {
+		return rep, invalid("lease", rep.Lease, fmt.Sprintf("must be a lease ID of 1..%d letters, digits, '.', '_' or '-'", maxLeaseIDLen))
+	}
+	return rep, nil
+}
+
+func validLeaseID(s string) bool {
+	if s == "" || len(s) > maxLeaseIDLen {
+		return false
+	}
+	for _, c := range []byte(s) {
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && c != '-' && c != '.' && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// mayReport refuses a report of pid by the process sender unless pid is
+// the sender, a descendant of it, or a process of the sender's pod: a
+// process speaks for what it started and for its pod, never for another's
+// processes, whose use would move to the sender's lease.
+func (d *Daemon) mayReport(sender, pid int) *refusal {
+	if pid == sender {
+		return nil
+	}
+	value := strconv.Itoa(pid)
+	if d.cfg.Alive != nil && !d.cfg.Alive(pid) {
+		return refuse(http.StatusBadRequest, api.ReasonInvalid, "pid", value, "must be a running process", "pid "+value+": no such process")
+	}
+	if d.cfg.Parent != nil {
+		p := pid
+		for range maxAncestry {
+			parent, ok := d.cfg.Parent(p)
+			if !ok || parent <= 1 {
+				break
+			}
+			if parent == sender {
+				return nil
+			}
+			p = parent
+		}
+	}
+	if d.cfg.PodOf != nil {
+		if pod := d.cfg.PodOf(sender); pod != "" && pod == d.cfg.PodOf(pid) {
+			return nil
+		}
+	}
+	return refuse(http.StatusForbidden, api.ReasonForbidden, "pid", value, "must be the sender itself, a descendant of it, or a process of its pod",
+		fmt.Sprintf("pid %d is not the sender (pid %d), a descendant of it, or a process of its pod", pid, sender))
+}
+
+// checkLease refuses a lease unless the allocator, asked with the sender's
+// token, shows it (so the token may use its namespace) on this server.
+func (d *Daemon) checkLease(ctx context.Context, token, id string) *refusal {
+	server := d.cfg.Inventory.Name
+	limit := "must be a live lease on server " + server + " that the bearer token may use"
+	cl, err := client.New(d.cfg.AllocatorURLs, token)
+	if err != nil {
+		d.cfg.Log.Error("process report: no allocator to check the lease with", "err", err)
+		return refuse(http.StatusInternalServerError, api.ReasonInternal, "", "", "", "the daemon cannot check leases")
+	}
+	ctx, cancel := context.WithTimeout(ctx, leaseCheckTimeout)
+	defer cancel()
+	l, err := cl.Lease(ctx, id)
+	switch {
+	case client.IsReason(err, api.ReasonNotFound):
+		return refuse(http.StatusNotFound, api.ReasonNotFound, "lease", id, limit, "lease "+id+" not found, or the bearer token may not use it")
+	case client.IsReason(err, api.ReasonUnauthorized):
+		return refuse(http.StatusUnauthorized, api.ReasonUnauthorized, "", "", "", "the allocator refused the bearer token: "+err.Error())
+	case err != nil:
+		d.cfg.Log.Warn("process report: checking the lease", "lease", id, "err", err)
+		return refuse(http.StatusServiceUnavailable, api.ReasonUnavailable, "", "", "", "cannot check the lease with the allocator now; retry")
+	case l.Server != server:
+		return refuse(http.StatusForbidden, api.ReasonForbidden, "lease", id, limit, fmt.Sprintf("lease %s is on server %s, not %s", id, l.Server, server))
+	}
+	return nil
 }

@@ -51,6 +51,11 @@ const (
 	// maxProbeClients bounds the connections (and client_node series) a
 	// daemon serves.
 	maxProbeClients = 512
+	// maxProbesPerAddress bounds the connections from one address, so that
+	// one client cannot take every slot: it would need 128 addresses.
+	// Probes from one address measure one path (`gpupool run` opens one per
+	// command), so a few carry all there is to measure.
+	maxProbesPerAddress = 4
 	// forgetAfter is how long a gone client node's series stays.
 	forgetAfter = 10 * time.Minute
 )
@@ -155,7 +160,8 @@ func probe(ctx context.Context, conn net.Conn, interval time.Duration, observe f
 func ServeProbes(ctx context.Context, ln net.Listener, server string, interval time.Duration, hist *prometheus.HistogramVec, log *slog.Logger) {
 	go func() { <-ctx.Done(); _ = ln.Close() }()
 	var mu sync.Mutex
-	conns := map[string]int{} // connections per client node
+	conns := map[string]int{}   // connections per client node
+	perAddr := map[string]int{} // connections per remote address
 	total := 0
 	for {
 		conn, err := ln.Accept()
@@ -167,25 +173,43 @@ func ServeProbes(ctx context.Context, ln net.Listener, server string, interval t
 			time.Sleep(100 * time.Millisecond) // e.g. out of file descriptors
 			continue
 		}
+		// A slot is taken from the connection on, so that connections
+		// that never say hello count too.
+		addr := remoteHost(conn)
+		mu.Lock()
+		full := total >= maxProbeClients || perAddr[addr] >= maxProbesPerAddress
+		if !full {
+			total++
+			perAddr[addr]++
+		}
+		mu.Unlock()
+		if full {
+			log.Debug("probe refused: no slot", "remote", conn.RemoteAddr())
+			_ = conn.Close()
+			continue
+		}
 		go func() {
-			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-			node, err := readHello(conn)
-			mu.Lock()
-			full := total >= maxProbeClients
-			if err == nil && !full {
-				conns[node]++
-				total++
-			}
-			mu.Unlock()
-			if err != nil || full {
-				log.Debug("probe refused", "remote", conn.RemoteAddr(), "err", err, "full", full)
-				_ = conn.Close()
-				return
-			}
 			defer func() {
 				mu.Lock()
 				defer mu.Unlock()
 				total--
+				if perAddr[addr]--; perAddr[addr] == 0 {
+					delete(perAddr, addr)
+				}
+			}()
+			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			node, err := readHello(conn)
+			if err != nil {
+				log.Debug("probe refused", "remote", conn.RemoteAddr(), "err", err)
+				_ = conn.Close()
+				return
+			}
+			mu.Lock()
+			conns[node]++
+			mu.Unlock()
+			defer func() {
+				mu.Lock()
+				defer mu.Unlock()
 				if conns[node]--; conns[node] == 0 {
 					time.AfterFunc(forgetAfter, func() {
 						mu.Lock()
@@ -204,6 +228,15 @@ func ServeProbes(ctx context.Context, ln net.Listener, server string, interval t
 			}
 		}()
 	}
+}
+
+// remoteHost is a connection's remote address without the port.
+func remoteHost(c net.Conn) string {
+	host, _, err := net.SplitHostPort(c.RemoteAddr().String())
+	if err != nil {
+		return c.RemoteAddr().String()
+	}
+	return host
 }
 
 // DialProbe connects to a server's probe address as clientNode and probes

@@ -2,8 +2,10 @@ package gpuserver
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -104,5 +106,50 @@ func TestProbeRejectsBadHellosAndForgedEchoes(t *testing.T) {
 	}
 	if err := DialProbe(ctx, ln.Addr().String(), "bad name", time.Second, func(time.Duration) {}); err == nil {
 		t.Error("DialProbe accepted an invalid node name")
+	}
+}
+
+// TestProbeSlotsPerAddress: one address gets maxProbesPerAddress slots,
+// whether or not its connections say hello, so a client that opens more
+// connections than the port has slots does not lock the others out.
+func TestProbeSlotsPerAddress(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go ServeProbes(ctx, ln, "gpu-a", 10*time.Millisecond, NewLatencyHistogram(), slog.New(slog.DiscardHandler))
+	// served dials from the local IP, says hello unless mute, and reports
+	// whether the server probes it (a ping comes) rather than closing it.
+	served := func(local string, mute bool) bool {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+		conn, err := d.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		if !mute {
+			_, _ = conn.Write([]byte{frameHello, 6, 'n', 'o', 'd', 'e', '-', '1'})
+		}
+		wait := time.Second
+		if mute {
+			wait = 200 * time.Millisecond // open, not closed at once as refused ones are
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(wait))
+		b := make([]byte, 1)
+		_, err = conn.Read(b)
+		return err == nil && b[0] == framePing || mute && errors.Is(err, os.ErrDeadlineExceeded)
+	}
+	// The attacker opens more connections than the port has slots, some
+	// of them never saying hello.
+	for i := range maxProbeClients + 3 {
+		got := served("127.0.0.1", i%2 == 1)
+		if want := i < maxProbesPerAddress; got != want {
+			t.Fatalf("connection %d from one address: served %v, want %v", i+1, got, want)
+		}
+	}
+	if !served("127.0.0.2", false) {
+		t.Error("a second client was locked out by the first")
 	}
 }

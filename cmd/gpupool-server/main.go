@@ -24,6 +24,7 @@ import (
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/gpuserver"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
+	"github.com/gpupool/gpupool/internal/httpserver"
 )
 
 func main() {
@@ -37,7 +38,8 @@ func run(args []string, stderr io.Writer) int {
 	name := fs.String("name", host, "server name in the pool")
 	allocatorURL := fs.String("allocator", envOr("GPUPOOL_ALLOCATOR", "http://127.0.0.1:8470"), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
 	token := fs.String("token", os.Getenv("GPUPOOL_TOKEN"), "bearer token of the servers group (env GPUPOOL_TOKEN)")
-	listen := fs.String("listen", "127.0.0.1:8471", "address of /metrics and the process reports of `gpupool run`")
+	listen := fs.String("listen", "127.0.0.1:8471", "address of /metrics, /healthz and /v1/usage")
+	processSocket := fs.String("process-socket", defaultProcessSocket, "Unix socket where `gpupool run` on this host reports the processes of its leases; <name> is --name; empty: take no reports (processes in pods are still attributed by their pod)")
 	probeListen := fs.String("probe-listen", "127.0.0.1:8472", "address where clients probe the data-path round trip (TCP)")
 	advertise := fs.String("advertise-host", "", "host clients reach this server at (default: the listen address's host, or the host name when it listens on all interfaces)")
 	source := fs.String("source", "simulated", "telemetry source: simulated (no GPU needed), nvml, or dcgm (a dcgm-exporter's /metrics)")
@@ -58,7 +60,8 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	cl, err := client.New([]string{*allocatorURL}, *token)
+	allocatorURLs := []string{*allocatorURL}
+	cl, err := client.New(allocatorURLs, *token)
 	if err != nil {
 		log.Error("bad flag", "err", err)
 		return 2
@@ -134,6 +137,22 @@ func run(args []string, stderr io.Writer) int {
 		gpuapi.LabelDaemonURL:       "http://" + advertised(ln.Addr(), *advertise),
 		gpuserver.LabelProbeAddress: advertised(probeLn.Addr(), *advertise),
 	}
+	var processLn net.Listener
+	if *processSocket != "" {
+		if *processSocket == defaultProcessSocket {
+			*processSocket = filepath.Join("/run/gpupool", *name+".sock")
+		}
+		path, err := filepath.Abs(*processSocket)
+		if err == nil {
+			processLn, err = gpuserver.ListenProcessSocket(path)
+		}
+		if err != nil {
+			log.Error("listening for process reports", "err", err)
+			return 1
+		}
+		defer func() { _ = processLn.Close() }() // removes the socket however run returns
+		inv.Labels[gpuapi.LabelProcessSocket] = path
+	}
 	sampler := collector.NewSampler(src, *interval, *processEvery, nil)
 	var fabric *collector.Fabric
 	if _, err := os.Stat(filepath.Join(*sysPath, "class", "infiniband")); err == nil {
@@ -146,9 +165,9 @@ func run(args []string, stderr io.Writer) int {
 		log.Info("no RDMA ports: no InfiniBand/RoCE counters", "path", filepath.Join(*sysPath, "class", "infiniband"))
 	}
 	d = gpuserver.New(gpuserver.Config{
-		Inventory: inv, Client: cl, Samplers: []*collector.Sampler{sampler}, Fabric: fabric, Heartbeat: *heartbeat,
-		LabelAllowlist: splitList(*allowlist), Parent: gpuserver.ProcParent("/proc"),
-		PodOf: func(pid int) string { return gpuserver.PodUID("/proc", pid) }, Log: log,
+		Inventory: inv, Client: cl, AllocatorURLs: allocatorURLs, Samplers: []*collector.Sampler{sampler}, Fabric: fabric,
+		Heartbeat: *heartbeat, LabelAllowlist: splitList(*allowlist), Parent: gpuserver.ProcParent("/proc"),
+		PodOf: func(pid int) string { return gpuserver.PodUID("/proc", pid) }, Alive: gpuserver.ProcAlive("/proc"), Log: log,
 	})
 	reg := gpuserver.Registry(d)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -158,20 +177,34 @@ func run(args []string, stderr io.Writer) int {
 	defer func() { <-samplerDone }() // runs before nv.Close (defers run last-in first-out)
 	go d.Run(ctx)
 	go d.ServeProbes(ctx, probeLn, time.Second)
-	srv := &http.Server{Handler: gpuserver.Handler(d, reg), ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			log.Error("serving", "err", err)
-			stop()
-		}
-	}()
-	log.Info("gpu server serving", "server", *name, "address", "http://"+ln.Addr().String(), "source", src.Name(), "gpus", len(inv.GPUs))
+	servers := []*http.Server{httpserver.New(gpuserver.Handler(d, reg), httpserver.Default)}
+	listeners := []net.Listener{ln}
+	if processLn != nil {
+		servers, listeners = append(servers, gpuserver.ProcessServer(d)), append(listeners, processLn)
+	}
+	for i, srv := range servers {
+		go func() {
+			if err := srv.Serve(listeners[i]); !errors.Is(err, http.ErrServerClosed) {
+				log.Error("serving", "address", listeners[i].Addr(), "err", err)
+				stop()
+			}
+		}()
+	}
+	log.Info("gpu server serving", "server", *name, "address", "http://"+ln.Addr().String(), "process_socket", *processSocket,
+		"source", src.Name(), "gpus", len(inv.GPUs))
 	<-ctx.Done()
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_ = srv.Shutdown(shutdown)
+	// Shutting down closes the listeners, which removes the socket.
+	for _, srv := range servers {
+		_ = srv.Shutdown(shutdown)
+	}
 	return 0
 }
+
+// defaultProcessSocket is named after the server, so that daemons sharing a
+// host (tests, simulations) do not share a socket.
+const defaultProcessSocket = "/run/gpupool/<name>.sock"
 
 // advertised is the host:port clients use for a listener: the given host,
 // else the listen host unless it is every interface, else the host name.

@@ -112,7 +112,7 @@ Flags:
 	if err != nil {
 		return acquireFailed(stderr, err, *wait)
 	}
-	return runLeased(ctx, cl, lease, *ttl, *pushURL, command, stdout, stderr)
+	return runLeased(ctx, cl, cf.token, lease, *ttl, *pushURL, command, stdout, stderr)
 }
 
 func acquireFailed(stderr io.Writer, err error, wait time.Duration) int {
@@ -140,8 +140,9 @@ func acquireFailed(stderr io.Writer, err error, wait time.Duration) int {
 	return exitUnavailable
 }
 
-// runLeased runs the command under the lease and releases it afterwards.
-func runLeased(ctx context.Context, cl *client.Client, lease allocator.Lease, ttl time.Duration, pushURL string, command []string, stdout, stderr io.Writer) int {
+// runLeased runs the command under the lease and releases it afterwards;
+// token is the one cl acquired it with.
+func runLeased(ctx context.Context, cl *client.Client, token string, lease allocator.Lease, ttl time.Duration, pushURL string, command []string, stdout, stderr io.Writer) int {
 	release := func() {
 		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -164,7 +165,7 @@ func runLeased(ctx context.Context, cl *client.Client, lease allocator.Lease, tt
 	var attached sync.WaitGroup
 	defer func() { detach(); attached.Wait() }() // the last push goes out before exit
 	// Off the way of renewal: looking the server up may take a while.
-	attached.Go(func() { attach(attachCtx, &attached, cl, lease, cmd.Process.Pid, pushURL, stderr) })
+	attached.Go(func() { attach(attachCtx, &attached, cl, token, lease, pushURL, stderr) })
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	lost := make(chan struct{})
@@ -219,12 +220,17 @@ func keepRenewing(ctx context.Context, cl *client.Client, id string, ttl time.Du
 	}
 }
 
-// attach tells the lease's GPU-server daemon which process runs under the
-// lease, so it attributes the process's GPU use to it, and probes the
-// data-path round trip to the server while the command runs, pushing what
-// it measures when pushURL is set. Best effort: a pool without daemons
-// works, its leases just show no use.
-func attach(ctx context.Context, wg *sync.WaitGroup, cl *client.Client, lease allocator.Lease, pid int, pushURL string, stderr io.Writer) {
+// attach tells the lease's GPU-server daemon, over its process socket,
+// that this process runs under the lease, so it attributes the GPU use of
+// the command (a descendant) to it, and probes the data-path round trip to
+// the server while the command runs, pushing what it measures when pushURL
+// is set. Best effort: a pool without daemons works, its leases just show
+// no use.
+//
+// The report names no PID: the daemon takes this process's from the
+// socket, in its own PID namespace, which is right from a container too,
+// where the command's PID as this process sees it is not.
+func attach(ctx context.Context, wg *sync.WaitGroup, cl *client.Client, token string, lease allocator.Lease, pushURL string, stderr io.Writer) {
 	lookup, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	pool, err := cl.Pool(lookup)
@@ -236,9 +242,12 @@ func attach(ctx context.Context, wg *sync.WaitGroup, cl *client.Client, lease al
 		return
 	}
 	labels := pool.Servers[i].Labels
-	if url := labels[gpuapi.LabelDaemonURL]; url != "" {
-		if err := gpuserver.ReportProcess(lookup, url, gpuserver.ProcessReport{PID: pid, Lease: lease.ID}); err != nil {
-			fmt.Fprintf(stderr, "gpupool run: telling the daemon of %s about PID %d: %v (its use will not be attributed)\n", lease.Server, pid, err)
+	if socket := labels[gpuapi.LabelProcessSocket]; socket != "" {
+		// The daemon asks the allocator, which may take its own 5 s.
+		report, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := gpuapi.ReportProcess(report, socket, token, gpuapi.ProcessReport{Lease: lease.ID}); err != nil {
+			fmt.Fprintf(stderr, "gpupool run: telling the daemon of %s about the command: %v (its use will not be attributed)\n", lease.Server, err)
 		}
 	}
 	addr := labels[gpuserver.LabelProbeAddress]

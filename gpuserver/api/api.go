@@ -1,19 +1,80 @@
 // Package api holds the GPU-server daemon's wire types for its HTTP API,
-// shared by the daemon (gpuserver) and its readers (the adapter's direct
-// backend), which need not link the daemon's telemetry sources.
+// and the client of its process reports, shared by the daemon (gpuserver)
+// and its readers (the adapter's direct backend, `gpupool run`), which need
+// not link the daemon's telemetry sources.
 //
-//	GET  /v1/usage      the latest sampling round per GPU and lease (Usage)
-//	POST /v1/processes  a process started under a lease, from this host only
+//	GET  /v1/usage      over TCP: the latest sampling round per GPU and lease (Usage)
+//	POST /v1/processes  over the Unix socket: a process runs under a lease (ProcessReport)
 package api
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"strings"
 	"time"
+
+	allocapi "github.com/gpupool/gpupool/allocator/api"
 )
 
 // LabelDaemonURL is the server label (set at registration) that tells
-// clients where the server's daemon answers this API.
+// clients where the server's daemon answers GET /v1/usage.
 const LabelDaemonURL = "gpupool.io/daemon-url"
+
+// LabelProcessSocket is the server label that names the Unix socket, a
+// path on the server's host, where its daemon takes process reports.
+const LabelProcessSocket = "gpupool.io/process-socket"
+
+// ProcessReport is what `gpupool run` tells the daemon: a process runs
+// under this lease, and so do its descendants.
+type ProcessReport struct {
+	// PID is the process, in the daemon's PID namespace; omitted (0) it is
+	// the reporter itself, as the socket's peer credentials tell, which
+	// is right from a container too.
+	PID   int    `json:"pid,omitempty"`
+	Lease string `json:"lease"`
+}
+
+// ReportProcess sends r to the daemon's process socket, with the
+// allocator bearer token that may use the lease ("" when the allocator
+// runs without tokens). A refusal is an *allocapi.Error.
+func ReportProcess(ctx context.Context, socket, token string, r ProcessReport) error {
+	body, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}
+	defer tr.CloseIdleConnections()
+	// The host is a placeholder: the transport dials the socket.
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://gpupool-server/v1/processes", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNoContent {
+		return nil
+	}
+	e := &allocapi.Error{}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(e); err != nil || e.Reason == "" {
+		return fmt.Errorf("daemon answered %s", resp.Status)
+	}
+	return e
+}
 
 // LabelName makes a pod label key a Prometheus label name (anything but
 // letters and digits becomes _); the daemon's per-lease series carry the
