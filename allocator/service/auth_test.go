@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/httpserver"
 )
 
 // TestServerTokensReadTheirServersLeases: a daemon holding the servers
@@ -204,5 +207,38 @@ func TestRegistrationRefusesBadServers(t *testing.T) {
 	}
 	if p, _ := a.client(t, adminToken).Pool(context.Background()); len(p.Servers) != 0 {
 		t.Errorf("%d bad servers registered", len(p.Servers))
+	}
+}
+
+// TestQueuedRequestOutlivesWriteTimeout: the server's write timeout cuts
+// a stalled client off, but a request queued with wait extends its own
+// deadline by the wait.
+func TestQueuedRequestOutlivesWriteTimeout(t *testing.T) {
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv := httpserver.New(Handler(a.svc, NewAuthenticator(testConfig()), a.reg, log),
+		httpserver.Timeouts{ReadHeader: time.Second, Read: time.Second, Write: 300 * time.Millisecond, Idle: time.Second})
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	c, err := client.New([]string{"http://" + ln.Addr().String()}, adminToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Retries = 1
+	ctx := context.Background()
+	if err := c.RegisterServer(ctx, gpuServer("s1", 1)); err != nil {
+		t.Fatal(err)
+	}
+	first, err := c.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(time.Second, func() { _ = c.Release(ctx, first.ID) })
+	if _, err := c.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, Wait: "10s"}); err != nil {
+		t.Errorf("a request queued past the write timeout: %v", err)
 	}
 }

@@ -148,6 +148,10 @@ func (h *handler) acquire(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, err)
 		return
 	}
+	if wait > 0 {
+		// A queued request outlives the server's write timeout by design.
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + time.Minute))
+	}
 	l, err := h.s.Acquire(r.Context(), req, wait)
 	h.reply(w, http.StatusCreated, l, err)
 }

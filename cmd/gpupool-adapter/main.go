@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/gpupool/gpupool/adapter"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/httpserver"
 )
 
 func main() {
@@ -143,7 +143,7 @@ Flags:
 		log.Error("listening for /metrics", "err", err)
 		return 1
 	}
-	metrics := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
+	metrics := httpserver.New(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), httpserver.Default)
 	go func() { _ = metrics.Serve(ln) }()
 	defer func() { _ = metrics.Close() }()
 	log.Info("adapter serving", "backend", be.Name(), "max_age", *maxAge, "metrics", "http://"+ln.Addr().String()+"/metrics",

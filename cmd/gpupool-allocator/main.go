@@ -26,6 +26,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/service"
 	"github.com/gpupool/gpupool/allocator/store"
+	"github.com/gpupool/gpupool/internal/httpserver"
 )
 
 func main() {
@@ -108,10 +109,7 @@ Flags:
 		log.Error("listening", "err", err)
 		return 1
 	}
-	srv := &http.Server{
-		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*current.Load()).ServeHTTP(w, r) }),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
+	srv := httpserver.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*current.Load()).ServeHTTP(w, r) }), httpserver.Default)
 	go func() {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			log.Error("serving", "err", err)
