@@ -147,7 +147,7 @@ func run(args []string, stderr io.Writer) int {
 			processLn, err = gpuserver.ListenProcessSocket(path)
 		}
 		if err != nil {
-			log.Error("listening for process reports", "err", err)
+			log.Error("listening for process reports (set --process-socket to a path this user may create, or to \"\" to take no reports)", "err", err)
 			return 1
 		}
 		defer func() { _ = processLn.Close() }() // removes the socket however run returns
