@@ -24,11 +24,11 @@ type Timeouts struct {
 }
 
 // Default suits the project's servers: requests are small (the largest, a
-// server registering 64 GPUs, is under 1 MiB), and a scrape of the largest
-// /metrics renders in milliseconds, so a minute to answer is generous even
-// for a client on a slow link, and Prometheus's scrape timeout (10 s by
-// default) ends first.
-var Default = Timeouts{ReadHeader: 10 * time.Second, Read: 30 * time.Second, Write: time.Minute, Idle: 2 * time.Minute}
+// server registering 64 GPUs, is a few KiB and at most 1 MiB: 10 s to read
+// is 100 KiB/s), and a scrape of the largest /metrics renders in
+// milliseconds, so a minute to answer is generous even for a client on a
+// slow link, and Prometheus's scrape timeout (10 s by default) ends first.
+var Default = Timeouts{ReadHeader: 5 * time.Second, Read: 10 * time.Second, Write: time.Minute, Idle: 2 * time.Minute}
 
 // New returns a server for h with the timeouts t.
 func New(h http.Handler, t Timeouts) *http.Server {
