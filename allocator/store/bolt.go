@@ -80,7 +80,7 @@ func CheckBolt(dir string, timeout time.Duration) (State, error) {
 	if err != nil {
 		return State{}, err
 	}
-	defer db.Close()
+	defer func() { _ = db.Close() }()
 	st, err := (&Bolt{db: db}).Load(context.Background())
 	if err != nil {
 		return State{}, &DamagedError{Path: path, Err: err}

@@ -108,7 +108,7 @@ func TestDamagedFilesAreRefused(t *testing.T) {
 				}
 				return
 			}
-			defer b.Close()
+			defer func() { _ = b.Close() }()
 			if mustRefuse[name] {
 				t.Fatalf("opened a store that is %s", name)
 			}
@@ -128,7 +128,7 @@ func TestHeldStoreIsNotDamaged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
+	defer func() { _ = b.Close() }()
 	_, err = OpenBolt(dir, 50*time.Millisecond)
 	var damaged *DamagedError
 	if err == nil || errors.As(err, &damaged) || !strings.Contains(err.Error(), "another allocator") {
