@@ -170,6 +170,9 @@ func (d *Direct) readPool(ctx context.Context) (*poolView, error) {
 	wg.Wait()
 	v.readings = map[leaseGPU]*api.LeaseUsage{}
 	for _, u := range v.usage {
+		if u.SampledAt.IsZero() {
+			continue // a daemon that has not sampled yet has no readings
+		}
 		for i := range u.Leases {
 			r := &u.Leases[i]
 			v.readings[leaseGPU{r.Lease, r.GPU}] = r
@@ -215,7 +218,7 @@ func (v *poolView) selected(q Query) []allocator.Lease {
 // is gone (daemon down) or unknown makes the answer no data.
 func (v *poolView) leaseRatio(q Query, now time.Time) []Value {
 	var num, den float64
-	var oldest time.Time
+	var oldest dating
 	for _, l := range v.selected(q) {
 		u := v.usage[l.Server]
 		if u == nil {
@@ -239,22 +242,20 @@ func (v *poolView) leaseRatio(q Query, now time.Time) []Value {
 				num += float64(r.MemoryUsedBytes)
 				den += float64(r.MemoryGrantedBytes)
 			}
-			if oldest.IsZero() || u.SampledAt.Before(oldest) {
-				oldest = u.SampledAt
-			}
+			oldest.add(u.SampledAt)
 		}
 	}
 	if den == 0 {
-		return nil
+		return nil // no selected lease has a reading: no data, not 0
 	}
-	return []Value{{Value: num / den, Time: oldest}}
+	return []Value{{Value: num / den, Time: oldest.t}}
 }
 
 // latency is the LatencyQuantile of the round trips the servers holding
 // the selected leases measured in their window, per transport.
 func (v *poolView) latency(q Query) []Value {
 	sums := map[string]*api.LatencyWindow{}
-	var oldest time.Time
+	var oldest dating
 	seen := map[string]bool{}
 	for _, l := range v.selected(q) {
 		if seen[l.Server] {
@@ -265,9 +266,7 @@ func (v *poolView) latency(q Query) []Value {
 		if u == nil {
 			return nil
 		}
-		if oldest.IsZero() || u.SampledAt.Before(oldest) {
-			oldest = u.SampledAt
-		}
+		oldest.add(u.SampledAt)
 		for _, w := range u.Latency {
 			s := sums[w.Transport]
 			if s == nil {
@@ -291,9 +290,22 @@ func (v *poolView) latency(q Query) []Value {
 			continue
 		}
 		out = append(out, Value{Labels: map[string]string{"transport": transport},
-			Value: bucketQuantile(LatencyQuantile, s.Buckets, s.Count), Time: oldest})
+			Value: bucketQuantile(LatencyQuantile, s.Buckets, s.Count), Time: oldest.t})
 	}
 	return out
+}
+
+// dating is the oldest of the times added; a zero time (a daemon that has
+// not sampled) stays the oldest, so the freshness guard refuses the value.
+type dating struct {
+	t   time.Time
+	set bool
+}
+
+func (d *dating) add(t time.Time) {
+	if !d.set || t.Before(d.t) {
+		d.t, d.set = t, true
+	}
 }
 
 // freeGPUs is the unleased share of healthy GPUs on schedulable servers,

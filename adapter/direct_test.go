@@ -2,15 +2,19 @@ package adapter
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
+	cmprovider "sigs.k8s.io/custom-metrics-apiserver/pkg/provider"
 
 	"github.com/gpupool/gpupool/allocator"
 	allocapi "github.com/gpupool/gpupool/allocator/api"
@@ -30,8 +34,11 @@ type testPool struct {
 	allocator *httptest.Server
 	daemon    *gpuserver.Daemon
 	daemonSrv *httptest.Server
-	sampler   *collector.Sampler
-	probeAddr string
+	// handler is the daemon's, swapped when it restarts.
+	handler    atomic.Pointer[http.Handler]
+	stopDaemon context.CancelFunc
+	sampler    *collector.Sampler
+	probeAddr  string
 }
 
 func newTestPool(t *testing.T, gpus int) *testPool {
@@ -55,11 +62,28 @@ func newTestPool(t *testing.T, gpus int) *testPool {
 		t.Fatal(err)
 	}
 	p.client.Retries = 1
-
-	var handler http.Handler
-	p.daemonSrv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
+	p.daemonSrv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*p.handler.Load()).ServeHTTP(w, r) }))
 	t.Cleanup(p.daemonSrv.Close)
+	p.startDaemon(t, gpus, 1)
+	waitUntil(t, func() bool { s, err := p.client.Pool(ctx); return err == nil && len(s.Servers) == 1 })
+	return p
+}
+
+// startDaemon starts a new daemon at the pool's daemon URL (stopping the
+// one before, as a restart does) that reads processes every processEvery
+// rounds, and has it sample a round before it fetches its leases, as a
+// daemon may on start. Rounds are then the test's to take.
+func (p *testPool) startDaemon(t *testing.T, gpus, processEvery int) {
+	t.Helper()
+	if p.stopDaemon != nil {
+		p.stopDaemon()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	p.stopDaemon = cancel
+	var d *gpuserver.Daemon
 	sim := &collector.Simulated{Server: "gpu-0", Seed: 1, GPUs: make([]collector.SimulatedGPU, gpus), Clock: time.Now,
+		Leases: func() []allocator.Lease { return d.Leases() },
 		Demand: func(leases []allocator.Lease, _ time.Time) map[string]float64 {
 			out := map[string]float64{}
 			for _, l := range leases {
@@ -72,22 +96,34 @@ func newTestPool(t *testing.T, gpus int) *testPool {
 	for i := range sim.GPUs {
 		sim.GPUs[i] = collector.SimulatedGPU{Model: "H100", MemoryBytes: 80 << 30}
 	}
-	sim.Leases = func() []allocator.Lease { return p.daemon.Leases() }
 	inv := sim.Inventory(0, 0, map[string]string{api.LabelDaemonURL: p.daemonSrv.URL})
-	p.sampler = collector.NewSampler(sim, time.Hour, 1, nil)
-	p.daemon = gpuserver.New(gpuserver.Config{Inventory: inv, Client: p.client, Samplers: []*collector.Sampler{p.sampler},
+	p.sampler = collector.NewSampler(sim, time.Hour, processEvery, nil)
+	d = gpuserver.New(gpuserver.Config{Inventory: inv, Client: p.client, Samplers: []*collector.Sampler{p.sampler},
 		Heartbeat: 50 * time.Millisecond, LabelAllowlist: []string{"app"}, Log: quietLog()})
-	handler = gpuserver.Handler(p.daemon, gpuserver.Registry(p.daemon))
+	p.daemon = d
+	h := gpuserver.Handler(d, gpuserver.Registry(d))
+	p.handler.Store(&h)
 	p.sampler.Round(ctx) // the daemon vouches for GPUs it has read
-	go p.daemon.Run(ctx)
+	go d.Run(ctx)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.probeAddr = ln.Addr().String()
-	go p.daemon.ServeProbes(ctx, ln, 10*time.Millisecond)
-	waitUntil(t, func() bool { s, err := p.client.Pool(ctx); return err == nil && len(s.Servers) == 1 })
-	return p
+	go d.ServeProbes(ctx, ln, 10*time.Millisecond)
+}
+
+// follows waits until the daemon follows the lease.
+func (p *testPool) follows(t *testing.T, l allocator.Lease) {
+	t.Helper()
+	waitUntil(t, func() bool {
+		for _, held := range p.daemon.Leases() {
+			if held.ID == l.ID {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // acquire takes a lease for a pod and waits until the daemon follows it,
@@ -99,14 +135,7 @@ func (p *testPool) acquire(t *testing.T, pod, app string, load, percent int) all
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, func() bool {
-		for _, held := range p.daemon.Leases() {
-			if held.ID == l.ID {
-				return true
-			}
-		}
-		return false
-	})
+	p.follows(t, l)
 	p.sampler.Round(context.Background())
 	return l
 }
@@ -212,5 +241,76 @@ func TestDirectBackendLeavesNewLeasesOut(t *testing.T) {
 	}
 	if got := v.leaseRatio(Query{Metric: GPUUtilization, Namespace: "ml", Selector: sel}, time.Now().Add(time.Minute)); len(got) != 0 {
 		t.Errorf("with a lease unreported for a minute = %+v, want no data", got)
+	}
+}
+
+// TestDirectBackendAfterDaemonRestart: a restarted daemon has measured
+// nothing of the leases it holds until a round reads their processes after
+// it has fetched them; until then the answer is no data, never 0, and then
+// the real value.
+func TestDirectBackendAfterDaemonRestart(t *testing.T) {
+	p := newTestPool(t, 1)
+	l := p.acquire(t, "tf-0", "tf-training", 6, 50)
+	d := NewDirect(p.client, 0, quietLog())
+	if v := query(t, d, GPUUtilization, "app=tf-training"); len(v) != 1 || !near(v[0].Value, 0.6) {
+		t.Fatalf("utilization before the restart = %+v, want 0.6", v)
+	}
+
+	p.startDaemon(t, 1, 5) // processes every 5 rounds, as gpupool-server reads them
+	for _, metric := range []string{GPUUtilization, MemoryPressure} {
+		if v := query(t, d, metric, "app=tf-training"); len(v) != 0 {
+			t.Errorf("%s after the restart, before the daemon fetched its leases = %+v, want no data", metric, v)
+		}
+	}
+	provider := NewProvider(d, 30*time.Second, NewMetrics(prometheus.NewRegistry()), nil, quietLog())
+	_, err := provider.GetExternalMetric(context.Background(), "ml", labels.SelectorFromSet(labels.Set{"app": "tf-training"}),
+		cmprovider.ExternalMetricInfo{Metric: GPUUtilization})
+	if !apierrors.IsNotFound(err) {
+		t.Errorf("the HPA's answer after the restart: %v, want 404 NotFound", err)
+	}
+	p.follows(t, l)
+	p.sampler.Round(context.Background()) // not a process round by the schedule
+	if v := query(t, d, GPUUtilization, "app=tf-training"); len(v) != 1 || !near(v[0].Value, 0.6) {
+		t.Errorf("utilization once the restarted daemon follows the lease = %+v, want 0.6, never 0", v)
+	}
+}
+
+// TestDirectBackendUnsampledDaemonHasNoReadings: what a daemon reports
+// before its first sampling round (dated zero) is no reading: the answer is
+// no data, whatever the report holds.
+func TestDirectBackendUnsampledDaemonHasNoReadings(t *testing.T) {
+	p := newTestPool(t, 1)
+	l := p.acquire(t, "tf-0", "tf-training", 6, 50)
+	zero := 0.0
+	var unsampled http.Handler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_ = json.NewEncoder(w).Encode(api.Usage{Server: "gpu-0", Leases: []api.LeaseUsage{
+			{Lease: l.ID, Namespace: "ml", GPU: l.GPUs[0].Index, Milli: l.GPUs[0].Milli, SMUtilization: &zero, MemoryGrantedBytes: l.GPUs[0].MemoryBytes}}})
+	})
+	p.handler.Store(&unsampled)
+	d := NewDirect(p.client, 0, quietLog())
+	for _, metric := range []string{GPUUtilization, MemoryPressure} {
+		if v := query(t, d, metric, "app=tf-training"); len(v) != 0 {
+			t.Errorf("%s from a daemon that has not sampled = %+v, want no data", metric, v)
+		}
+	}
+}
+
+// TestDirectBackendDatesByTheOldestReading: a value resting on a report
+// dated zero (a daemon that has not sampled yet) stays dated zero, so the
+// freshness guard refuses it, whatever the other daemons' dates.
+func TestDirectBackendDatesByTheOldestReading(t *testing.T) {
+	now := time.Now()
+	owner := allocator.Owner{Labels: map[string]string{"app": "a"}}
+	window := []api.LatencyWindow{{Transport: "tcp", Buckets: []api.Bucket{{UpperBound: 1e-4, Count: 10}}, Count: 10}}
+	v := &poolView{at: now, leases: []allocator.Lease{ // the unsampled daemon's first: its zero date is not "none yet"
+		{ID: "lease-2", Namespace: "ml", Server: "unsampled", Owner: owner, GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 500}}},
+		{ID: "lease-1", Namespace: "ml", Server: "fresh", Owner: owner, GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 500}}},
+	}, usage: map[string]*api.Usage{
+		"unsampled": {Server: "unsampled", Latency: window},
+		"fresh":     {Server: "fresh", SampledAt: now, Latency: window},
+	}}
+	sel := labels.SelectorFromSet(labels.Set{"app": "a"})
+	if got := v.latency(Query{Metric: RDMALatency, Namespace: "ml", Selector: sel}); len(got) != 1 || !got[0].Time.IsZero() {
+		t.Errorf("latency resting on an unsampled daemon = %+v, want it dated zero (stale)", got)
 	}
 }

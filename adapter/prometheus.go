@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
@@ -30,14 +31,21 @@ var defaultQueries []byte
 // HTTP query API: VictoriaMetrics, Thanos) with a PromQL template per
 // metric.
 //
-// A value is as fresh as Prometheus's data: a series whose target stopped
-// answering goes stale at the next failed scrape (or after the 5 minute
-// lookback without one), and then the query has no data. The value's time
-// is the evaluation time.
+// A series whose target stopped answering goes stale at the next failed
+// scrape, and then the query has no data. But Prometheus answers an instant
+// query from the last sample in its lookback delta (5 minutes) stamped with
+// the evaluation time, and some samples get no staleness marker: after
+// Prometheus itself restarts, the last samples of a target that is down
+// stay for the whole lookback delta, those of one that is up until its
+// first scrape. So a value is dated by a second template per metric
+// (sampledAt) that gives when the oldest sample behind it was taken, by
+// timestamp() of the series the query reads; without one it is dated at
+// evaluation.
 type Prometheus struct {
-	url     string
-	http    *http.Client
-	queries map[string]*template.Template
+	url       string
+	http      *http.Client
+	queries   map[string]*template.Template
+	sampledAt map[string]*template.Template
 }
 
 // NewPrometheus queries the server at baseURL with the templates in
@@ -55,21 +63,34 @@ func NewPrometheus(baseURL, queriesFile string) (*Prometheus, error) {
 		name = queriesFile
 	}
 	var cfg struct {
-		Queries map[string]string `json:"queries"`
+		Queries   map[string]string `json:"queries"`
+		SampledAt map[string]string `json:"sampledAt"`
 	}
 	if err := yaml.UnmarshalStrict(src, &cfg); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	p := &Prometheus{url: strings.TrimRight(baseURL, "/"), http: &http.Client{Timeout: 10 * time.Second}, queries: map[string]*template.Template{}}
-	for metric, q := range cfg.Queries {
-		if !slices.Contains(MetricNames, metric) {
-			return nil, fmt.Errorf("%s: queries.%s: not a metric the adapter serves (%s)", name, metric, strings.Join(MetricNames, ", "))
+	p := &Prometheus{url: strings.TrimRight(baseURL, "/"), http: &http.Client{Timeout: 10 * time.Second},
+		queries: map[string]*template.Template{}, sampledAt: map[string]*template.Template{}}
+	for _, part := range []struct {
+		key       string
+		templates map[string]string
+		into      map[string]*template.Template
+	}{{"queries", cfg.Queries, p.queries}, {"sampledAt", cfg.SampledAt, p.sampledAt}} {
+		for metric, q := range part.templates {
+			if !slices.Contains(MetricNames, metric) {
+				return nil, fmt.Errorf("%s: %s.%s: not a metric the adapter serves (%s)", name, part.key, metric, strings.Join(MetricNames, ", "))
+			}
+			t, err := template.New(metric).Option("missingkey=error").Parse(q)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %s.%s: %w", name, part.key, metric, err)
+			}
+			part.into[metric] = t
 		}
-		t, err := template.New(metric).Option("missingkey=error").Parse(q)
-		if err != nil {
-			return nil, fmt.Errorf("%s: queries.%s: %w", name, metric, err)
+	}
+	for metric := range p.sampledAt {
+		if p.queries[metric] == nil {
+			return nil, fmt.Errorf("%s: sampledAt.%s: no query for it in queries", name, metric)
 		}
-		p.queries[metric] = t
 	}
 	return p, nil
 }
@@ -83,6 +104,10 @@ func (p *Prometheus) PromQL(q Query) (string, error) {
 	if t == nil {
 		return "", errUnknownMetric
 	}
+	return expand(t, q)
+}
+
+func expand(t *template.Template, q Query) (string, error) {
 	sel, err := matchers(q, "label_")
 	if err != nil {
 		return "", err
@@ -102,6 +127,44 @@ func (p *Prometheus) Query(ctx context.Context, q Query) ([]Value, error) {
 	if err != nil {
 		return nil, err
 	}
+	values, err := p.instant(ctx, q.Metric, promql)
+	t := p.sampledAt[q.Metric]
+	if err != nil || len(values) == 0 || t == nil {
+		return values, err
+	}
+	if promql, err = expand(t, q); err != nil {
+		return nil, err
+	}
+	sampled, err := p.instant(ctx, q.Metric, promql)
+	if err != nil {
+		return nil, err
+	}
+	for i := range values {
+		values[i].Time = sampledTime(values[i], sampled)
+	}
+	return values, nil
+}
+
+// sampledTime dates v by the sampledAt answer with its labels (or the one
+// answer without labels): the older of that and v's evaluation time. A
+// value it gives no time for is dated zero, which the freshness guard
+// refuses: its age is not known.
+func sampledTime(v Value, sampled []Value) time.Time {
+	for _, s := range sampled {
+		if (len(sampled) == 1 && len(s.Labels) == 0) || maps.Equal(s.Labels, v.Labels) {
+			if at := unixTime(s.Value); at.Before(v.Time) {
+				return at
+			}
+			return v.Time
+		}
+	}
+	return time.Time{}
+}
+
+// instant runs an instant query; each sample of the answer is a Value
+// dated at evaluation, NaN and infinities left out (0/0 where nothing
+// matched: no data).
+func (p *Prometheus) instant(ctx context.Context, metric, promql string) ([]Value, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url+"/api/v1/query",
 		strings.NewReader(url.Values{"query": {promql}}.Encode()))
 	if err != nil {
@@ -131,7 +194,7 @@ func (p *Prometheus) Query(ctx context.Context, q Query) ([]Value, error) {
 		return nil, fmt.Errorf("%s: %s (query: %s)", p.url, body.Error, promql)
 	}
 	if body.Data.ResultType != "vector" {
-		return nil, fmt.Errorf("%s: query for %s gives a %s, want a vector", p.url, q.Metric, body.Data.ResultType)
+		return nil, fmt.Errorf("%s: query for %s gives a %s, want a vector", p.url, metric, body.Data.ResultType)
 	}
 	var out []Value
 	for _, r := range body.Data.Result {
@@ -142,13 +205,17 @@ func (p *Prometheus) Query(ctx context.Context, q Query) ([]Value, error) {
 		}
 		v, err := strconv.ParseFloat(s, 64)
 		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-			continue // 0/0 where nothing matched: no data
+			continue
 		}
 		delete(r.Metric, "__name__")
-		sec, frac := math.Modf(ts)
-		out = append(out, Value{Labels: r.Metric, Value: v, Time: time.Unix(int64(sec), int64(frac*1e9))})
+		out = append(out, Value{Labels: r.Metric, Value: v, Time: unixTime(ts)})
 	}
 	return out, nil
+}
+
+// unixTime reads a Prometheus time: seconds, to the millisecond.
+func unixTime(seconds float64) time.Time {
+	return time.UnixMilli(int64(math.Round(seconds * 1000)))
 }
 
 // matchers writes the namespace (when set) and the selector as PromQL

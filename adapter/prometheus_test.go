@@ -1,23 +1,36 @@
 package adapter
 
 import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	cmprovider "sigs.k8s.io/custom-metrics-apiserver/pkg/provider"
 
 	"github.com/gpupool/gpupool/internal/metricstest"
 )
 
+var tsdbs = []struct {
+	name  string
+	start func(t testing.TB, interval time.Duration, targets ...string) string
+}{
+	{"prometheus", metricstest.StartPrometheus},
+	{"victoria-metrics", metricstest.StartVictoriaMetrics},
+}
+
 // TestPrometheusBackendAgreesWithDirect: a real Prometheus and a real
 // VictoriaMetrics scrape the allocator and the daemon; the built-in PromQL
-// gives what the direct backend gives.
+// gives what the direct backend gives, dated by fresh samples. Once the
+// targets stop answering, their series go stale and there is no data, not
+// a 0.
 func TestPrometheusBackendAgreesWithDirect(t *testing.T) {
-	for _, tsdb := range []struct {
-		name  string
-		start func(t testing.TB, interval time.Duration, targets ...string) string
-	}{
-		{"prometheus", metricstest.StartPrometheus},
-		{"victoria-metrics", metricstest.StartVictoriaMetrics},
-	} {
+	for _, tsdb := range tsdbs {
 		t.Run(tsdb.name, func(t *testing.T) {
 			p := newTestPool(t, 2)
 			p.acquire(t, "tf-0", "tf-training", 6, 50)
@@ -46,9 +59,81 @@ func TestPrometheusBackendAgreesWithDirect(t *testing.T) {
 					q, _ := prom.PromQL(Query{Metric: c.metric, Namespace: "ml"})
 					t.Errorf("%s{%s}: %s gives %+v, direct %+v\n%s", c.metric, c.selector, tsdb.name, got, want, q)
 				}
+				if len(got) > 0 && time.Since(got[0].Time) > 10*time.Second {
+					t.Errorf("%s{%s}: dated %s, %s ago, scraped every second", c.metric, c.selector, got[0].Time, time.Since(got[0].Time))
+				}
 			}
 			if v := query(t, prom, GPUUtilization, "app=nobody"); len(v) != 0 {
 				t.Errorf("utilization of no leases = %+v, want no data", v)
+			}
+
+			p.daemonSrv.Close()
+			p.allocator.Close()
+			for _, metric := range []string{GPUUtilization, MemoryPressure, PendingRequests} {
+				got := query(t, prom, metric, "app=tf-training")
+				for deadline := time.Now().Add(30 * time.Second); len(got) != 0 && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+					got = query(t, prom, metric, "app=tf-training")
+				}
+				if len(got) != 0 {
+					t.Errorf("%s with the targets down = %+v, want no data", metric, got)
+				}
+			}
+		})
+	}
+}
+
+// TestPrometheusBackendServesOnlyWhatWasMeasured, against a target whose
+// series say exactly what was measured and when:
+//   - the TSDB answers from the last sample of a series, stamped with the
+//     evaluation time, for its lookback delta (as after Prometheus restarts
+//     while a target is down); the backend dates the value by the oldest
+//     sample behind it, so the freshness guard refuses a two-minute-old
+//     value (503) instead of serving it as current;
+//   - a lease the daemon has not measured has its grant and no use series:
+//     it is left out of the memory pressure, not counted as using nothing.
+func TestPrometheusBackendServesOnlyWhatWasMeasured(t *testing.T) {
+	for _, tsdb := range tsdbs {
+		t.Run(tsdb.name, func(t *testing.T) {
+			old := time.Now().Add(-2 * time.Minute).Truncate(time.Millisecond)
+			// lease-1's samples carry their (old) time, the others are
+			// fresh; lease-3 is not measured yet.
+			exposition := fmt.Sprintf(`# TYPE bitfusion_lease_gpu_utilization gauge
+bitfusion_lease_gpu_utilization{server="gpu-0",gpu="0",lease="lease-1",namespace="ml",pod="tf-0",label_app="tf-training"} 0.8 %[1]d
+bitfusion_lease_gpu_utilization{server="gpu-0",gpu="1",lease="lease-2",namespace="ml",pod="tf-1",label_app="tf-training"} 0.4
+# TYPE bitfusion_lease_allocated_gpus gauge
+bitfusion_lease_allocated_gpus{lease="lease-1",namespace="ml",server="gpu-0"} 0.5 %[1]d
+bitfusion_lease_allocated_gpus{lease="lease-2",namespace="ml",server="gpu-0"} 0.5
+bitfusion_lease_allocated_gpus{lease="lease-3",namespace="ml",server="gpu-0"} 0.5
+# TYPE bitfusion_lease_memory_used_bytes gauge
+bitfusion_lease_memory_used_bytes{server="gpu-0",gpu="1",lease="lease-2",namespace="ml",pod="tf-1",label_app="tf-training"} 1e9
+# TYPE bitfusion_lease_memory_granted_bytes gauge
+bitfusion_lease_memory_granted_bytes{server="gpu-0",gpu="1",lease="lease-2",namespace="ml",pod="tf-1",label_app="tf-training"} 4e9
+bitfusion_lease_memory_granted_bytes{server="gpu-0",gpu="2",lease="lease-3",namespace="ml",pod="tf-2",label_app="tf-training"} 4e9
+`, old.UnixMilli())
+			target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+				_, _ = fmt.Fprint(w, exposition)
+			}))
+			t.Cleanup(target.Close)
+			prom, err := NewPrometheus(tsdb.start(t, time.Second, target.URL), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []Value
+			for deadline := time.Now().Add(30 * time.Second); len(got) == 0 && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+				got = query(t, prom, GPUUtilization, "app=tf-training")
+			}
+			if len(got) != 1 || !near(got[0].Value, 0.6) || !got[0].Time.Equal(old) {
+				t.Fatalf("utilization = %+v, want 0.6 dated %s (lease-1's samples)", got, old)
+			}
+			provider := NewProvider(prom, 30*time.Second, NewMetrics(prometheus.NewRegistry()), nil, quietLog())
+			_, err = provider.GetExternalMetric(context.Background(), "ml", labels.SelectorFromSet(labels.Set{"app": "tf-training"}),
+				cmprovider.ExternalMetricInfo{Metric: GPUUtilization})
+			if !apierrors.IsServiceUnavailable(err) {
+				t.Errorf("the HPA's answer from a two-minute-old sample: %v, want 503 ServiceUnavailable", err)
+			}
+			if got := query(t, prom, MemoryPressure, "app=tf-training"); len(got) != 1 || !near(got[0].Value, 0.25) || time.Since(got[0].Time) > 10*time.Second {
+				t.Errorf("memory pressure = %+v, want lease-2's 0.25 (lease-3 unmeasured), fresh", got)
 			}
 		})
 	}

@@ -62,7 +62,9 @@ func (s *DCGM) parse(r io.Reader) ([]GPU, error) {
 		s.lastXid, s.xids = map[string]float64{}, map[string]uint64{}
 	}
 	byGPU := map[string]*GPU{} // by UUID
-	fbFree := map[string]float64{}
+	// Memory is known only with both fields: one alone would make the
+	// total the used part (pressure 1) or the free part (pressure 0).
+	fbUsed, fbFree := map[string]float64{}, map[string]float64{}
 	// gpu is the whole GPU a series is about; nil for series of no GPU
 	// (the exporter's own) or of one MIG instance (GPU_I_ID set).
 	gpu := func(m *dto.Metric) *GPU {
@@ -90,7 +92,7 @@ func (s *DCGM) parse(r io.Reader) ([]GPU, error) {
 			case "DCGM_FI_DEV_GPU_UTIL":
 				g.Utilization = v / 100
 			case "DCGM_FI_DEV_FB_USED":
-				g.MemoryUsedBytes = int64(v * mib)
+				fbUsed[g.UUID] = v
 			case "DCGM_FI_DEV_FB_FREE":
 				fbFree[g.UUID] = v
 			case "DCGM_FI_DEV_GPU_TEMP":
@@ -113,7 +115,11 @@ func (s *DCGM) parse(r io.Reader) ([]GPU, error) {
 	}
 	out := make([]GPU, 0, len(byGPU))
 	for _, g := range byGPU {
-		g.MemoryBytes = g.MemoryUsedBytes + int64(fbFree[g.UUID]*mib)
+		used, okUsed := fbUsed[g.UUID]
+		free, okFree := fbFree[g.UUID]
+		if okUsed && okFree {
+			g.MemoryUsedBytes, g.MemoryBytes = int64(used*mib), int64((used+free)*mib)
+		}
 		g.XidErrors = s.xids[g.UUID]
 		g.Healthy = g.ECCUncorrected == 0
 		out = append(out, *g)

@@ -58,7 +58,9 @@ func (c *GPUCollector) Render() {
 	for _, s := range c.Samplers {
 		snap, name := s.Latest(), s.Source().Name()
 		emit(prometheus.MustNewConstMetric(descSourceSuccess, prometheus.GaugeValue, boolValue(snap.Err == nil && !snap.Time.IsZero()), name))
-		emit(prometheus.MustNewConstMetric(descSourceTime, prometheus.GaugeValue, snap.Duration.Seconds(), name))
+		if snap.Round > 0 { // no round, no duration
+			emit(prometheus.MustNewConstMetric(descSourceTime, prometheus.GaugeValue, snap.Duration.Seconds(), name))
+		}
 		for i := range snap.GPUs {
 			c.renderGPU(emit, name, &snap.GPUs[i])
 		}
@@ -123,7 +125,7 @@ func (c *GPUCollector) renderGPU(emit func(prometheus.Metric), source string, g 
 	}
 	gauge(descUtilization, g.Utilization)
 	gauge(descPressure, g.MemoryPressure())
-	gauge(descMemoryUsed, float64(g.MemoryUsedBytes))
+	gauge(descMemoryUsed, g.MemoryUsed())
 	gauge(descTemperature, g.TemperatureCelsius)
 	gauge(descPower, g.PowerWatts)
 	counter(descECC, g.ECCCorrected, "corrected")

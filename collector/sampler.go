@@ -8,9 +8,16 @@ import (
 
 // Snapshot is one sampling round of a source.
 type Snapshot struct {
+	// Round numbers the rounds from 1; 0 is the empty snapshot a sampler
+	// holds before its first round.
+	Round    int
 	Time     time.Time
 	Duration time.Duration
 	GPUs     []GPU
+	// ProcessRound is the round that read the process lists the GPUs
+	// carry, 0 when they carry none: a list read before a lease appeared
+	// says nothing of what the lease runs.
+	ProcessRound int
 	// Err is the round's failure; GPUs then holds the last good round's.
 	Err error
 }
@@ -25,7 +32,10 @@ type Sampler struct {
 	ProcessEvery int
 	clock        func() time.Time
 	latest       atomic.Pointer[Snapshot]
-	rounds       int
+	started      atomic.Int64
+	// wantAfter is the round after which one must read the processes
+	// (RequestProcesses).
+	wantAfter atomic.Int64
 	// AfterRound, when set before Run, is called after each round: the
 	// exporters render their series there, so scrapes only copy them.
 	AfterRound func()
@@ -45,28 +55,53 @@ func NewSampler(source Source, interval time.Duration, processEvery int, clock f
 // Source returns what the sampler samples.
 func (s *Sampler) Source() Source { return s.source }
 
-// Latest returns the last snapshot (zero before the first round).
+// Latest returns the last snapshot (empty, Round 0, before the first round).
 func (s *Sampler) Latest() *Snapshot { return s.latest.Load() }
 
-// Round samples once.
+// RequestProcesses has a round that starts after the call read the
+// processes, whatever ProcessEvery says, and returns the number of rounds
+// started before it: a snapshot whose ProcessRound is higher read its
+// processes after the call. The daemon calls it when leases appear, so
+// that their use is known a round later, not ProcessEvery rounds later.
+func (s *Sampler) RequestProcesses() int {
+	n := s.started.Load()
+	s.wantAfter.Store(n)
+	return int(n)
+}
+
+// Round samples once. Until a round has read process lists, every round
+// asks for them.
 func (s *Sampler) Round(ctx context.Context) {
 	prev := s.latest.Load()
-	withProcs := s.rounds%s.ProcessEvery == 0
-	s.rounds++
+	n := int(s.started.Add(1))
+	withProcs := prev.ProcessRound <= int(s.wantAfter.Load()) || (n-1)%s.ProcessEvery == 0
 	start := time.Now()
 	gpus, err := s.source.Sample(ctx, withProcs)
-	snap := &Snapshot{Time: s.clock(), Duration: time.Since(start), GPUs: gpus, Err: err}
+	snap := &Snapshot{Round: n, Time: s.clock(), Duration: time.Since(start), GPUs: gpus, Err: err}
 	switch {
 	case err != nil:
-		snap.GPUs, snap.Time = prev.GPUs, prev.Time
+		snap.GPUs, snap.Time, snap.ProcessRound = prev.GPUs, prev.Time, prev.ProcessRound
 	case !withProcs:
 		// Keep the processes of the round that read them.
 		carryProcesses(snap.GPUs, prev.GPUs)
+		snap.ProcessRound = prev.ProcessRound
+	case readProcesses(gpus):
+		snap.ProcessRound = n
 	}
 	s.latest.Store(snap)
 	if s.AfterRound != nil {
 		s.AfterRound()
 	}
+}
+
+// readProcesses is whether the source gave any GPU's process list.
+func readProcesses(gpus []GPU) bool {
+	for i := range gpus {
+		if gpus[i].Processes != nil {
+			return true
+		}
+	}
+	return false
 }
 
 func carryProcesses(now, before []GPU) {

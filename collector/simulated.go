@@ -21,7 +21,9 @@ type Simulated struct {
 	Server string
 	Seed   uint64
 	GPUs   []SimulatedGPU
-	// Leases returns the leases on this server.
+	// Leases returns the leases on this server, nil while they are not
+	// known (the daemon has not fetched them yet): the GPUs' use follows
+	// from the leases, so until then it is unknown, not idle.
 	Leases func() []allocator.Lease
 	// Demand is how busy each lease's work keeps its share at t (0..1),
 	// by lease ID, given every lease on the server; a lease it leaves out
@@ -54,20 +56,27 @@ func (s *Simulated) Inventory(cpuMilli, memoryBytes int64, labels map[string]str
 	return srv
 }
 
-// Sample implements Source.
+// Sample implements Source. While the leases are not known it reports
+// the GPUs, healthy, with no readings.
 func (s *Simulated) Sample(_ context.Context, processes bool) ([]GPU, error) {
 	now := s.Clock()
 	gpus := make([]GPU, len(s.GPUs))
+	var leases []allocator.Lease
+	if s.Leases != nil {
+		if leases = s.Leases(); leases == nil {
+			for i, g := range s.GPUs {
+				gpus[i] = GPU{Index: i, UUID: s.UUID(i), Model: g.Model, Healthy: true,
+					Utilization: unknown, TemperatureCelsius: unknown, PowerWatts: unknown}
+			}
+			return gpus, nil
+		}
+	}
 	for i, g := range s.GPUs {
 		gpus[i] = GPU{Index: i, UUID: s.UUID(i), Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: true,
 			Utilization: 0.01 * s.noise(uint64(i), now)}
 		if processes {
 			gpus[i].Processes = []Process{}
 		}
-	}
-	var leases []allocator.Lease
-	if s.Leases != nil {
-		leases = s.Leases()
 	}
 	var demands map[string]float64
 	if s.Demand != nil {

@@ -30,7 +30,9 @@ type GPU struct {
 	UUID  string
 	Model string
 	// MIG is true when the GPU is partitioned into MIG instances.
-	MIG             bool
+	MIG bool
+	// MemoryBytes is the GPU's memory, 0 when the round did not read it;
+	// MemoryUsedBytes means something only when MemoryBytes is set.
 	MemoryBytes     int64
 	MemoryUsedBytes int64
 	// Utilization is the share of the last sample period a kernel ran (0..1).
@@ -79,10 +81,15 @@ func Inventory(server string, gpus []GPU) allocator.Server {
 // unknown marks a reading a source does not offer.
 var unknown = math.NaN()
 
-// MemoryPressure is used over total GPU memory (0..1), NaN when unknown.
-func (g *GPU) MemoryPressure() float64 {
+// MemoryUsed is the GPU memory in use in bytes, NaN when unknown.
+func (g *GPU) MemoryUsed() float64 {
 	if g.MemoryBytes <= 0 {
 		return unknown
 	}
-	return float64(g.MemoryUsedBytes) / float64(g.MemoryBytes)
+	return float64(g.MemoryUsedBytes)
+}
+
+// MemoryPressure is used over total GPU memory (0..1), NaN when unknown.
+func (g *GPU) MemoryPressure() float64 {
+	return g.MemoryUsed() / float64(g.MemoryBytes)
 }

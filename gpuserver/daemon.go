@@ -65,7 +65,10 @@ type Daemon struct {
 
 	mu     sync.Mutex
 	leases []allocator.Lease
-	pids   map[int]pidEntry // as `gpupool run` reported
+	// seen is, per lease, the rounds each sampler had started when the
+	// daemon learned of it (setLeases).
+	seen map[string][]int
+	pids map[int]pidEntry // as `gpupool run` reported
 	// pods caches PodOf per PID until the leases next change, or it holds
 	// maxPIDs entries.
 	pods map[int]string
@@ -114,7 +117,8 @@ func (d *Daemon) ServeProbes(ctx context.Context, ln net.Listener, interval time
 	ServeProbes(ctx, ln, d.cfg.Inventory.Name, interval, d.latency, d.cfg.Log)
 }
 
-// Leases returns the leases on this server as last fetched.
+// Leases returns the leases on this server as last fetched, nil before
+// the first fetch.
 func (d *Daemon) Leases() []allocator.Lease {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -289,7 +293,7 @@ func (d *Daemon) refreshLeases(ctx context.Context) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.leases = leases
+	d.setLeases(leases)
 	maps.DeleteFunc(d.pids, func(_ int, e pidEntry) bool { return !live[e.lease] && e.at.Before(fetched) })
 	d.pods = nil
 }

@@ -71,13 +71,19 @@ func (u *LeaseUse) ShareUtilization(milli int32) float64 {
 // Usage attributes the latest snapshots' processes to the leases on this
 // server, and counts per GPU the processes that belong to no lease holding
 // that GPU. GPUs whose processes the source does not report are absent
-// from unattributed, and their leases from use: unknown is not zero.
+// from unattributed. A lease is in use only where its use was measured:
+// with processes attributed to it, or with none in a process list read
+// after the daemon learned of the lease, if its processes could have been
+// told apart (by its pod, or a process `gpupool run` reported). Anything
+// else is unknown, which is not idle.
 func (d *Daemon) Usage() (map[[2]string]*LeaseUse, map[int]int) {
 	d.mu.Lock()
-	leases := d.leases
+	leases, seen := d.leases, d.seen
 	pids := make(map[int]string, len(d.pids))
+	reported := map[string]bool{}
 	for pid, e := range d.pids {
 		pids[pid] = e.lease
+		reported[e.lease] = true
 	}
 	d.mu.Unlock()
 	// holders is which lease of a pod, or with an ID, holds each GPU.
@@ -94,13 +100,19 @@ func (d *Daemon) Usage() (map[[2]string]*LeaseUse, map[int]int) {
 			}
 		}
 	}
+	// readIn is, per GPU whose processes are known, the sampler and the
+	// round that read them.
+	type reading struct{ sampler, round int }
+	readIn := map[int]reading{}
 	use := map[[2]string]*LeaseUse{}
 	unattributed := map[int]int{}
-	for _, s := range d.cfg.Samplers {
-		for _, g := range s.Latest().GPUs {
+	for si, s := range d.cfg.Samplers {
+		snap := s.Latest()
+		for _, g := range snap.GPUs {
 			if g.Processes == nil {
 				continue
 			}
+			readIn[g.Index] = reading{si, snap.ProcessRound}
 			unattributed[g.Index] += 0
 			for i := range g.Processes {
 				p := &g.Processes[i]
@@ -126,7 +138,46 @@ func (d *Daemon) Usage() (map[[2]string]*LeaseUse, map[int]int) {
 			}
 		}
 	}
+	for _, l := range leases {
+		if l.Owner.UID == "" && !reported[l.ID] {
+			continue // its processes, if any, cannot be told from others'
+		}
+		rounds, ok := seen[l.ID]
+		for _, g := range l.GPUs {
+			k := [2]string{l.ID, strconv.Itoa(g.Index)}
+			r, read := readIn[g.Index]
+			if use[k] == nil && read && ok && r.round > rounds[r.sampler] {
+				use[k] = &LeaseUse{Lease: l.ID, GPU: g.Index, SMKnown: true} // idle, measured
+			}
+		}
+	}
 	return use, unattributed
+}
+
+// setLeases stores the leases fetched for this server, never nil once
+// fetched, and notes for each lease new to the daemon how many rounds each
+// sampler had started (asking it for the processes soon): only a process
+// list read by a later round can show the lease idle. d.mu is held.
+func (d *Daemon) setLeases(leases []allocator.Lease) {
+	seen := make(map[string][]int, len(leases))
+	var rounds []int
+	for _, l := range leases {
+		if r, ok := d.seen[l.ID]; ok {
+			seen[l.ID] = r
+			continue
+		}
+		if rounds == nil {
+			rounds = make([]int, len(d.cfg.Samplers))
+			for i, s := range d.cfg.Samplers {
+				rounds[i] = s.RequestProcesses()
+			}
+		}
+		seen[l.ID] = rounds
+	}
+	if leases == nil {
+		leases = []allocator.Lease{}
+	}
+	d.leases, d.seen = leases, seen
 }
 
 // Collect implements prometheus.Collector.
@@ -162,12 +213,9 @@ func (c *LeaseCollector) render(use map[[2]string]*LeaseUse, unattributed map[in
 				emit(prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...))
 			}
 			gauge(c.descs.granted, float64(lg.MemoryBytes))
-			if _, known := unattributed[lg.Index]; !known {
-				continue // the source does not report processes on this GPU
-			}
 			u := use[[2]string{l.ID, strconv.Itoa(lg.Index)}]
 			if u == nil {
-				u = &LeaseUse{SMKnown: true}
+				continue // not measured: no series rather than a made-up 0
 			}
 			if u.SMKnown && lg.Milli > 0 {
 				gauge(c.descs.util, u.ShareUtilization(lg.Milli))
@@ -200,7 +248,7 @@ func Registry(d *Daemon) *prometheus.Registry {
 			use, unattributed := d.Usage()
 			leases.renderFrom(use, unattributed)
 			d.window.mark(d.now())
-			rep := d.usageReport(use, unattributed)
+			rep := d.usageReport(use)
 			d.report.Store(&rep)
 		}
 	}

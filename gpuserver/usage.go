@@ -28,11 +28,13 @@ func (d *Daemon) UsageReport() api.Usage {
 	if rep := d.report.Load(); rep != nil {
 		return *rep
 	}
-	return d.usageReport(d.Usage())
+	use, _ := d.Usage()
+	return d.usageReport(use)
 }
 
-// usageReport builds the report from the samplers and an attribution.
-func (d *Daemon) usageReport(use map[[2]string]*LeaseUse, unattributed map[int]int) api.Usage {
+// usageReport builds the report from the samplers and the leases' use
+// (Daemon.Usage).
+func (d *Daemon) usageReport(use map[[2]string]*LeaseUse) api.Usage {
 	rep := api.Usage{Server: d.cfg.Inventory.Name, GPUs: []api.GPUUsage{}, Leases: []api.LeaseUsage{}}
 	for i, s := range d.cfg.Samplers {
 		snap := s.Latest()
@@ -44,24 +46,26 @@ func (d *Daemon) usageReport(use map[[2]string]*LeaseUse, unattributed map[int]i
 			rep.SampledAt = snap.Time
 		}
 		for _, g := range snap.GPUs {
-			u := api.GPUUsage{Index: g.Index, UUID: g.UUID, Model: g.Model, Healthy: g.Healthy && g.Err == nil,
-				MemoryUsedBytes: g.MemoryUsedBytes, MemoryBytes: g.MemoryBytes}
-			if !math.IsNaN(g.Utilization) && g.Err == nil {
-				u.Utilization = &g.Utilization
+			u := api.GPUUsage{Index: g.Index, UUID: g.UUID, Model: g.Model, Healthy: g.Healthy && g.Err == nil}
+			if g.Err == nil {
+				// Memory not read stays 0 of 0: no pressure, rather than none used.
+				if !math.IsNaN(g.MemoryUsed()) {
+					u.MemoryUsedBytes, u.MemoryBytes = g.MemoryUsedBytes, g.MemoryBytes
+				}
+				if !math.IsNaN(g.Utilization) {
+					u.Utilization = &g.Utilization
+				}
 			}
 			rep.GPUs = append(rep.GPUs, u)
 		}
 	}
 	for _, l := range d.Leases() {
 		for _, lg := range l.GPUs {
-			if _, known := unattributed[lg.Index]; !known {
-				continue // the source does not report processes on this GPU
-			}
-			lu := api.LeaseUsage{Lease: l.ID, Namespace: l.Namespace, GPU: lg.Index, Milli: lg.Milli, MemoryGrantedBytes: lg.MemoryBytes}
 			u := use[[2]string{l.ID, strconv.Itoa(lg.Index)}]
 			if u == nil {
-				u = &LeaseUse{SMKnown: true} // no process: idle, which is known
+				continue // not measured (Usage says when): no data, not idle
 			}
+			lu := api.LeaseUsage{Lease: l.ID, Namespace: l.Namespace, GPU: lg.Index, Milli: lg.Milli, MemoryGrantedBytes: lg.MemoryBytes}
 			if u.SMKnown {
 				sm := u.SM
 				lu.SMUtilization = &sm
