@@ -243,18 +243,7 @@ func parseReport(body io.Reader) (gpuapi.ProcessReport, *refusal) {
 	return rep, nil
 }
 
-func validLeaseID(s string) bool {
-	if s == "" || len(s) > maxLeaseIDLen {
-		return false
-	}
-	for _, c := range []byte(s) {
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if !alnum && c != '-' && c != '.' && c != '_' {
-			return false
-		}
-	}
-	return true
-}
+func validLeaseID(s string) bool { return isNameToken(s, maxLeaseIDLen) }
 
 // mayReport refuses a report of pid by the process sender unless pid is
 // the sender, a descendant of it, or a process of the sender's pod: a

@@ -62,8 +62,12 @@ const (
 
 // validNodeName accepts what Kubernetes node names and hostnames are made
 // of, so a client cannot smuggle invalid label values in.
-func validNodeName(s string) bool {
-	if s == "" || len(s) > maxNameLen {
+func validNodeName(s string) bool { return isNameToken(s, maxNameLen) }
+
+// isNameToken reports whether s is 1..maxLen letters, digits, '.', '_'
+// and '-': what names and IDs that peers send and labels carry are made of.
+func isNameToken(s string, maxLen int) bool {
+	if s == "" || len(s) > maxLen {
 		return false
 	}
 	for _, c := range []byte(s) {
