@@ -121,9 +121,17 @@ func startHPARig(t testing.TB, o rigOptions) *hpaRig {
 		t.Fatal(err)
 	}
 	port := freePort(t)
+	// Values older than 10 s are refused, so that a stopped daemon shows
+	// soon; the Prometheus backend dates a value by its oldest sample, so
+	// there --max-age stays well over the scrape interval (docs/adapter.md:
+	// 15 s against 30 s).
+	maxAge := 10 * time.Second
+	if o.backend == "prometheus" {
+		maxAge = max(maxAge, 2*o.scrape)
+	}
 	args := []string{"--secure-port", port, "--bind-address", "127.0.0.1", "--tls-cert-file", certFile,
 		"--tls-private-key-file", keyFile, "--kubeconfig", cp.Kubeconfig, "--authentication-kubeconfig", cp.Kubeconfig,
-		"--authorization-kubeconfig", cp.Kubeconfig, "--max-age", "10s", "--metrics-listen", "127.0.0.1:0",
+		"--authorization-kubeconfig", cp.Kubeconfig, "--max-age", maxAge.String(), "--metrics-listen", "127.0.0.1:0",
 		"--backend", o.backend, "--allocator", a.URL, "--allocator-token-file", r.config.adminTokenFile(t)}
 	if o.backend == "prometheus" {
 		args = append(args, "--prometheus-url", metricstest.StartPrometheus(t, o.scrape, a.URL, "http://"+daemonAddr))

@@ -245,11 +245,14 @@ func (c *poolConfig) adminTokenFile(t testing.TB) string {
 	return path
 }
 
-// startDaemon runs gpupool-server until the test ends, with the servers
-// token in GPUPOOL_TOKEN as deploy/base/server.yaml gives it (not on the
-// command line, which every process on the host can read), and waits
-// until it serves.
+// startDaemon runs gpupool-server until the test ends, as
+// deploy/base/server.yaml runs it: the servers token in GPUPOOL_TOKEN (not
+// on the command line, which every process on the host can read) and no
+// process socket (so that no two tests' daemons share
+// /run/gpupool/<name>.sock; args may name one). It waits until the daemon
+// serves.
 func startDaemon(t testing.TB, logs *syncBuffer, token string, args ...string) *exec.Cmd {
 	t.Helper()
-	return startBinaryEnv(t, logs, []string{"GPUPOOL_TOKEN=" + token}, "gpupool-server", regexp.MustCompile(`gpu server serving`), args...)
+	return startBinaryEnv(t, logs, []string{"GPUPOOL_TOKEN=" + token}, "gpupool-server", regexp.MustCompile(`gpu server serving`),
+		append([]string{"--process-socket="}, args...)...)
 }
