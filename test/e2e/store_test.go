@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,16 +25,18 @@ func TestDamagedStoreIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"gpu-0", "gpu-1"} {
-		c := store.Change{Servers: []allocator.Server{{Name: name, GPUs: []allocator.GPU{{UUID: "GPU-" + name, Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}}}
-		if err := b.Apply(context.Background(), []store.Change{c}); err != nil {
+	// Enough servers and leases that the file's used pages fill it: a cut
+	// or an overwrite then always hits state, not slack.
+	ctx := context.Background()
+	for i := range 300 {
+		name := fmt.Sprintf("gpu-%03d", i)
+		c := store.Change{Servers: []allocator.Server{{Name: name, GPUs: []allocator.GPU{{UUID: "GPU-" + name, Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}},
+			Leases: []allocator.Lease{{ID: fmt.Sprintf("lease-%06d", i+1), Namespace: "ml", Server: name, TTL: time.Hour, ExpiresAt: time.Now().Add(time.Hour),
+				GPUs: []allocator.LeaseGPU{{UUID: "GPU-" + name, Model: "A100", Milli: 500, MemoryBytes: 40 << 30}}}},
+			NextID: uint64(i + 1)}
+		if err := b.Apply(ctx, []store.Change{c}); err != nil {
 			t.Fatal(err)
 		}
-	}
-	lease := allocator.Lease{ID: "lease-000001", Namespace: "ml", Server: "gpu-0", TTL: time.Hour, ExpiresAt: time.Now().Add(time.Hour),
-		GPUs: []allocator.LeaseGPU{{UUID: "GPU-gpu-0", Model: "A100", Milli: 500, MemoryBytes: 40 << 30}}}
-	if err := b.Apply(context.Background(), []store.Change{{Leases: []allocator.Lease{lease}, NextID: 1}}); err != nil {
-		t.Fatal(err)
 	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
@@ -44,7 +47,7 @@ func TestDamagedStoreIsRefused(t *testing.T) {
 	}
 
 	out, code := runAllocator(t, "--check", "--data-dir", good)
-	if code != 0 || !strings.Contains(out, "2 servers, 1 leases") || !strings.Contains(out, "ok") {
+	if code != 0 || !strings.Contains(out, "300 servers, 300 leases") || !strings.Contains(out, "ok") {
 		t.Errorf("--check on a sound store: exit %d\n%s", code, out)
 	}
 	for name, damaged := range map[string][]byte{
