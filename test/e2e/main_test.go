@@ -41,9 +41,9 @@ func TestMain(m *testing.M) {
 	// GPUPOOL_E2E_ALLOCATOR runs the tests against another allocator
 	// binary, e.g. an older commit's, to see a test fail before its fix.
 	if old := os.Getenv("GPUPOOL_E2E_ALLOCATOR"); old != "" {
-		b, err := os.ReadFile(old) //nolint:gosec // the developer names it
+		b, err := os.ReadFile(old)
 		if err == nil {
-			err = os.WriteFile(filepath.Join(dir, "gpupool-allocator"), b, 0o755) //nolint:gosec // an executable
+			err = os.WriteFile(filepath.Join(dir, "gpupool-allocator"), b, 0o755)
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "GPUPOOL_E2E_ALLOCATOR:", err)

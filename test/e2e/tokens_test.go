@@ -137,7 +137,7 @@ func startAdapter(t *testing.T, logs *syncBuffer, allocatorURL, tokenFile string
 func externalValue(t *testing.T, base, ns, metric, selector string) (value, answer string) {
 	t.Helper()
 	insecure := &http.Client{Timeout: 5 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the adapter's self-signed loopback certificate
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // the adapter's self-signed loopback certificate
 	resp, err := insecure.Get(fmt.Sprintf("%s/namespaces/%s/%s?labelSelector=%s", base, ns, metric, url.QueryEscape(selector)))
 	if err != nil {
 		t.Fatal(err)
