@@ -13,10 +13,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
+	"os"
 	"strings"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	allocapi "github.com/gpupool/gpupool/allocator/api"
 )
@@ -42,14 +47,34 @@ type ProcessReport struct {
 // ReportProcess sends r to the daemon's process socket, with the
 // allocator bearer token that may use the lease ("" when the allocator
 // runs without tokens). A refusal is an *allocapi.Error.
+//
+// The token goes to whatever listens on the socket, and the socket's path
+// comes from a server label, so ReportProcess first checks that the path
+// is a socket, not a symbolic link, owned by root or by this process's own
+// user; and, once connected, that the process listening on it runs as one
+// of them too (its peer credentials), which a socket swapped in between
+// the check and the dial cannot fake. A socket another local user planted
+// (or a link to one) would otherwise collect the token and could use the
+// lease's namespace with it: such a socket is refused, with nothing sent.
 func ReportProcess(ctx context.Context, socket, token string, r ProcessReport) error {
 	body, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
+	if err := checkSocket(socket); err != nil {
+		return err
+	}
 	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
-		return d.DialContext(ctx, "unix", socket)
+		c, err := d.DialContext(ctx, "unix", socket)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkListener(c, socket); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		return c, nil
 	}}
 	defer tr.CloseIdleConnections()
 	// The host is a placeholder: the transport dials the socket.
@@ -74,6 +99,60 @@ func ReportProcess(ctx context.Context, socket, token string, r ProcessReport) e
 		return fmt.Errorf("daemon answered %s", resp.Status)
 	}
 	return e
+}
+
+// trustedUID reports whether a daemon's socket (or the process listening
+// on it) may be owned by uid: root's, or this process's own user's.
+func trustedUID(uid uint32) bool { return uid == 0 || int64(uid) == int64(os.Getuid()) }
+
+// checkSocket refuses a process socket that is not a socket (a symbolic
+// link included) owned by root or by this process's user.
+func checkSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return fmt.Errorf("process socket: %w", err)
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		return fmt.Errorf("process socket %s is a symbolic link, not the daemon's socket: not sending the bearer token there", path)
+	}
+	if fi.Mode()&fs.ModeSocket == 0 {
+		return fmt.Errorf("process socket %s is not a socket (%v): not sending the bearer token there", path, fi.Mode().Type())
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("process socket %s: cannot tell its owner: not sending the bearer token there", path)
+	}
+	if !trustedUID(st.Uid) {
+		return fmt.Errorf("process socket %s is owned by uid %d, neither root nor this user (uid %d): not sending the bearer token there", path, st.Uid, os.Getuid())
+	}
+	return nil
+}
+
+// checkListener refuses a connection whose listening process (as of
+// listen(2), in the kernel's word) runs as neither root nor this user.
+func checkListener(c net.Conn, path string) error {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("process socket %s: not a Unix connection", path)
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if credErr != nil {
+		return fmt.Errorf("process socket %s: reading the daemon's credentials: %w", path, credErr)
+	}
+	if !trustedUID(cred.Uid) {
+		return fmt.Errorf("process socket %s is served by uid %d, neither root nor this user (uid %d): not sending the bearer token there", path, cred.Uid, os.Getuid())
+	}
+	return nil
 }
 
 // LabelName makes a pod label key a Prometheus label name (anything but
