@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,8 +58,19 @@ const (
 // on (left by one that was killed), refuses one that a daemon answers on,
 // and lets every local user connect: reports are checked, not reporters.
 // Closing the listener removes the socket.
+//
+// The directory must be a directory, not a symbolic link, owned by root or
+// this user, and writable by no one else unless sticky (as /tmp): others
+// could otherwise swap the socket for a link between its creation and the
+// chmod that opens it, and have a file of their choice made writable to
+// all. The chmod itself goes through a handle opened without following
+// links, and only when that is a socket of this user's.
 func ListenProcessSocket(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil { //nolint:gosec // local users must reach the socket in it
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil { //nolint:gosec // local users must reach the socket in it
+		return nil, err
+	}
+	if err := checkSocketDir(dir); err != nil {
 		return nil, err
 	}
 	if fi, err := os.Lstat(path); err == nil {
@@ -77,11 +89,61 @@ func ListenProcessSocket(path string) (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(path, 0o666); err != nil { //nolint:gosec // every local process may report; each report is checked
+	if afterListen != nil {
+		afterListen(path)
+	}
+	if err := chmodSocket(path, 0o666); err != nil { // every local process may report; each report is checked
 		_ = ln.Close()
 		return nil, err
 	}
 	return ln, nil
+}
+
+// afterListen, when set (by tests), runs between creating the socket and
+// opening it to all.
+var afterListen func(path string)
+
+// checkSocketDir refuses a socket directory that is a symbolic link, owned
+// by another user than root or this one, or writable by others without
+// the sticky bit.
+func checkSocketDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("socket directory %s is not a directory (%v): a symbolic link is refused", dir, fi.Mode().Type())
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && int64(st.Uid) != int64(os.Geteuid()) {
+		return fmt.Errorf("socket directory %s is owned by uid %d, neither root nor this user", dir, st.Uid)
+	}
+	if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&fs.ModeSticky == 0 {
+		return fmt.Errorf("socket directory %s (mode %v) is writable by others and not sticky: they could replace the socket", dir, fi.Mode())
+	}
+	return nil
+}
+
+// chmodSocket sets the mode of the socket at path, which must be a socket
+// of this user's: it opens the path itself (O_PATH|O_NOFOLLOW: a link is
+// not followed), checks what it opened, and changes that very file's mode
+// through /proc/self/fd (fchmod does not take an O_PATH handle).
+func chmodSocket(path string, mode uint32) error {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer func() { _ = unix.Close(fd) }()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return &fs.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK || int64(st.Uid) != int64(os.Geteuid()) {
+		return fmt.Errorf("%s was replaced after the daemon created its socket: not changing its mode", path)
+	}
+	if err := unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), mode); err != nil {
+		return &fs.PathError{Op: "chmod", Path: path, Err: err}
+	}
+	return nil
 }
 
 // ProcessServer serves POST /v1/processes (a gpuapi.ProcessReport) on the
