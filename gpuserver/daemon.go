@@ -50,6 +50,11 @@ type Config struct {
 	// Alive reports whether a process exists, so that reports of gone
 	// processes are refused and pruned; nil counts every process alive.
 	Alive func(pid int) bool
+	// StartTime returns when a process started (ProcStartTime), so that a
+	// registered process is told from a later one that reuses its PID,
+	// which counts as gone: its use is not attributed to the lease; nil
+	// skips that check.
+	StartTime func(pid int) (uint64, bool)
 	// Clock dates scrapes (snapshot ages); time.Now when nil.
 	Clock func() time.Time
 	Log   *slog.Logger
@@ -90,11 +95,14 @@ type registryFullError struct{ limit string }
 
 func (e *registryFullError) Error() string { return "the process registry is full: " + e.limit }
 
-// pidEntry is a reported process: its lease, and when it was reported, so
-// that a lease list fetched before the report does not drop it.
+// pidEntry is a reported process: its lease, when it was reported, so
+// that a lease list fetched before the report does not drop it, and when
+// it started (Config.StartTime; 0 when not known), so that a later process
+// with its PID is not taken for it.
 type pidEntry struct {
 	lease string
 	at    time.Time
+	start uint64
 }
 
 // New returns a daemon; Run starts it.
@@ -125,21 +133,50 @@ func (d *Daemon) Leases() []allocator.Lease {
 	return d.leases
 }
 
-// RegisterPID records that pid runs under lease (from `gpupool run`),
-// replacing what an earlier report said of pid. It refuses with a
-// *registryFullError when the registry, pruned of gone processes, or the
-// lease's part of it is at its cap.
+// RegisterPID records that pid, the process running now, runs under lease
+// (from `gpupool run`), replacing what an earlier report said of pid. It
+// refuses with a *registryFullError when the registry, pruned of gone
+// processes, or the lease's part of it is at its cap.
 func (d *Daemon) RegisterPID(pid int, lease string) error {
-	err := d.addPID(pid, lease)
+	start, ok := d.startTime(pid)
+	if !ok {
+		return fmt.Errorf("pid %d: no such process", pid)
+	}
+	return d.registerPID(pid, lease, start)
+}
+
+// registerPID is RegisterPID of the process that started at start.
+func (d *Daemon) registerPID(pid int, lease string, start uint64) error {
+	err := d.addPID(pid, lease, start)
 	var full *registryFullError
 	if errors.As(err, &full) {
 		d.pruneGone()
-		err = d.addPID(pid, lease)
+		err = d.addPID(pid, lease, start)
 	}
 	return err
 }
 
-func (d *Daemon) addPID(pid int, lease string) error {
+// startTime is when the process with pid started (Config.StartTime); 0
+// and true when the daemon does not tell processes apart by it, false
+// when the process is gone.
+func (d *Daemon) startTime(pid int) (uint64, bool) {
+	if d.cfg.StartTime == nil {
+		return 0, true
+	}
+	return d.cfg.StartTime(pid)
+}
+
+// stillRuns reports whether the process registered as e still has its
+// PID: a process with another start time is a later one.
+func (d *Daemon) stillRuns(pid int, e pidEntry) bool {
+	if d.cfg.StartTime == nil || e.start == 0 {
+		return true
+	}
+	start, ok := d.cfg.StartTime(pid)
+	return ok && start == e.start
+}
+
+func (d *Daemon) addPID(pid int, lease string, start uint64) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if e, ok := d.pids[pid]; !ok || e.lease != lease {
@@ -156,22 +193,24 @@ func (d *Daemon) addPID(pid int, lease string) error {
 			return &registryFullError{limit: fmt.Sprintf("at most %d processes on this server", maxPIDs)}
 		}
 	}
-	d.pids[pid] = pidEntry{lease: lease, at: d.now()}
+	d.pids[pid] = pidEntry{lease: lease, at: d.now(), start: start}
 	return nil
 }
 
-// pruneGone drops the registered processes that no longer exist; it looks
-// them up without holding the lock, which scrapes need.
+// pruneGone drops the registered processes that no longer exist, or whose
+// PID a later process took; it looks them up without holding the lock,
+// which scrapes need.
 func (d *Daemon) pruneGone() {
-	if d.cfg.Alive == nil {
+	if d.cfg.Alive == nil && d.cfg.StartTime == nil {
 		return
 	}
 	d.mu.Lock()
 	pids := slices.Collect(maps.Keys(d.pids))
+	entries := maps.Clone(d.pids)
 	d.mu.Unlock()
 	var gone []int
 	for _, pid := range pids {
-		if !d.cfg.Alive(pid) {
+		if d.cfg.Alive != nil && !d.cfg.Alive(pid) || !d.stillRuns(pid, entries[pid]) {
 			gone = append(gone, pid)
 		}
 	}
@@ -298,12 +337,39 @@ func (d *Daemon) refreshLeases(ctx context.Context) {
 	d.pods = nil
 }
 
+// registered is a copy of the PID registry for one attribution round,
+// which looks up each registered PID's start time at most once.
+type registered struct {
+	d        *Daemon
+	pids     map[int]pidEntry
+	verified map[int]bool
+}
+
+// lease is the lease the process with pid runs under, if it is the one
+// registered.
+func (r *registered) lease(pid int) (string, bool) {
+	e, ok := r.pids[pid]
+	if !ok {
+		return "", false
+	}
+	runs, checked := r.verified[pid]
+	if !checked {
+		runs = r.d.stillRuns(pid, e)
+		if r.verified == nil {
+			r.verified = map[int]bool{}
+		}
+		r.verified[pid] = runs
+	}
+	return e.lease, runs
+}
+
 // attribute finds who a process runs for: the lease ID the PID registry
-// names (for it or its nearest registered ancestor), else its pod's UID.
-func (d *Daemon) attribute(p *collector.Process, pids map[int]string) (string, bool) {
+// names (for it or its nearest registered ancestor), else its pod's UID. A
+// registered PID that a later process took names no lease.
+func (d *Daemon) attribute(p *collector.Process, pids *registered) (string, bool) {
 	pid := p.PID
 	for range maxAncestry {
-		if lease, ok := pids[pid]; ok {
+		if lease, ok := pids.lease(pid); ok {
 			return lease, true
 		}
 		if d.cfg.Parent == nil {

@@ -163,7 +163,13 @@ func ProcessServer(d *Daemon) *http.Server {
 	srv := httpserver.New(mux, httpserver.Default)
 	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 		pid, err := peerPID(c)
-		return context.WithValue(ctx, peerKey{}, peer{pid: pid, err: err})
+		p := peer{pid: pid, err: err}
+		if err == nil && pid > 0 {
+			// As near the connection as can be: the sender, not a later
+			// process that took its PID.
+			p.start, p.running = d.startTime(pid)
+		}
+		return context.WithValue(ctx, peerKey{}, p)
 	}
 	return srv
 }
@@ -174,6 +180,10 @@ type peerKey struct{}
 type peer struct {
 	pid int
 	err error
+	// start is when the sender started (Daemon.startTime) as the daemon
+	// accepted its connection; running is false when it had ended.
+	start   uint64
+	running bool
 }
 
 // peerPID reads the PID of the process at the other end of a Unix socket
@@ -237,9 +247,19 @@ func (d *Daemon) takeReport(w http.ResponseWriter, r *http.Request) *refusal {
 	if ref != nil {
 		return ref
 	}
-	pid := rep.PID
+	if !sender.running {
+		return refuse(http.StatusBadRequest, api.ReasonInvalid, "", "", "", fmt.Sprintf("the sender (pid %d) ended before its report was read", sender.pid))
+	}
+	pid, start := rep.PID, sender.start
 	if pid == 0 {
 		pid = sender.pid
+	} else if pid != sender.pid {
+		// Read before the ancestry check, and checked again below: the
+		// process checked is the one registered.
+		var ok bool
+		if start, ok = d.startTime(pid); !ok {
+			return noSuchProcess(pid)
+		}
 	}
 	if ref := d.mayReport(sender.pid, pid); ref != nil {
 		return ref
@@ -248,8 +268,18 @@ func (d *Daemon) takeReport(w http.ResponseWriter, r *http.Request) *refusal {
 	if ref := d.checkLease(r.Context(), token, rep.Lease); ref != nil {
 		return ref
 	}
+	// The allocator took a while: the sender, and the process it spoke
+	// for, must still be the ones checked, not later ones with their PIDs.
+	if now, ok := d.startTime(sender.pid); !ok || now != sender.start {
+		return refuse(http.StatusBadRequest, api.ReasonInvalid, "", "", "", fmt.Sprintf("the sender (pid %d) ended before its report was taken", sender.pid))
+	}
+	if pid != sender.pid {
+		if now, ok := d.startTime(pid); !ok || now != start {
+			return noSuchProcess(pid)
+		}
+	}
 	var full *registryFullError
-	if err := d.RegisterPID(pid, rep.Lease); errors.As(err, &full) {
+	if err := d.registerPID(pid, rep.Lease, start); errors.As(err, &full) {
 		return refuse(http.StatusServiceUnavailable, api.ReasonUnavailable, "pid", strconv.Itoa(pid), full.limit,
 			err.Error()+"; reports are taken again as reported processes end")
 	}
@@ -317,7 +347,7 @@ func (d *Daemon) mayReport(sender, pid int) *refusal {
 	}
 	value := strconv.Itoa(pid)
 	if d.cfg.Alive != nil && !d.cfg.Alive(pid) {
-		return refuse(http.StatusBadRequest, api.ReasonInvalid, "pid", value, "must be a running process", "pid "+value+": no such process")
+		return noSuchProcess(pid)
 	}
 	if d.cfg.Parent != nil {
 		p := pid
@@ -339,6 +369,11 @@ func (d *Daemon) mayReport(sender, pid int) *refusal {
 	}
 	return refuse(http.StatusForbidden, api.ReasonForbidden, "pid", value, "must be the sender itself, a descendant of it, or a process of its pod",
 		fmt.Sprintf("pid %d is not the sender (pid %d), a descendant of it, or a process of its pod", pid, sender))
+}
+
+func noSuchProcess(pid int) *refusal {
+	value := strconv.Itoa(pid)
+	return refuse(http.StatusBadRequest, api.ReasonInvalid, "pid", value, "must be a running process", "pid "+value+": no such process")
 }
 
 // checkLease refuses a lease unless the allocator, asked with the sender's

@@ -1,6 +1,7 @@
 package gpuserver
 
 import (
+	"maps"
 	"math"
 	"strconv"
 	"sync/atomic"
@@ -79,10 +80,9 @@ func (u *LeaseUse) ShareUtilization(milli int32) float64 {
 func (d *Daemon) Usage() (map[[2]string]*LeaseUse, map[int]int) {
 	d.mu.Lock()
 	leases, seen := d.leases, d.seen
-	pids := make(map[int]string, len(d.pids))
+	pids := &registered{d: d, pids: maps.Clone(d.pids)}
 	reported := map[string]bool{}
-	for pid, e := range d.pids {
-		pids[pid] = e.lease
+	for _, e := range d.pids {
 		reported[e.lease] = true
 	}
 	d.mu.Unlock()

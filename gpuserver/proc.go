@@ -7,26 +7,45 @@ import (
 	"strings"
 )
 
+// statFields reads <proc>/<pid>/stat and returns its fields from the
+// third (state) on: the command name before them may hold spaces and
+// parentheses, so they start after the last ')'.
+func statFields(proc string, pid int) []string {
+	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "stat")) //nolint:gosec // a /proc path built from a PID
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(s[i+1:])
+}
+
 // ProcParent reads a process's parent PID from <proc>/<pid>/stat.
 func ProcParent(proc string) func(pid int) (int, bool) {
 	return func(pid int) (int, bool) {
-		b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "stat")) //nolint:gosec // a /proc path built from a PID
-		if err != nil {
-			return 0, false
-		}
-		// The command name may hold spaces and parentheses: fields start
-		// after the last ')'.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			return 0, false
-		}
-		f := strings.Fields(s[i+1:])
+		f := statFields(proc, pid)
 		if len(f) < 2 {
 			return 0, false
 		}
-		ppid, err := strconv.Atoi(f[1])
+		ppid, err := strconv.Atoi(f[1]) // field 4
 		return ppid, err == nil
+	}
+}
+
+// ProcStartTime reads when a process started, in clock ticks after boot,
+// from <proc>/<pid>/stat (field 22, starttime): a PID and its start time
+// name one process, where a PID alone may be reused by a later one.
+func ProcStartTime(proc string) func(pid int) (uint64, bool) {
+	return func(pid int) (uint64, bool) {
+		f := statFields(proc, pid)
+		if len(f) < 20 {
+			return 0, false
+		}
+		start, err := strconv.ParseUint(f[19], 10, 64) // field 22
+		return start, err == nil
 	}
 }
 

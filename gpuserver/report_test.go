@@ -105,7 +105,7 @@ func newReportRig(t testing.TB, alloc *leaseAllocator, edit func(*Config)) *repo
 	}
 	cfg := Config{
 		Inventory: allocator.Server{Name: "gpu-a"}, Client: cl, AllocatorURLs: []string{as.URL},
-		Parent: ProcParent("/proc"), Alive: ProcAlive("/proc"), Log: slog.New(slog.DiscardHandler),
+		Parent: ProcParent("/proc"), Alive: ProcAlive("/proc"), StartTime: ProcStartTime("/proc"), Log: slog.New(slog.DiscardHandler),
 	}
 	if edit != nil {
 		edit(&cfg)
@@ -378,6 +378,7 @@ func TestProcessRegistryBoundedAndPruned(t *testing.T) {
 	alloc := &leaseAllocator{}
 	r := newReportRig(t, alloc, func(c *Config) {
 		c.Alive = func(pid int) bool { mu.Lock(); defer mu.Unlock(); return !gone[pid] }
+		c.StartTime = nil // made-up PIDs
 		c.Clock = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	})
 	d := r.d

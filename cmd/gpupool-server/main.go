@@ -167,7 +167,8 @@ func run(args []string, stderr io.Writer) int {
 	d = gpuserver.New(gpuserver.Config{
 		Inventory: inv, Client: cl, AllocatorURLs: allocatorURLs, Samplers: []*collector.Sampler{sampler}, Fabric: fabric,
 		Heartbeat: *heartbeat, LabelAllowlist: splitList(*allowlist), Parent: gpuserver.ProcParent("/proc"),
-		PodOf: func(pid int) string { return gpuserver.PodUID("/proc", pid) }, Alive: gpuserver.ProcAlive("/proc"), Log: log,
+		PodOf: func(pid int) string { return gpuserver.PodUID("/proc", pid) }, Alive: gpuserver.ProcAlive("/proc"),
+		StartTime: gpuserver.ProcStartTime("/proc"), Log: log,
 	})
 	reg := gpuserver.Registry(d)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -1,0 +1,156 @@
+package gpuserver
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/collector"
+	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
+)
+
+// TestProcStartTime reads field 22 of stat, counted after the command
+// name, which may hold spaces and parentheses.
+func TestProcStartTime(t *testing.T) {
+	self, ok := ProcStartTime("/proc")(os.Getpid())
+	if again, _ := ProcStartTime("/proc")(os.Getpid()); !ok || self == 0 || again != self {
+		t.Errorf("this process's start time: %d, %v, then %d", self, ok, again)
+	}
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "77"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	stat := "77 (a) b (c)) S 1 77 77 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 1000 100\n"
+	if err := os.WriteFile(filepath.Join(dir, "77", "stat"), []byte(stat), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if start, ok := ProcStartTime(dir)(77); !ok || start != 123456 {
+		t.Errorf("start time of %q = %d, %v; want 123456", stat, start, ok)
+	}
+	if _, ok := ProcStartTime(dir)(78); ok {
+		t.Error("a gone process has a start time")
+	}
+}
+
+// fakeStarts is Config.StartTime over a table a test edits.
+type fakeStarts struct {
+	mu     sync.Mutex
+	starts map[int]uint64
+}
+
+func (f *fakeStarts) get(pid int) (uint64, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.starts[pid]
+	return s, ok
+}
+
+func (f *fakeStarts) set(pid int, start uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.starts[pid] = start
+}
+
+// TestReusedPIDIsNotAttributed: once a registered process ended and
+// another (another tenant's) took its PID, the newcomer's use is not the
+// lease's, and the entry is pruned.
+func TestReusedPIDIsNotAttributed(t *testing.T) {
+	src := &fixedSource{gpus: []collector.GPU{{
+		Index: 0, UUID: "GPU-0", Model: "H100", MemoryBytes: 80 << 30, Healthy: true,
+		Processes: []collector.Process{{PID: 5000, MemoryUsedBytes: 1 << 30, SMUtilization: 0.5}},
+	}}}
+	sampler := collector.NewSampler(src, time.Second, 1, nil)
+	sampler.Round(context.Background())
+	starts := &fakeStarts{starts: map[int]uint64{5000: 100}}
+	d := New(Config{Inventory: allocator.Server{Name: "gpu-a"}, Samplers: []*collector.Sampler{sampler}, StartTime: starts.get})
+	lease := allocator.Lease{ID: "lease-000001", Namespace: "ml", Server: "gpu-a", GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 1000, MemoryBytes: 80 << 30}}}
+	d.mu.Lock()
+	d.setLeases([]allocator.Lease{lease})
+	d.mu.Unlock()
+	if err := d.RegisterPID(5000, lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	use, unattributed := d.Usage()
+	if u := use[[2]string{lease.ID, "0"}]; u == nil || u.Processes != 1 || unattributed[0] != 0 {
+		t.Fatalf("the registered process: use %+v, unattributed %v; want it the lease's", u, unattributed)
+	}
+
+	starts.set(5000, 200) // it ended; a later process has its PID
+	use, unattributed = d.Usage()
+	if u := use[[2]string{lease.ID, "0"}]; u != nil && u.Processes != 0 || unattributed[0] != 1 {
+		t.Errorf("a process that took a registered PID: use %+v, unattributed %v; want it nobody's", u, unattributed)
+	}
+	d.pruneGone()
+	if len(d.pids) != 0 {
+		t.Errorf("after pruning the registry holds %v, want the reused PID gone", d.pids)
+	}
+	if err := d.RegisterPID(4999, lease.ID); err == nil {
+		t.Error("registered a process that has no start time (gone)")
+	}
+}
+
+// TestProcessReportFromAReplacedProcess: a report is taken only if the
+// sender, and the process it reports, are still the ones the daemon
+// checked once the allocator answered, not later ones with their PIDs.
+func TestProcessReportFromAReplacedProcess(t *testing.T) {
+	self := os.Getpid()
+	selfStart, _ := ProcStartTime("/proc")(self)
+	var mu sync.Mutex
+	calls := map[int]uint64{}
+	replaced := 0 // the PID whose start time changes at every read
+	r := newReportRig(t, &leaseAllocator{leases: []allocator.Lease{leaseA}}, func(c *Config) {
+		c.StartTime = func(pid int) (uint64, bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			if pid == replaced {
+				calls[pid]++
+				return 1000 + calls[pid], true
+			}
+			if pid == self {
+				return selfStart, true
+			}
+			return ProcStartTime("/proc")(pid)
+		}
+	})
+	setReplaced := func(pid int) { mu.Lock(); defer mu.Unlock(); replaced = pid }
+
+	setReplaced(self)
+	err := r.report("", gpuapi.ProcessReport{Lease: leaseA.ID})
+	wantRefusal(t, err, api.ReasonInvalid, "")
+	if e := (*api.Error)(nil); asAPIError(err, &e) && !strings.Contains(e.Message, "ended") {
+		t.Errorf("a replaced sender is refused with %q, want it to say the sender ended", e.Message)
+	}
+
+	child := startChild(t)
+	setReplaced(child)
+	err = r.report("", gpuapi.ProcessReport{PID: child, Lease: leaseA.ID})
+	wantRefusal(t, err, api.ReasonInvalid, "pid")
+	if got := r.registered(); len(got) != 0 {
+		t.Errorf("registered %v from replaced processes", got)
+	}
+
+	setReplaced(0)
+	if err := r.report("", gpuapi.ProcessReport{PID: child, Lease: leaseA.ID}); err != nil {
+		t.Fatalf("the same child, not replaced: %v", err)
+	}
+	r.d.mu.Lock()
+	e := r.d.pids[child]
+	r.d.mu.Unlock()
+	if want, _ := ProcStartTime("/proc")(child); e.start != want || want == 0 {
+		t.Errorf("the child's entry records start time %d, want %d", e.start, want)
+	}
+}
+
+func asAPIError(err error, e **api.Error) bool {
+	var a *api.Error
+	ok := err != nil && errors.As(err, &a)
+	*e = a
+	return ok
+}
