@@ -76,7 +76,9 @@ func CheckBolt(dir string, timeout time.Duration) (State, error) {
 	case fi.Size() == 0:
 		return State{}, &DamagedError{Path: path, Err: errors.New("the file is empty")}
 	}
-	db, err := openChecked(path, &bolt.Options{Timeout: timeout, ReadOnly: true})
+	// Read-only, bbolt reads the freelist lazily, inside Check's own
+	// goroutine, where a fault could not be caught: read it at open.
+	db, err := openChecked(path, &bolt.Options{Timeout: timeout, ReadOnly: true, PreLoadFreelist: true})
 	if err != nil {
 		return State{}, err
 	}
@@ -98,6 +100,9 @@ func openChecked(path string, opts *bolt.Options) (db *bolt.DB, err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
+			// A panic inside bolt.Open leaves the file mapped, and so
+			// locked, until the process exits, which it does on a
+			// DamagedError.
 			if db != nil {
 				_ = db.Close()
 			}
