@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"maps"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -205,11 +204,10 @@ func (d *Daemon) pruneGone() {
 		return
 	}
 	d.mu.Lock()
-	pids := slices.Collect(maps.Keys(d.pids))
 	entries := maps.Clone(d.pids)
 	d.mu.Unlock()
 	var gone []int
-	for _, pid := range pids {
+	for pid := range entries {
 		if d.cfg.Alive != nil && !d.cfg.Alive(pid) || !d.stillRuns(pid, entries[pid]) {
 			gone = append(gone, pid)
 		}
@@ -217,7 +215,11 @@ func (d *Daemon) pruneGone() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, pid := range gone {
-		delete(d.pids, pid)
+		// A report registered since the look-up (a new process with the
+		// PID, or the lease moved) replaced the entry: it stays.
+		if d.pids[pid] == entries[pid] {
+			delete(d.pids, pid)
+		}
 	}
 }
 

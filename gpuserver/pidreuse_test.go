@@ -154,3 +154,39 @@ func asAPIError(err error, e **api.Error) bool {
 	*e = a
 	return ok
 }
+
+// TestPruneKeepsAReportTakenDuringTheLookup: a report registered while
+// pruneGone looks processes up (without the lock) is not dropped for what
+// the look-up said of the PID's previous process.
+func TestPruneKeepsAReportTakenDuringTheLookup(t *testing.T) {
+	var d *Daemon
+	starts := &fakeStarts{starts: map[int]uint64{6000: 100}}
+	now := time.Unix(1.8e9, 0)
+	var once sync.Once
+	d = New(Config{
+		StartTime: starts.get,
+		Clock:     func() time.Time { return now },
+		Alive: func(pid int) bool {
+			if pid != 6000 {
+				return true
+			}
+			// The registered process ended and a new one with its PID
+			// is reported, all during the look-up.
+			once.Do(func() {
+				starts.set(6000, 200)
+				now = now.Add(time.Second)
+				if err := d.RegisterPID(6000, "lease-000002"); err != nil {
+					t.Error(err)
+				}
+			})
+			return false
+		},
+	})
+	if err := d.RegisterPID(6000, "lease-000001"); err != nil {
+		t.Fatal(err)
+	}
+	d.pruneGone()
+	if e, ok := d.pids[6000]; !ok || e.lease != "lease-000002" || e.start != 200 {
+		t.Errorf("after pruning PID 6000 is %+v (%v), want the report taken during the look-up", e, ok)
+	}
+}
