@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -201,7 +202,7 @@ func ServeProbes(ctx context.Context, ln net.Listener, server string, interval t
 					delete(perAddr, addr)
 				}
 			}()
-			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_ = conn.SetReadDeadline(time.Now().Add(time.Duration(helloTimeout.Load())))
 			node, err := readHello(conn)
 			if err != nil {
 				log.Debug("probe refused", "remote", conn.RemoteAddr(), "err", err)
@@ -233,6 +234,12 @@ func ServeProbes(ctx context.Context, ln net.Listener, server string, interval t
 		}()
 	}
 }
+
+// helloTimeout is how long a probe connection may hold its slot before it
+// says hello (a time.Duration); a variable so that tests need not race it.
+var helloTimeout atomic.Int64
+
+func init() { helloTimeout.Store(int64(5 * time.Second)) }
 
 // remoteHost is a connection's remote address without the port.
 func remoteHost(c net.Conn) string {

@@ -3,6 +3,7 @@ package gpuserver
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -112,7 +113,12 @@ func TestProbeRejectsBadHellosAndForgedEchoes(t *testing.T) {
 // TestProbeSlotsPerAddress: one address gets maxProbesPerAddress slots,
 // whether or not its connections say hello, so a client that opens more
 // connections than the port has slots does not lock the others out.
+//
+// No outcome hangs on a short deadline: the connections are all opened
+// first, half of them mute, then each says hello and is served (a ping
+// comes) or was refused (closed: EOF or reset), however long that takes.
 func TestProbeSlotsPerAddress(t *testing.T) {
+	defer helloTimeout.Store(helloTimeout.Swap(int64(time.Hour))) // mute connections keep their slots while the test runs
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -120,36 +126,51 @@ func TestProbeSlotsPerAddress(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go ServeProbes(ctx, ln, "gpu-a", 10*time.Millisecond, NewLatencyHistogram(), slog.New(slog.DiscardHandler))
-	// served dials from the local IP, says hello unless mute, and reports
-	// whether the server probes it (a ping comes) rather than closing it.
-	served := func(local string, mute bool) bool {
+	dial := func(local string) net.Conn {
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
 		conn, err := d.Dial("tcp", ln.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = conn.Close() })
-		if !mute {
-			_, _ = conn.Write([]byte{frameHello, 6, 'n', 'o', 'd', 'e', '-', '1'})
-		}
-		wait := time.Second
-		if mute {
-			wait = 200 * time.Millisecond // open, not closed at once as refused ones are
-		}
-		_ = conn.SetReadDeadline(time.Now().Add(wait))
-		b := make([]byte, 1)
-		_, err = conn.Read(b)
-		return err == nil && b[0] == framePing || mute && errors.Is(err, os.ErrDeadlineExceeded)
+		return conn
 	}
-	// The attacker opens more connections than the port has slots, some
-	// of them never saying hello.
-	for i := range maxProbeClients + 3 {
-		got := served("127.0.0.1", i%2 == 1)
-		if want := i < maxProbesPerAddress; got != want {
-			t.Fatalf("connection %d from one address: served %v, want %v", i+1, got, want)
+	hello := []byte{frameHello, 6, 'n', 'o', 'd', 'e', '-', '1'}
+	// served says hello on conn unless it did already, and reports whether
+	// a ping comes back (served) rather than the end of the connection
+	// (refused).
+	served := func(i int, conn net.Conn, greeted bool) bool {
+		if !greeted {
+			_, _ = conn.Write(hello) // fails on a closed one: the read tells
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(time.Minute))
+		var b [frameSize]byte
+		if _, err := io.ReadFull(conn, b[:]); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("connection %d: neither served nor closed in a minute", i+1)
+			}
+			return false // EOF or reset: refused
+		}
+		if b[0] != framePing {
+			t.Fatalf("connection %d: got frame %q, want a ping", i+1, b[0])
+		}
+		return true
+	}
+	// The attacker opens more connections than its address has slots,
+	// every other one never saying hello (until the test asks).
+	conns := make([]net.Conn, maxProbesPerAddress+3)
+	for i := range conns {
+		conns[i] = dial("127.0.0.1")
+		if i%2 == 0 {
+			_, _ = conns[i].Write(hello)
 		}
 	}
-	if !served("127.0.0.2", false) {
+	for i, conn := range conns {
+		if got, want := served(i, conn, i%2 == 0), i < maxProbesPerAddress; got != want {
+			t.Errorf("connection %d from one address (mute: %v): served %v, want %v", i+1, i%2 == 1, got, want)
+		}
+	}
+	if !served(-1, dial("127.0.0.2"), false) {
 		t.Error("a second client was locked out by the first")
 	}
 }
