@@ -72,7 +72,10 @@ func (u *LeaseUse) ShareUtilization(milli int32) float64 {
 // Usage attributes the latest snapshots' processes to the leases on this
 // server, and counts per GPU the processes that belong to no lease holding
 // that GPU. GPUs whose processes the source does not report are absent
-// from unattributed. A lease is in use only where its use was measured:
+// from unattributed, and so is every GPU before the daemon first fetched
+// its leases: then no process could be attributed, and counting them all
+// as nobody's would spike the count (and its alerts) at every restart. A
+// lease is in use only where its use was measured:
 // with processes attributed to it, or with none in a process list read
 // after the daemon learned of the lease, if its processes could have been
 // told apart (by its pod, or a process `gpupool run` reported). Anything
@@ -113,6 +116,9 @@ func (d *Daemon) Usage() (map[[2]string]*LeaseUse, map[int]int) {
 				continue
 			}
 			readIn[g.Index] = reading{si, snap.ProcessRound}
+			if leases == nil {
+				continue // not measured: the leases are not known yet
+			}
 			unattributed[g.Index] += 0
 			for i := range g.Processes {
 				p := &g.Processes[i]

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/collector"
@@ -188,5 +191,38 @@ func TestPruneKeepsAReportTakenDuringTheLookup(t *testing.T) {
 	d.pruneGone()
 	if e, ok := d.pids[6000]; !ok || e.lease != "lease-000002" || e.start != 200 {
 		t.Errorf("after pruning PID 6000 is %+v (%v), want the report taken during the look-up", e, ok)
+	}
+}
+
+// TestNoUnattributedCountBeforeTheLeases: before the daemon first fetched
+// its leases no process can be attributed, so none is counted as
+// unattributed (a restart must not fire the alerts on that count); once
+// the leases are known, the processes of none are.
+func TestNoUnattributedCountBeforeTheLeases(t *testing.T) {
+	src := &fixedSource{gpus: []collector.GPU{{
+		Index: 0, UUID: "GPU-0", Model: "H100", MemoryBytes: 80 << 30, Healthy: true,
+		Processes: []collector.Process{{PID: 5000, MemoryUsedBytes: 1 << 30}, {PID: 5001, MemoryUsedBytes: 1 << 30}},
+	}}}
+	sampler := collector.NewSampler(src, time.Second, 1, nil)
+	sampler.Round(context.Background())
+	d := New(Config{Inventory: allocator.Server{Name: "gpu-a"}, Samplers: []*collector.Sampler{sampler}})
+	reg := prometheus.NewRegistry()
+	leases := NewLeaseCollector(d)
+	reg.MustRegister(leases)
+	leases.Render()
+	if n, err := testutil.GatherAndCount(reg, "bitfusion_gpu_unattributed_processes"); err != nil || n != 0 {
+		t.Errorf("before the leases are known: %d unattributed series (%v), want none", n, err)
+	}
+	d.mu.Lock()
+	d.setLeases(nil) // fetched: no lease on this server
+	d.mu.Unlock()
+	leases.Render()
+	want := `
+# HELP bitfusion_gpu_unattributed_processes Processes on the GPU that belong to no lease on this server.
+# TYPE bitfusion_gpu_unattributed_processes gauge
+bitfusion_gpu_unattributed_processes{gpu="0",server="gpu-a"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "bitfusion_gpu_unattributed_processes"); err != nil {
+		t.Error(err)
 	}
 }
