@@ -42,6 +42,17 @@ func (s *Server) validate() error {
 	if err := validateLabels("server.labels", s.Labels, false); err != nil {
 		return err
 	}
+	return s.validateShape()
+}
+
+// validateShape checks what the pool's arithmetic relies on; a stored
+// server registered before names were checked passes it, so that an
+// upgraded allocator still starts (its daemon must then register under a
+// valid name).
+func (s *Server) validateShape() error {
+	if s.Name == "" {
+		return &FieldError{"server.name", "", "must not be empty"}
+	}
 	switch {
 	case s.CPUMilli < 0 || s.CPUMilli > MaxCPUMilli:
 		return &FieldError{"server.cpuMilli", strconv.FormatInt(s.CPUMilli, 10), fmt.Sprintf("out of range 0..%d", int64(MaxCPUMilli))}

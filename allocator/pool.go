@@ -61,6 +61,20 @@ func (p *Pool) RegisterServer(s Server) error {
 	if err := s.validate(); err != nil {
 		return err
 	}
+	return p.register(s)
+}
+
+// RestoreServer puts back a server recovered from durable storage. Its
+// shape is checked as RegisterServer checks it, its name and labels are
+// not: the store may predate those checks.
+func (p *Pool) RestoreServer(s Server) error {
+	if err := s.validateShape(); err != nil {
+		return err
+	}
+	return p.register(s)
+}
+
+func (p *Pool) register(s Server) error {
 	s = cloneServer(&s)
 	i, known := p.nodeIndex[s.Name]
 	if !known {
@@ -103,6 +117,21 @@ func (p *Pool) leasesOn(server string) int {
 		}
 	}
 	return n
+}
+
+// SetGPUHealth marks one GPU of a registered server healthy or not, as its
+// heartbeat says; an unhealthy GPU keeps its leases and takes no new ones.
+func (p *Pool) SetGPUHealth(server string, gpu int, healthy bool) error {
+	i, known := p.nodeIndex[server]
+	if !known {
+		return &ServerNotFoundError{Name: server}
+	}
+	if gpu < 0 || gpu >= len(p.servers[i].GPUs) {
+		return &FieldError{"gpus.index", strconv.Itoa(gpu), fmt.Sprintf("out of range 0..%d", len(p.servers[i].GPUs)-1)}
+	}
+	p.servers[i].GPUs[gpu].Healthy = healthy
+	p.cluster.SetGPUHealth(i, gpu, healthy)
+	return nil
 }
 
 // SetSchedulable marks a server as taking new leases or not (while its

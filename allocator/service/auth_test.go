@@ -14,6 +14,7 @@ import (
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/allocator/store"
 	"github.com/gpupool/gpupool/internal/httpserver"
 )
 
@@ -220,8 +221,9 @@ func TestQueuedRequestOutlivesWriteTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	const writeTimeout = 2 * time.Second
 	srv := httpserver.New(Handler(a.svc, NewAuthenticator(testConfig()), a.reg, log),
-		httpserver.Timeouts{ReadHeader: time.Second, Read: time.Second, Write: 300 * time.Millisecond, Idle: time.Second})
+		httpserver.Timeouts{ReadHeader: 10 * time.Second, Read: 10 * time.Second, Write: writeTimeout, Idle: 10 * time.Second})
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	c, err := client.New([]string{"http://" + ln.Addr().String()}, adminToken)
@@ -237,8 +239,49 @@ func TestQueuedRequestOutlivesWriteTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.AfterFunc(time.Second, func() { _ = c.Release(ctx, first.ID) })
-	if _, err := c.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, Wait: "10s"}); err != nil {
+	queued := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, Wait: "1m"})
+		queued <- err
+	}()
+	waitFor(t, func() bool { return a.svc.pendingCount() == 1 })
+	time.Sleep(writeTimeout + time.Second) // any longer only tests more
+	if err := c.Release(ctx, first.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-queued; err != nil {
 		t.Errorf("a request queued past the write timeout: %v", err)
+	}
+}
+
+// TestStoredServerFromBeforeNameChecksStillStarts: a server an older
+// allocator stored under a name today's checks refuse is restored, keeps
+// its leases and heart-beats; only registering it anew is refused.
+func TestStoredServerFromBeforeNameChecksStillStarts(t *testing.T) {
+	dir, clock := t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}
+	st, err := store.OpenBolt(dir, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy := gpuServer("GPU_Node1", 1)
+	lease := allocator.Lease{ID: "lease-000001", Namespace: "team-a", Server: legacy.Name, TTL: time.Hour, ExpiresAt: clock.Now().Add(time.Hour),
+		GPUs: []allocator.LeaseGPU{{UUID: legacy.GPUs[0].UUID, Model: "A100", Milli: 500, MemoryBytes: 40 << 30}}}
+	if err := st.Apply(context.Background(), []store.Change{{Servers: []allocator.Server{legacy}, Leases: []allocator.Lease{lease}, NextID: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a := startAllocator(t, dir, clock, nil)
+	ctx := context.Background()
+	admin := a.client(t, adminToken)
+	if _, err := admin.Lease(ctx, lease.ID); err != nil {
+		t.Errorf("the stored lease on %s is gone: %v", legacy.Name, err)
+	}
+	if err := admin.Heartbeat(ctx, legacy.Name, api.Heartbeat{GPUs: []api.GPUHealth{{Index: 0, Healthy: false}}}); err != nil {
+		t.Errorf("heartbeat of the restored %s: %v", legacy.Name, err)
+	}
+	if err := admin.RegisterServer(ctx, legacy); !client.IsReason(err, api.ReasonInvalid) {
+		t.Errorf("registering %s anew: %v, want Invalid", legacy.Name, err)
 	}
 }

@@ -162,7 +162,7 @@ type Misfit struct {
 // leases that no longer fit, and those expired by now (ended in the pool).
 func restore(pool *allocator.Pool, st store.State, now time.Time) (misfits []Misfit, expired []allocator.Lease, err error) {
 	for _, srv := range st.Servers {
-		if err := pool.RegisterServer(srv); err != nil {
+		if err := pool.RestoreServer(srv); err != nil {
 			return nil, nil, fmt.Errorf("restoring server %s: %w", srv.Name, err)
 		}
 	}
@@ -594,9 +594,11 @@ func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) 
 	}
 	var done chan error
 	if changed {
-		if err := s.pool.RegisterServer(*srv); err != nil {
-			s.mu.Unlock()
-			return err
+		for i, g := range srv.GPUs {
+			if err := s.pool.SetGPUHealth(name, i, g.Healthy); err != nil {
+				s.mu.Unlock()
+				return err
+			}
 		}
 		s.wakeLocked()
 		done = s.queue(store.Change{Servers: []allocator.Server{*srv}})

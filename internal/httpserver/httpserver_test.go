@@ -13,11 +13,15 @@ import (
 )
 
 // short are the test's timeouts. net/http falls back to the read timeout
-// for an unset header or idle timeout: both are shorter here, so each
-// cut-off shows which timeout made it.
-var short = Timeouts{ReadHeader: 300 * time.Millisecond, Read: 1500 * time.Millisecond, Write: 5 * time.Second, Idle: 500 * time.Millisecond}
+// for an unset header or idle timeout: the read timeout is far longer
+// here, so each cut-off shows which timeout made it, however loaded the
+// machine (slowBody's read timeout is short, for the body test).
+var (
+	short    = Timeouts{ReadHeader: 300 * time.Millisecond, Read: 20 * time.Second, Write: 30 * time.Second, Idle: 500 * time.Millisecond}
+	slowBody = Timeouts{ReadHeader: 300 * time.Millisecond, Read: 1500 * time.Millisecond, Write: 30 * time.Second, Idle: 20 * time.Second}
+)
 
-func serve(t *testing.T) string {
+func serve(t *testing.T, timeouts Timeouts) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -28,7 +32,7 @@ func serve(t *testing.T) string {
 			return
 		}
 		_, _ = io.WriteString(w, "ok\n")
-	}), short)
+	}), timeouts)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return ln.Addr().String()
@@ -57,16 +61,16 @@ func closedWithin(t *testing.T, addr, what string, limit time.Duration) (time.Du
 }
 
 func TestSlowHeadersAreCutOff(t *testing.T) {
-	took, _ := closedWithin(t, serve(t), "GET / HTTP/1.1\r\nHost: x\r\n", 3*time.Second)
+	took, _ := closedWithin(t, serve(t, short), "GET / HTTP/1.1\r\nHost: x\r\n", 15*time.Second)
 	if took < short.ReadHeader/2 || took >= short.Read {
 		t.Errorf("closed after %s, want about the header timeout %s", took, short.ReadHeader)
 	}
 }
 
 func TestSlowBodyIsCutOff(t *testing.T) {
-	took, got := closedWithin(t, serve(t), "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789", 3*time.Second)
-	if took < short.Read/2 {
-		t.Errorf("closed after %s, before the read timeout %s", took, short.Read)
+	took, got := closedWithin(t, serve(t, slowBody), "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789", 15*time.Second)
+	if took < slowBody.Read/2 {
+		t.Errorf("closed after %s, before the read timeout %s", took, slowBody.Read)
 	}
 	if strings.Contains(got, "ok") {
 		t.Errorf("a request whose body never came was answered: %q", got)
@@ -74,7 +78,7 @@ func TestSlowBodyIsCutOff(t *testing.T) {
 }
 
 func TestIdleKeepAliveIsClosed(t *testing.T) {
-	conn, err := net.Dial("tcp", serve(t))
+	conn, err := net.Dial("tcp", serve(t, short))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +96,7 @@ func TestIdleKeepAliveIsClosed(t *testing.T) {
 		t.Fatalf("first request: %s, close %v; want 200 on a kept-alive connection", resp.Status, resp.Close)
 	}
 	idle := time.Now()
-	_ = conn.SetReadDeadline(idle.Add(3 * time.Second))
+	_ = conn.SetReadDeadline(idle.Add(15 * time.Second))
 	if _, err := r.ReadByte(); err != io.EOF {
 		t.Fatalf("idle connection: read %v, want the server to close it (EOF)", err)
 	}
