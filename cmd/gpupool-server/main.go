@@ -35,7 +35,7 @@ func run(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpupool-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	host, _ := os.Hostname()
-	name := fs.String("name", host, "server name in the pool")
+	name := fs.String("name", defaultName(host), "server name in the pool (default: the host name, lowercased, as the kubelet names nodes)")
 	allocatorURL := fs.String("allocator", envOr("GPUPOOL_ALLOCATOR", "http://127.0.0.1:8470"), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
 	token := fs.String("token", os.Getenv("GPUPOOL_TOKEN"), "bearer token of the servers group (env GPUPOOL_TOKEN)")
 	listen := fs.String("listen", "127.0.0.1:8471", "address of /metrics, /healthz and /v1/usage")
@@ -137,21 +137,16 @@ func run(args []string, stderr io.Writer) int {
 		gpuapi.LabelDaemonURL:       "http://" + advertised(ln.Addr(), *advertise),
 		gpuserver.LabelProbeAddress: advertised(probeLn.Addr(), *advertise),
 	}
-	var processLn net.Listener
-	if *processSocket != "" {
-		if *processSocket == defaultProcessSocket {
-			*processSocket = filepath.Join("/run/gpupool", *name+".sock")
-		}
-		path, err := filepath.Abs(*processSocket)
-		if err == nil {
-			processLn, err = gpuserver.ListenProcessSocket(path)
-		}
-		if err != nil {
-			log.Error("listening for process reports (set --process-socket to a path this user may create, or to \"\" to take no reports)", "err", err)
-			return 1
-		}
+	explicitSocket := false
+	fs.Visit(func(f *flag.Flag) { explicitSocket = explicitSocket || f.Name == "process-socket" })
+	processLn, socketPath, err := listenProcessSocket(*processSocket, *name, explicitSocket, log)
+	if err != nil {
+		log.Error("listening for process reports (set --process-socket to a path this user may create, or to \"\" to take no reports)", "err", err)
+		return 1
+	}
+	if processLn != nil {
 		defer func() { _ = processLn.Close() }() // removes the socket however run returns
-		inv.Labels[gpuapi.LabelProcessSocket] = path
+		inv.Labels[gpuapi.LabelProcessSocket] = socketPath
 	}
 	sampler := collector.NewSampler(src, *interval, *processEvery, nil)
 	var fabric *collector.Fabric
@@ -191,7 +186,7 @@ func run(args []string, stderr io.Writer) int {
 			}
 		}()
 	}
-	log.Info("gpu server serving", "server", *name, "address", "http://"+ln.Addr().String(), "process_socket", *processSocket,
+	log.Info("gpu server serving", "server", *name, "address", "http://"+ln.Addr().String(), "process_socket", socketPath,
 		"source", src.Name(), "gpus", len(inv.GPUs))
 	<-ctx.Done()
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -206,6 +201,46 @@ func run(args []string, stderr io.Writer) int {
 // defaultProcessSocket is named after the server, so that daemons sharing a
 // host (tests, simulations) do not share a socket.
 const defaultProcessSocket = "/run/gpupool/<name>.sock"
+
+// defaultSocketDir is where defaultProcessSocket lies; tests move it.
+var defaultSocketDir = "/run/gpupool"
+
+// defaultName is the default server name: the host name lowercased, as the
+// kubelet names its node (node names are lowercase DNS subdomains, and the
+// allocator refuses other server names).
+func defaultName(host string) string { return strings.ToLower(host) }
+
+// listenProcessSocket listens on the --process-socket flag's value (for
+// the server name), and returns the listener and the socket's path; nil
+// and no error when there is no socket to listen on: the flag is empty,
+// or it was left at its default and the socket cannot be created there (a
+// daemon not run as root cannot create /run/gpupool), which is logged as
+// a warning: reports are then off, and processes are attributed by their
+// pod only. A socket the user asked for that cannot be created is an
+// error.
+func listenProcessSocket(flagValue, name string, explicit bool, log *slog.Logger) (net.Listener, string, error) {
+	if flagValue == "" {
+		return nil, "", nil
+	}
+	if flagValue == defaultProcessSocket {
+		flagValue = filepath.Join(defaultSocketDir, name+".sock")
+	}
+	path, err := filepath.Abs(flagValue)
+	if err != nil {
+		return nil, "", err
+	}
+	ln, err := gpuserver.ListenProcessSocket(path)
+	if err != nil && !explicit {
+		log.Warn("process reports are off: cannot create the default process socket; `gpupool run` cannot report its processes, which are attributed by their pod only. "+
+			"To take reports, set --process-socket to a path this user may create (or run as root); to silence this, set --process-socket \"\"",
+			"path", path, "err", err)
+		return nil, "", nil
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	return ln, path, nil
+}
 
 // advertised is the host:port clients use for a listener: the given host,
 // else the listen host unless it is every interface, else the host name.
