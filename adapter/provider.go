@@ -92,8 +92,11 @@ func (p *Provider) GetExternalMetric(ctx context.Context, namespace string, sele
 			p.metrics.request(start, name, outcomeStale)
 			p.log.Warn("stale value refused", "metric", name, "namespace", namespace, "selector", selector.String(),
 				"age", age.Round(time.Millisecond), "max_age", p.maxAge)
-			return nil, apierrors.NewServiceUnavailable(fmt.Sprintf("%s for namespace %q selector %q is %s old, more than --max-age=%s",
-				name, namespace, selector.String(), age.Round(time.Second), p.maxAge))
+			why := fmt.Sprintf("is %s old, more than --max-age=%s", age.Round(time.Second), p.maxAge)
+			if v.Time.IsZero() {
+				why = "rests on a source not sampled yet"
+			}
+			return nil, apierrors.NewServiceUnavailable(fmt.Sprintf("%s for namespace %q selector %q %s", name, namespace, selector.String(), why))
 		}
 		list.Items = append(list.Items, external_metrics.ExternalMetricValue{
 			MetricName:   name,
