@@ -58,8 +58,8 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"simulate", "--pods", "/nonexistent.csv"}, 1, "/nonexistent.csv"},
 		{[]string{"simulate", "--help"}, 0, "Replays an Alibaba OpenB GPU trace"},
 		// A zero percent would be left out of the request: whole GPUs.
-		{[]string{"run", "-p", "0", "--", "true"}, 2, "-p 0 out of range 1..100"},
-		{[]string{"run", "-p", "150", "--", "true"}, 2, "-p 150 out of range 1..100"},
+		{[]string{"run", "-p", "0", "--", "true"}, 2, "gpu-percent 0 out of range 1..100"},
+		{[]string{"run", "-p", "150", "--", "true"}, 2, "gpu-percent 150 out of range 1..100"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(tc.args, &stdout, &stderr)

@@ -97,7 +97,7 @@ Flags:
 	fs.Visit(func(f *flag.Flag) { percentSet = percentSet || f.Name == "p" })
 	if percentSet && (*percent < 1 || *percent > 100) {
 		// The request leaves out a zero percent, which asks for whole GPUs.
-		fmt.Fprintf(stderr, "gpupool run: -p %d out of range 1..100 (leave -p out for whole GPUs)\n", *percent)
+		fmt.Fprintf(stderr, "gpupool run: -p: gpu-percent %d out of range 1..100 (leave -p out for whole GPUs)\n", *percent)
 		return exitUsage
 	}
 	cl, ok := cf.client(stderr)
