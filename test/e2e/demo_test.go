@@ -23,7 +23,9 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Skip("promtool not installed (make deps installs it)")
 	}
-	cmd := exec.Command(filepath.Join(binDir, "gpupool"), "demo", "--duration", "8s")
+	// Long enough that the checks below finish on a loaded machine before
+	// the demo stops by itself.
+	cmd := exec.Command(filepath.Join(binDir, "gpupool"), "demo", "--duration", "25s")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
