@@ -46,13 +46,11 @@ type Config struct {
 	// PodOf returns the Kubernetes pod UID a process runs in ("" for
 	// none), for sources that do not tell; nil skips that.
 	PodOf func(pid int) string
-	// Alive reports whether a process exists, so that reports of gone
-	// processes are refused and pruned; nil counts every process alive.
-	Alive func(pid int) bool
-	// StartTime returns when a process started (ProcStartTime), so that a
-	// registered process is told from a later one that reuses its PID,
-	// which counts as gone: its use is not attributed to the lease; nil
-	// skips that check.
+	// StartTime returns when a process started (ProcStartTime), false
+	// when there is no such process: a registered process is the PID and
+	// its start time, so reports of gone processes are refused and pruned,
+	// and a later process that reuses the PID is not attributed to the
+	// lease. nil counts every process as running.
 	StartTime func(pid int) (uint64, bool)
 	// Clock dates scrapes (snapshot ages); time.Now when nil.
 	Clock func() time.Time
@@ -168,10 +166,7 @@ func (d *Daemon) startTime(pid int) (uint64, bool) {
 // stillRuns reports whether the process registered as e still has its
 // PID: a process with another start time is a later one.
 func (d *Daemon) stillRuns(pid int, e pidEntry) bool {
-	if d.cfg.StartTime == nil || e.start == 0 {
-		return true
-	}
-	start, ok := d.cfg.StartTime(pid)
+	start, ok := d.startTime(pid)
 	return ok && start == e.start
 }
 
@@ -200,7 +195,7 @@ func (d *Daemon) addPID(pid int, lease string, start uint64) error {
 // PID a later process took; it looks them up without holding the lock,
 // which scrapes need.
 func (d *Daemon) pruneGone() {
-	if d.cfg.Alive == nil && d.cfg.StartTime == nil {
+	if d.cfg.StartTime == nil {
 		return
 	}
 	d.mu.Lock()
@@ -208,7 +203,7 @@ func (d *Daemon) pruneGone() {
 	d.mu.Unlock()
 	var gone []int
 	for pid := range entries {
-		if d.cfg.Alive != nil && !d.cfg.Alive(pid) || !d.stillRuns(pid, entries[pid]) {
+		if !d.stillRuns(pid, entries[pid]) {
 			gone = append(gone, pid)
 		}
 	}

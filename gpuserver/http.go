@@ -346,9 +346,6 @@ func (d *Daemon) mayReport(sender, pid int) *refusal {
 		return nil
 	}
 	value := strconv.Itoa(pid)
-	if d.cfg.Alive != nil && !d.cfg.Alive(pid) {
-		return noSuchProcess(pid)
-	}
 	if d.cfg.Parent != nil {
 		p := pid
 		for range maxAncestry {

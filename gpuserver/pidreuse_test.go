@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -165,29 +166,28 @@ func TestPruneKeepsAReportTakenDuringTheLookup(t *testing.T) {
 	var d *Daemon
 	starts := &fakeStarts{starts: map[int]uint64{6000: 100}}
 	now := time.Unix(1.8e9, 0)
-	var once sync.Once
+	var lookingUp atomic.Bool
 	d = New(Config{
-		StartTime: starts.get,
-		Clock:     func() time.Time { return now },
-		Alive: func(pid int) bool {
-			if pid != 6000 {
-				return true
-			}
-			// The registered process ended and a new one with its PID
-			// is reported, all during the look-up.
-			once.Do(func() {
+		Clock: func() time.Time { return now },
+		StartTime: func(pid int) (uint64, bool) {
+			if pid == 6000 && lookingUp.CompareAndSwap(true, false) {
+				// The registered process ended and a new one with its
+				// PID is reported, all during the look-up, which still
+				// finds the first one gone.
 				starts.set(6000, 200)
 				now = now.Add(time.Second)
 				if err := d.RegisterPID(6000, "lease-000002"); err != nil {
 					t.Error(err)
 				}
-			})
-			return false
+				return 0, false
+			}
+			return starts.get(pid)
 		},
 	})
 	if err := d.RegisterPID(6000, "lease-000001"); err != nil {
 		t.Fatal(err)
 	}
+	lookingUp.Store(true)
 	d.pruneGone()
 	if e, ok := d.pids[6000]; !ok || e.lease != "lease-000002" || e.start != 200 {
 		t.Errorf("after pruning PID 6000 is %+v (%v), want the report taken during the look-up", e, ok)

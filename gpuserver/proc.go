@@ -72,12 +72,3 @@ func PodUID(proc string, pid int) string {
 	}
 	return ""
 }
-
-// ProcAlive reports whether a process exists, by its <proc>/<pid>
-// directory (a zombie counts until its parent reaps it).
-func ProcAlive(proc string) func(pid int) bool {
-	return func(pid int) bool {
-		_, err := os.Stat(filepath.Join(proc, strconv.Itoa(pid)))
-		return err == nil
-	}
-}

@@ -105,7 +105,7 @@ func newReportRig(t testing.TB, alloc *leaseAllocator, edit func(*Config)) *repo
 	}
 	cfg := Config{
 		Inventory: allocator.Server{Name: "gpu-a"}, Client: cl, AllocatorURLs: []string{as.URL},
-		Parent: ProcParent("/proc"), Alive: ProcAlive("/proc"), StartTime: ProcStartTime("/proc"), Log: slog.New(slog.DiscardHandler),
+		Parent: ProcParent("/proc"), StartTime: ProcStartTime("/proc"), Log: slog.New(slog.DiscardHandler),
 	}
 	if edit != nil {
 		edit(&cfg)
@@ -181,7 +181,7 @@ func startChild(t *testing.T) int {
 func goneProcess(t *testing.T) int {
 	t.Helper()
 	for pid := maxPID; pid > maxPID-1000; pid-- {
-		if !ProcAlive("/proc")(pid) {
+		if !running(pid) {
 			return pid
 		}
 	}
@@ -377,8 +377,8 @@ func TestProcessRegistryBoundedAndPruned(t *testing.T) {
 	now := time.Unix(1.8e9, 0)
 	alloc := &leaseAllocator{}
 	r := newReportRig(t, alloc, func(c *Config) {
-		c.Alive = func(pid int) bool { mu.Lock(); defer mu.Unlock(); return !gone[pid] }
-		c.StartTime = nil // made-up PIDs
+		// Made-up PIDs, each started at 1 until it is gone.
+		c.StartTime = func(pid int) (uint64, bool) { mu.Lock(); defer mu.Unlock(); return 1, !gone[pid] }
 		c.Clock = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	})
 	d := r.d
@@ -519,7 +519,7 @@ func FuzzProcessReport(f *testing.F) {
 func BenchmarkProcessReports(b *testing.B) {
 	r := newReportRig(b, &leaseAllocator{leases: []allocator.Lease{leaseA}}, nil)
 	gone := maxPID
-	for ProcAlive("/proc")(gone) {
+	for running(gone) {
 		gone--
 	}
 	runtime.GC()
@@ -558,4 +558,10 @@ func residentBytes(t testing.TB) int64 {
 	}
 	t.Fatal("no VmRSS in /proc/self/status")
 	return 0
+}
+
+// running reports whether a process with pid exists here.
+func running(pid int) bool {
+	_, ok := ProcStartTime("/proc")(pid)
+	return ok
 }

@@ -162,7 +162,7 @@ func run(args []string, stderr io.Writer) int {
 	d = gpuserver.New(gpuserver.Config{
 		Inventory: inv, Client: cl, AllocatorURLs: allocatorURLs, Samplers: []*collector.Sampler{sampler}, Fabric: fabric,
 		Heartbeat: *heartbeat, LabelAllowlist: splitList(*allowlist), Parent: gpuserver.ProcParent("/proc"),
-		PodOf: func(pid int) string { return gpuserver.PodUID("/proc", pid) }, Alive: gpuserver.ProcAlive("/proc"),
+		PodOf:     func(pid int) string { return gpuserver.PodUID("/proc", pid) },
 		StartTime: gpuserver.ProcStartTime("/proc"), Log: log,
 	})
 	reg := gpuserver.Registry(d)
