@@ -155,7 +155,7 @@ func ProcessServer(d *Daemon) *http.Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/processes", func(w http.ResponseWriter, r *http.Request) {
 		if ref := d.takeReport(w, r); ref != nil {
-			writeError(w, ref.status, &ref.body)
+			api.WriteError(w, ref.status, &ref.body)
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
@@ -224,12 +224,6 @@ func refuse(status int, reason, field, value, limit, message string) *refusal {
 func invalid(field, value, limit string) *refusal {
 	e := allocator.FieldError{Field: field, Value: value, Limit: limit}
 	return refuse(http.StatusBadRequest, api.ReasonInvalid, field, value, limit, e.Error())
-}
-
-func writeError(w http.ResponseWriter, status int, e *api.Error) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(e)
 }
 
 // takeReport checks a process report and registers it, or says why not.

@@ -47,7 +47,7 @@ func (f *leaseAllocator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		var ok bool
 		if ns, ok = f.tokens[token]; !ok {
-			writeError(w, http.StatusUnauthorized, &api.Error{Reason: api.ReasonUnauthorized, Message: "missing or unknown bearer token"})
+			api.WriteError(w, http.StatusUnauthorized, &api.Error{Reason: api.ReasonUnauthorized, Message: "missing or unknown bearer token"})
 			return
 		}
 	}
@@ -65,7 +65,7 @@ func (f *leaseAllocator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		writeError(w, http.StatusNotFound, &api.Error{Reason: api.ReasonNotFound, Message: "lease " + id + " not found"})
+		api.WriteError(w, http.StatusNotFound, &api.Error{Reason: api.ReasonNotFound, Message: "lease " + id + " not found"})
 		return
 	}
 	var out api.LeaseList

@@ -21,6 +21,7 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -228,6 +229,14 @@ const (
 )
 
 func (e *Error) Error() string { return e.Message }
+
+// WriteError answers an HTTP request with status and e as its body, as
+// every gpupool API answers a failure.
+func WriteError(w http.ResponseWriter, status int, e *Error) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(e)
+}
 
 // FormatMilli prints a share of a GPU as percent ("46.6").
 func FormatMilli(m int64) string { return strconv.FormatFloat(float64(m)/10, 'f', -1, 64) }

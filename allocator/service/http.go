@@ -63,11 +63,11 @@ func notFound(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
 	}
 	if len(allow) > 0 {
 		w.Header().Set("Allow", strings.Join(allow, ", "))
-		writeError(w, http.StatusMethodNotAllowed, &api.Error{Reason: api.ReasonMethodNotAllowed,
+		api.WriteError(w, http.StatusMethodNotAllowed, &api.Error{Reason: api.ReasonMethodNotAllowed,
 			Message: r.Method + " is not allowed on " + r.URL.Path + "; allowed: " + strings.Join(allow, ", ")})
 		return
 	}
-	writeError(w, http.StatusNotFound, &api.Error{Reason: api.ReasonNotFound, Message: "no such path " + r.URL.Path + " (the API is under /v1, see docs/allocator.md)"})
+	api.WriteError(w, http.StatusNotFound, &api.Error{Reason: api.ReasonNotFound, Message: "no such path " + r.URL.Path + " (the API is under /v1, see docs/allocator.md)"})
 }
 
 type handler struct {
@@ -88,7 +88,7 @@ func (h *handler) principal(w http.ResponseWriter, r *http.Request) (Principal, 
 		}
 	}
 	w.Header().Set("WWW-Authenticate", `Bearer realm="gpupool"`)
-	writeError(w, http.StatusUnauthorized, &api.Error{Reason: api.ReasonUnauthorized, Message: "missing or unknown bearer token"})
+	api.WriteError(w, http.StatusUnauthorized, &api.Error{Reason: api.ReasonUnauthorized, Message: "missing or unknown bearer token"})
 	return Principal{}, false
 }
 
@@ -279,10 +279,10 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, &api.Error{Reason: api.ReasonRequestTooLarge, Message: fmt.Sprintf("body larger than %d bytes", maxBody)})
+			api.WriteError(w, http.StatusRequestEntityTooLarge, &api.Error{Reason: api.ReasonRequestTooLarge, Message: fmt.Sprintf("body larger than %d bytes", maxBody)})
 			return false
 		}
-		writeError(w, http.StatusBadRequest, &api.Error{Reason: api.ReasonInvalid, Message: "body is not valid JSON for this request: " + err.Error()})
+		api.WriteError(w, http.StatusBadRequest, &api.Error{Reason: api.ReasonInvalid, Message: "body is not valid JSON for this request: " + err.Error()})
 		return false
 	}
 	return true
@@ -339,11 +339,5 @@ func (h *handler) fail(w http.ResponseWriter, err error) {
 		h.log.Error("request failed", "err", err)
 		e.Reason, e.Message = api.ReasonInternal, "internal error"
 	}
-	writeError(w, status, e)
-}
-
-func writeError(w http.ResponseWriter, status int, e *api.Error) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(e)
+	api.WriteError(w, status, e)
 }

@@ -3,7 +3,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -197,9 +196,7 @@ func standbyHandler(reg *prometheus.Registry) http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "standby\n") })
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_ = json.NewEncoder(w).Encode(api.Error{Reason: api.ReasonUnavailable, Message: "this allocator replica is standing by; ask the leader"})
+		api.WriteError(w, http.StatusServiceUnavailable, &api.Error{Reason: api.ReasonUnavailable, Message: "this allocator replica is standing by; ask the leader"})
 	})
 	return mux
 }
