@@ -162,12 +162,13 @@ func ProcessServer(d *Daemon) *http.Server {
 	})
 	srv := httpserver.New(mux, httpserver.Default)
 	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
-		pid, err := peerPID(c)
-		p := peer{pid: pid, err: err}
-		if err == nil && pid > 0 {
+		cred, err := gpuapi.PeerCredentials(c)
+		p := peer{err: err}
+		if err == nil && cred.Pid > 0 {
 			// As near the connection as can be: the sender, not a later
 			// process that took its PID.
-			p.start, p.running = d.startTime(pid)
+			p.pid = int(cred.Pid)
+			p.start, p.running = d.startTime(p.pid)
 		}
 		return context.WithValue(ctx, peerKey{}, p)
 	}
@@ -184,31 +185,6 @@ type peer struct {
 	// accepted its connection; running is false when it had ended.
 	start   uint64
 	running bool
-}
-
-// peerPID reads the PID of the process at the other end of a Unix socket
-// (SO_PEERCRED), as of when it connected, in this daemon's PID namespace;
-// 0 when the sender's namespace is not visible from the daemon's.
-func peerPID(c net.Conn) (int, error) {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return 0, fmt.Errorf("process reports come over a Unix socket, not %s", c.LocalAddr().Network())
-	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var cred *unix.Ucred
-	var credErr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return 0, err
-	}
-	if credErr != nil {
-		return 0, fmt.Errorf("reading the peer credentials: %w", credErr)
-	}
-	return int(cred.Pid), nil
 }
 
 // refusal is a report refused: the status and the body.

@@ -131,23 +131,9 @@ func checkSocket(path string) error {
 // checkListener refuses a connection whose listening process (as of
 // listen(2), in the kernel's word) runs as neither root nor this user.
 func checkListener(c net.Conn, path string) error {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return fmt.Errorf("process socket %s: not a Unix connection", path)
-	}
-	raw, err := uc.SyscallConn()
+	cred, err := PeerCredentials(c)
 	if err != nil {
-		return err
-	}
-	var cred *unix.Ucred
-	var credErr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return err
-	}
-	if credErr != nil {
-		return fmt.Errorf("process socket %s: reading the daemon's credentials: %w", path, credErr)
+		return fmt.Errorf("process socket %s: %w", path, err)
 	}
 	if !trustedUID(cred.Uid) {
 		return fmt.Errorf("process socket %s is served by uid %d, neither root nor this user (uid %d): not sending the bearer token there", path, cred.Uid, os.Getuid())
@@ -224,4 +210,30 @@ type LatencyWindow struct {
 type Bucket struct {
 	UpperBound float64 `json:"upperBound"`
 	Count      uint64  `json:"count"`
+}
+
+// PeerCredentials reads who is at the other end of a Unix socket
+// connection (SO_PEERCRED): the kernel's word, as of connect(2) or
+// listen(2), with the PID in the reader's PID namespace (0 when the peer's
+// namespace is not visible from it).
+func PeerCredentials(c net.Conn) (*unix.Ucred, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return nil, fmt.Errorf("not a Unix socket connection but %s", c.LocalAddr().Network())
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	if credErr != nil {
+		return nil, fmt.Errorf("reading the peer credentials: %w", credErr)
+	}
+	return cred, nil
 }
