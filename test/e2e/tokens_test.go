@@ -20,7 +20,7 @@ import (
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 )
 
-// TestDaemonWithServersTokenSeesItsLeases is issue 12 as deployed: the
+// TestDaemonWithServersTokenSeesItsLeases runs the pool as deployed: the
 // allocator with deploy/base's config (admin, servers and namespace
 // tokens), a gpupool-server daemon holding the servers token as the
 // DaemonSet gives it, a lease taken with namespace ml's token for pods
