@@ -20,7 +20,7 @@ DEMO_FLAGS ?= --duration=60s
 
 .PHONY: demo
 demo: ## the whole pool on this machine for 60s (allocator, simulated GPU servers, workload; Ctrl-C stops early)
-	$(GO) run ./cmd/gpupool demo $(DEMO_FLAGS)
+	$(GO) run ./cmd/gpupool-demo $(DEMO_FLAGS)
 
 .PHONY: simulate
 simulate: ## replay the embedded OpenB trace against every placement policy

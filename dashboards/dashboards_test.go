@@ -109,7 +109,7 @@ func TestQueriesParse(t *testing.T) {
 	}
 }
 
-// TestQueriesHaveDataInDemo runs `gpupool demo` and a real Prometheus
+// TestQueriesHaveDataInDemo runs `gpupool-demo` and a real Prometheus
 // scraping it, and expects every query to return data there, except those
 // marked MayBeEmpty, which it lists with their reason.
 func TestQueriesHaveDataInDemo(t *testing.T) {
@@ -120,12 +120,12 @@ func TestQueriesHaveDataInDemo(t *testing.T) {
 		t.Fatal("prometheus is not installed (make deps installs it)")
 	}
 	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir, "../cmd/gpupool")
+	build := exec.Command("go", "build", "-o", dir, "../cmd/gpupool-demo")
 	build.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/gpupool: %v\n%s", err, out)
+		t.Fatalf("go build ./cmd/gpupool-demo: %v\n%s", err, out)
 	}
-	prom := metricstest.StartPrometheus(t, time.Second, startDemo(t, filepath.Join(dir, "gpupool"))...)
+	prom := metricstest.StartPrometheus(t, time.Second, startDemo(t, filepath.Join(dir, "gpupool-demo"))...)
 
 	var pending, allowed []query
 	for _, q := range queries() {
@@ -151,12 +151,12 @@ func TestQueriesHaveDataInDemo(t *testing.T) {
 	}
 }
 
-// startDemo runs `gpupool demo` until the test ends and returns the base
+// startDemo runs `gpupool-demo` until the test ends and returns the base
 // URLs of its /metrics: the allocator's (which serves the adapter's own
 // metrics too), then the three GPU servers'.
 func startDemo(t *testing.T, bin string) []string {
 	t.Helper()
-	cmd := exec.Command(bin, "demo", "--duration", "90s")
+	cmd := exec.Command(bin, "--duration", "90s")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

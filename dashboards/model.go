@@ -126,7 +126,7 @@ type Target struct {
 	// a table it heads the value column.
 	Legend string
 	// MayBeEmpty says why the query may return nothing against the demo
-	// (`gpupool demo`); empty means it must return data there, which the
+	// (`gpupool-demo`); empty means it must return data there, which the
 	// tests check.
 	MayBeEmpty string
 }

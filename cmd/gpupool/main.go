@@ -13,7 +13,6 @@ Usage:
   gpupool <command> [flags]
 
 Commands:
-  demo         the whole pool on this machine: allocator, simulated GPU servers, a workload
   run          run a command on pooled GPUs: gpupool run -n 1 -p 50 -- python3 train.py
   pool status  the pool's servers and GPUs, leased share and health
   leases       live leases: who holds which share of which GPU
@@ -39,8 +38,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return simulateCmd(args[1:], stdout, stderr)
 	case "run":
 		return runCmd(args[1:], stdout, stderr)
-	case "demo":
-		return demoCmd(args[1:], stdout, stderr)
 	case "pool":
 		return poolCmd(args[1:], stdout, stderr)
 	case "leases":

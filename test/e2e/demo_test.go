@@ -14,7 +14,7 @@ import (
 	"time"
 )
 
-// TestDemo runs `gpupool demo` as README's first command does, scrapes
+// TestDemo runs `gpupool-demo` as README's first command does, scrapes
 // every /metrics it prints while it runs, checks them with promtool, uses
 // the tokens it prints (tokens are on: no token is a 401), and expects it
 // to stop cleanly after --duration.
@@ -25,7 +25,7 @@ func TestDemo(t *testing.T) {
 	}
 	// Long enough that the checks below finish on a loaded machine before
 	// the demo stops by itself.
-	cmd := exec.Command(filepath.Join(binDir, "gpupool"), "demo", "--duration", "25s")
+	cmd := exec.Command(filepath.Join(binDir, "gpupool-demo"), "--duration", "25s")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +37,7 @@ func TestDemo(t *testing.T) {
 	var external, allocatorURL, tenantEnv, adminToken string
 	var out strings.Builder
 	sc := bufio.NewScanner(stdout)
-	allocatorLine := regexp.MustCompile(`^gpupool demo: allocator (http://\S+) \(tokens on`)
+	allocatorLine := regexp.MustCompile(`^gpupool-demo: allocator (http://\S+) \(tokens on`)
 	metricsLine := regexp.MustCompile(`metrics: (http://\S+/metrics)`)
 	externalLine := regexp.MustCompile(`external metrics: (https://\S+)`)
 	tenantLine := regexp.MustCompile(`try: (GPUPOOL_ALLOCATOR=\S+ GPUPOOL_TOKEN=\S+ GPUPOOL_NAMESPACE=ml) gpupool pool status`)
@@ -111,7 +111,7 @@ func TestDemo(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("demo exited with %v", err)
 	}
-	for _, want := range []string{"tf-training-0", "quota ml:", "HPA signal: bitfusion_gpu_utilization", "gpupool demo: stopped"} {
+	for _, want := range []string{"tf-training-0", "quota ml:", "HPA signal: bitfusion_gpu_utilization", "gpupool-demo: stopped"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}

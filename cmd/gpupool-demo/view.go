@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/custom-metrics-apiserver/pkg/provider"
+
+	"github.com/gpupool/gpupool/adapter"
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/gpuserver"
+)
+
+// header prints where the demo's parts listen and what to try with them.
+func (d *demo) header(w io.Writer) {
+	fmt.Fprintf(w, "gpupool-demo: allocator %s (tokens on: %s); logs in %s\n", d.allocatorURL, d.tokens.configFile, d.logFile)
+	fmt.Fprintf(w, "  metrics: %s/metrics\n", d.allocatorURL)
+	for _, s := range d.servers {
+		fmt.Fprintf(w, "  metrics: %s/metrics (%s)\n", s.url, s.name)
+	}
+	fmt.Fprintf(w, "  external metrics: %s (no authentication: loopback only; its own metrics are on the allocator's)\n", d.adapterURL)
+	fmt.Fprintf(w, "  try: curl -sk '%s/namespaces/ml/bitfusion_gpu_utilization?labelSelector=app%%3Dtf-training'\n", d.adapterURL)
+	fmt.Fprintf(w, "  try: GPUPOOL_ALLOCATOR=%s GPUPOOL_TOKEN=%s GPUPOOL_NAMESPACE=ml gpupool pool status   (namespace ml's token: gpupool leases, quota and run act in ml only)\n",
+		d.allocatorURL, d.tokens.tenant["ml"])
+	fmt.Fprintf(w, "  try: curl -s -H 'Authorization: Bearer %s' %s/v1/leases   (admin token: every namespace)\n\n", d.tokens.admin, d.allocatorURL)
+}
+
+// view prints servers and GPUs, leases with their use, and quota use.
+func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
+	pool, err := d.client.Pool(ctx)
+	if err != nil {
+		return
+	}
+	leases, _ := d.client.Leases(ctx, client.LeaseFilter{})
+	quotas, _ := d.client.Quotas(ctx)
+	gpuUse := map[string]collector.GPU{}
+	leaseUse := map[string]*gpuserver.LeaseUse{}
+	for _, s := range d.servers {
+		for _, g := range s.sampler.Latest().GPUs {
+			gpuUse[s.name+"/"+fmt.Sprint(g.Index)] = g
+		}
+		use, _ := s.daemon.Usage()
+		for k, u := range use {
+			leaseUse[k[0]+"/"+k[1]] = u
+		}
+	}
+	fmt.Fprintf(w, "gpupool-demo  t=%s  allocator %s\n\n", elapsed.Round(time.Second), d.allocatorURL)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVER\tGPU\tMODEL\tLEASED\tUTIL\tMEMORY")
+	for _, s := range pool.Servers {
+		for _, g := range s.GPUs {
+			u := gpuUse[s.Name+"/"+fmt.Sprint(g.Index)]
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", s.Name, g.Index, g.Model, bar(float64(g.AllocatedMilli)/1000),
+				bar(u.Utilization), bar(u.MemoryPressure()))
+		}
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "LEASE\tNAMESPACE\tPOD\tAPP\tGPU\tSHARE\tUSE OF SHARE")
+	slices.SortFunc(leases, func(a, b allocator.Lease) int {
+		return strings.Compare(a.Namespace+a.Owner.Pod, b.Namespace+b.Owner.Pod)
+	})
+	for _, l := range leases {
+		for _, g := range l.GPUs {
+			use := "-"
+			if u := leaseUse[l.ID+"/"+fmt.Sprint(g.Index)]; u != nil && u.SMKnown && g.Milli > 0 {
+				use = fmt.Sprintf("%.0f%%", 100*u.ShareUtilization(g.Milli))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%d\t%s%%\t%s\n", l.ID, l.Namespace, l.Owner.Pod, l.Owner.Labels["app"],
+				l.Server, g.Index, api.FormatMilli(int64(g.Milli)), use)
+		}
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
+	for _, q := range quotas {
+		hard := "no quota"
+		if q.Limited {
+			hard = fmt.Sprintf("of %g", q.Hard)
+		}
+		fmt.Fprintf(w, "quota %s: %g %s   ", q.Namespace, q.Used, hard)
+	}
+	fmt.Fprintln(w)
+	sel := labels.SelectorFromSet(labels.Set{"app": "tf-training"})
+	signal := "no value (the HPA would hold)"
+	if v, err := d.adapter.GetExternalMetric(ctx, "ml", sel, provider.ExternalMetricInfo{Metric: adapter.GPUUtilization}); err == nil && len(v.Items) > 0 {
+		signal = v.Items[0].Value.String()
+	}
+	fmt.Fprintf(w, "HPA signal: %s{namespace=ml, app=tf-training} = %s\n", adapter.GPUUtilization, signal)
+}
+
+// bar draws a ratio as a 10-cell bar and a percent.
+func bar(r float64) string {
+	if math.IsNaN(r) {
+		return "-"
+	}
+	r = math.Max(0, math.Min(1, r))
+	n := int(math.Round(r * 10))
+	return strings.Repeat("#", n) + strings.Repeat(".", 10-n) + fmt.Sprintf(" %3.0f%%", 100*r)
+}
+
+// isTerminal reports whether w is a terminal, to redraw in place.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
