@@ -2,7 +2,6 @@ package adapter
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -157,7 +156,7 @@ func (d *Direct) readPool(ctx context.Context) (*poolView, error) {
 			continue
 		}
 		wg.Go(func() {
-			u, err := d.fetchUsage(ctx, url)
+			u, err := api.FetchUsage(ctx, d.http, url)
 			if err != nil {
 				d.log.Warn("no reading from a GPU server", "server", s.Name, "url", url, "err", err)
 				return
@@ -179,26 +178,6 @@ func (d *Direct) readPool(ctx context.Context) (*poolView, error) {
 		}
 	}
 	return v, nil
-}
-
-func (d *Direct) fetchUsage(ctx context.Context, base string) (*api.Usage, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/usage", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := d.http.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("daemon answered %s", resp.Status)
-	}
-	var u api.Usage
-	if err := json.NewDecoder(resp.Body).Decode(&u); err != nil {
-		return nil, fmt.Errorf("decoding the daemon's usage: %w", err)
-	}
-	return &u, nil
 }
 
 // selected returns the namespace's leases whose owners match.

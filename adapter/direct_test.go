@@ -200,11 +200,11 @@ func TestDirectBackend(t *testing.T) {
 		t.Errorf("latency before any probe = %+v, want no data", v)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	_ = gpuserver.DialProbe(ctx, p.probeAddr, "client-0", 10*time.Millisecond, func(time.Duration) {})
+	_ = api.DialProbe(ctx, p.probeAddr, "client-0", 10*time.Millisecond, func(time.Duration) {})
 	cancel()
 	p.sampler.Round(context.Background()) // the daemon reports as of its last round
 	v := query(t, d, RDMALatency, "app=tf-training")
-	if len(v) != 1 || v[0].Labels["transport"] != "" && v[0].Labels["transport"] != gpuserver.TransportTCP || v[0].Value <= 0 || v[0].Value > 0.08 {
+	if len(v) != 1 || v[0].Labels["transport"] != "" && v[0].Labels["transport"] != api.TransportTCP || v[0].Value <= 0 || v[0].Value > 0.08 {
 		t.Errorf("latency after probing = %+v, want one tcp p99 in (0, 80ms]", v)
 	}
 

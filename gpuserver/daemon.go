@@ -110,7 +110,7 @@ func New(cfg Config) *Daemon {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
-	latency := NewLatencyHistogram()
+	latency := gpuapi.NewLatencyHistogram()
 	return &Daemon{cfg: cfg, pids: map[int]pidEntry{}, latency: latency,
 		window: &latencyWindow{hist: latency, started: cfg.Clock()}}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/collector"
+	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 	"github.com/gpupool/gpupool/internal/metricstest"
 )
 
@@ -42,7 +43,7 @@ func goldenDaemon(t testing.TB) *Daemon {
 			GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 250, MemoryBytes: 20 << 30}, {Index: 1, Milli: 250, MemoryBytes: 20 << 30}}},
 	}
 	sampler.Round(context.Background())
-	d.latency.WithLabelValues("gpu-a", "client-node-1", TransportTCP).Observe(42e-6)
+	d.latency.WithLabelValues("gpu-a", "client-node-1", gpuapi.TransportTCP).Observe(42e-6)
 	return d
 }
 

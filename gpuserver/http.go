@@ -305,7 +305,7 @@ func parseReport(body io.Reader) (gpuapi.ProcessReport, *refusal) {
 	return rep, nil
 }
 
-func validLeaseID(s string) bool { return isNameToken(s, maxLeaseIDLen) }
+func validLeaseID(s string) bool { return gpuapi.IsNameToken(s, maxLeaseIDLen) }
 
 // mayReport refuses a report of pid by the process sender unless pid is
 // the sender, a descendant of it, or a process of the sender's pod: a

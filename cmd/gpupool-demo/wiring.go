@@ -176,7 +176,7 @@ func (d *demo) probe(ctx context.Context, daemon *gpuserver.Daemon) error {
 	}
 	go daemon.ServeProbes(ctx, ln, time.Second)
 	go func() {
-		_ = gpuserver.DialProbe(ctx, ln.Addr().String(), "demo-client-0", time.Second, func(time.Duration) {})
+		_ = gpuapi.DialProbe(ctx, ln.Addr().String(), "demo-client-0", time.Second, func(time.Duration) {})
 	}()
 	return nil
 }

@@ -134,8 +134,8 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	inv.Labels = map[string]string{
-		gpuapi.LabelDaemonURL:       "http://" + advertised(ln.Addr(), *advertise),
-		gpuserver.LabelProbeAddress: advertised(probeLn.Addr(), *advertise),
+		gpuapi.LabelDaemonURL:    "http://" + advertised(ln.Addr(), *advertise),
+		gpuapi.LabelProbeAddress: advertised(probeLn.Addr(), *advertise),
 	}
 	explicitSocket := false
 	fs.Visit(func(f *flag.Flag) { explicitSocket = explicitSocket || f.Name == "process-socket" })

@@ -23,7 +23,6 @@ import (
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
-	"github.com/gpupool/gpupool/gpuserver"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 )
 
@@ -257,15 +256,15 @@ func attach(ctx context.Context, wg *sync.WaitGroup, cl *client.Client, token st
 			fmt.Fprintf(stderr, "gpupool run: telling the daemon of %s about the command: %v (its use will not be attributed)\n", lease.Server, err)
 		}
 	}
-	addr := labels[gpuserver.LabelProbeAddress]
+	addr := labels[gpuapi.LabelProbeAddress]
 	if addr == "" {
 		return
 	}
 	node := envOr("NODE_NAME", hostname())
-	hist := gpuserver.NewLatencyHistogram()
-	obs := hist.WithLabelValues(lease.Server, node, gpuserver.TransportTCP)
+	hist := gpuapi.NewLatencyHistogram()
+	obs := hist.WithLabelValues(lease.Server, node, gpuapi.TransportTCP)
 	go func() {
-		_ = gpuserver.DialProbe(ctx, addr, node, time.Second, func(d time.Duration) { obs.Observe(d.Seconds()) })
+		_ = gpuapi.DialProbe(ctx, addr, node, time.Second, func(d time.Duration) { obs.Observe(d.Seconds()) })
 	}()
 	if pushURL != "" {
 		wg.Go(func() { pushLatency(ctx, pushURL, hist, lease) })

@@ -1,10 +1,11 @@
-// Package api holds the GPU-server daemon's wire types for its HTTP API,
-// and the client of its process reports, shared by the daemon (gpuserver)
-// and its readers (the adapter's direct backend, `gpupool run`), which need
-// not link the daemon's telemetry sources.
+// Package api holds the GPU-server daemon's wire types and the small
+// clients of its three services, shared by the daemon (gpuserver) and its
+// readers (the adapter's direct backend, `gpupool run`), which need not
+// link the daemon's telemetry sources:
 //
-//	GET  /v1/usage      over TCP: the latest sampling round per GPU and lease (Usage)
-//	POST /v1/processes  over the Unix socket: a process runs under a lease (ProcessReport)
+//	GET  /v1/usage      over TCP: the latest sampling round per GPU and lease (Usage; FetchUsage)
+//	POST /v1/processes  over the Unix socket: a process runs under a lease (ProcessReport; ReportProcess)
+//	the probe port      a TCP ping-echo exchange on the data path (DialProbe; bitfusion_rdma_latency_seconds)
 package api
 
 import (
@@ -91,9 +92,37 @@ func ReportProcess(ctx context.Context, socket, token string, r ProcessReport) e
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusNoContent {
-		return nil
+	if resp.StatusCode != http.StatusNoContent {
+		return failure(resp)
 	}
+	return nil
+}
+
+// FetchUsage reads a daemon's latest sampling round (GET /v1/usage) from
+// daemonURL, the server's LabelDaemonURL, through hc.
+func FetchUsage(ctx context.Context, hc *http.Client, daemonURL string) (*Usage, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(daemonURL, "/")+"/v1/usage", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, failure(resp)
+	}
+	var u Usage
+	if err := json.NewDecoder(resp.Body).Decode(&u); err != nil {
+		return nil, fmt.Errorf("decoding the daemon's usage: %w", err)
+	}
+	return &u, nil
+}
+
+// failure is a daemon's refusal: the *allocapi.Error it answered with, or
+// its HTTP status when the body is none.
+func failure(resp *http.Response) error {
 	e := &allocapi.Error{}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(e); err != nil || e.Reason == "" {
 		return fmt.Errorf("daemon answered %s", resp.Status)

@@ -2,13 +2,18 @@ package api
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	allocapi "github.com/gpupool/gpupool/allocator/api"
 )
 
 // serveSocket serves 204 to every request on a Unix socket in a fresh
@@ -85,5 +90,35 @@ func TestReportProcessSendsTheTokenOnlyToATrustedSocket(t *testing.T) {
 	}
 	if tokens() != 1 {
 		t.Errorf("the token was sent %d times, want only to the trusted socket", tokens())
+	}
+}
+
+// TestFetchUsage: the daemon's round comes back decoded; a refusal comes
+// back as the daemon's error, or its status when it sent no error body.
+func TestFetchUsage(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /ok/v1/usage", func(w http.ResponseWriter, _ *http.Request) {
+		_ = json.NewEncoder(w).Encode(Usage{Server: "gpu-a", Leases: []LeaseUsage{{Lease: "lease-1", GPU: 1, Milli: 500}}})
+	})
+	mux.HandleFunc("GET /refusing/v1/usage", func(w http.ResponseWriter, _ *http.Request) {
+		allocapi.WriteError(w, http.StatusServiceUnavailable, &allocapi.Error{Reason: allocapi.ReasonUnavailable, Message: "not sampled yet"})
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	ctx := context.Background()
+
+	u, err := FetchUsage(ctx, srv.Client(), srv.URL+"/ok/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Server != "gpu-a" || len(u.Leases) != 1 || u.Leases[0] != (LeaseUsage{Lease: "lease-1", GPU: 1, Milli: 500}) {
+		t.Errorf("usage = %+v", u)
+	}
+	var refusal *allocapi.Error
+	if _, err := FetchUsage(ctx, srv.Client(), srv.URL+"/refusing"); !errors.As(err, &refusal) || refusal.Message != "not sampled yet" {
+		t.Errorf("a refusal: %v, want the daemon's error", err)
+	}
+	if _, err := FetchUsage(ctx, srv.Client(), srv.URL+"/gone"); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("no such page: %v, want the status", err)
 	}
 }

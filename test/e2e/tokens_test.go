@@ -72,13 +72,7 @@ func TestDaemonWithServersTokenSeesItsLeases(t *testing.T) {
 	}
 
 	// Its usage report, what the adapter's direct backend reads.
-	resp, err := http.Get(daemonURL + "/v1/usage")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var usage gpuapi.Usage
-	err = json.NewDecoder(resp.Body).Decode(&usage)
-	_ = resp.Body.Close()
+	usage, err := gpuapi.FetchUsage(context.Background(), http.DefaultClient, daemonURL)
 	if err != nil {
 		t.Fatal(err)
 	}
