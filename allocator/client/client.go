@@ -132,8 +132,12 @@ func (c *Client) Leases(ctx context.Context, f LeaseFilter) ([]allocator.Lease, 
 			q.Set(k, v)
 		}
 	}
+	path := "/v1/leases"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
 	var out api.LeaseList
-	err := c.do(ctx, http.MethodGet, "/v1/leases?"+q.Encode(), nil, &out)
+	err := c.do(ctx, http.MethodGet, path, nil, &out)
 	return out.Leases, err
 }
 
@@ -151,6 +155,21 @@ func (c *Client) Quotas(ctx context.Context) ([]allocator.QuotaStatus, error) {
 	return out.Quotas, err
 }
 
+// UnreachableError says that no endpoint of the allocator answered: it is
+// not running there, or the network is in the way.
+type UnreachableError struct {
+	// Endpoints are the allocator's addresses that were tried.
+	Endpoints []string
+	// Err is the last attempt's failure, such as a refused connection.
+	Err error
+}
+
+func (e *UnreachableError) Error() string {
+	return fmt.Sprintf("cannot reach the allocator at %s: %v", strings.Join(e.Endpoints, ","), e.Err)
+}
+
+func (e *UnreachableError) Unwrap() error { return e.Err }
+
 // IsReason reports whether err is an API error with that reason.
 func IsReason(err error, reason string) bool {
 	var e *api.Error
@@ -158,7 +177,8 @@ func IsReason(err error, reason string) bool {
 }
 
 // do sends a request, trying the endpoints in turn while they are
-// unreachable or answer 503, and decodes the answer into out.
+// unreachable or answer 503, and decodes the answer into out. When none
+// answered, the error is an *UnreachableError naming them all.
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
 	if _, has := ctx.Deadline(); !has && c.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -178,20 +198,31 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 			select {
 			case <-time.After(c.Backoff):
 			case <-ctx.Done():
-				return fmt.Errorf("%w (last: %w)", ctx.Err(), last)
+				return fmt.Errorf("%w (last: %w)", ctx.Err(), c.unreachable(last))
 			}
 		}
 		ep := c.endpoints[attempt%len(c.endpoints)]
-		retry, err := c.once(ctx, method, ep+path, body, out)
+		retry, err := c.once(ctx, method, ep, path, body, out)
 		if err == nil || !retry {
 			return err
 		}
 		last = err
 	}
-	return last
+	return c.unreachable(last)
 }
 
-func (c *Client) once(ctx context.Context, method, u string, body []byte, out any) (retry bool, err error) {
+// unreachable widens one endpoint's *UnreachableError, after every
+// endpoint was tried, to name them all; other errors pass unchanged.
+func (c *Client) unreachable(err error) error {
+	var u *UnreachableError
+	if errors.As(err, &u) {
+		return &UnreachableError{Endpoints: c.endpoints, Err: u.Err}
+	}
+	return err
+}
+
+func (c *Client) once(ctx context.Context, method, endpoint, path string, body []byte, out any) (retry bool, err error) {
+	u := endpoint + path
 	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
 	if err != nil {
 		return false, err
@@ -204,12 +235,18 @@ func (c *Client) once(ctx context.Context, method, u string, body []byte, out an
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return ctx.Err() == nil, fmt.Errorf("allocator %s: %w", u, err)
+		// The cause without the *url.Error's method and URL: the
+		// message names the endpoint.
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err
+		}
+		return ctx.Err() == nil, &UnreachableError{Endpoints: []string{endpoint}, Err: err}
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return true, fmt.Errorf("allocator %s: reading answer: %w", u, err)
+		return true, &UnreachableError{Endpoints: []string{endpoint}, Err: fmt.Errorf("reading the answer to %s %s: %w", method, path, err)}
 	}
 	if resp.StatusCode >= 300 {
 		e := &api.Error{}

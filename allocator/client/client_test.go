@@ -1,0 +1,95 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpupool/gpupool/allocator/api"
+)
+
+// closedEndpoint is an allocator address where nothing listens.
+func closedEndpoint(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return "http://" + addr
+}
+
+// TestUnreachableNamesEveryEndpoint: when no replica answers, the error
+// says so as an *UnreachableError naming them all and the cause, and the
+// cause stays reachable with errors.Is.
+func TestUnreachableNamesEveryEndpoint(t *testing.T) {
+	a, b := closedEndpoint(t), closedEndpoint(t)
+	c, err := New([]string{a + "," + b}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Retries, c.Backoff = 4, time.Millisecond
+	_, err = c.Leases(context.Background(), LeaseFilter{})
+	var u *UnreachableError
+	if !errors.As(err, &u) {
+		t.Fatalf("error %v (%T), want an *UnreachableError", err, err)
+	}
+	if want := "cannot reach the allocator at " + a + "," + b + ": "; !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("message %q, want it to start with %q", err, want)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("error %v does not wrap the refused connection", err)
+	}
+	if strings.Contains(err.Error(), "/v1/") {
+		t.Errorf("message %q repeats the request's URL", err)
+	}
+}
+
+// TestAnswersAreNotUnreachable: an allocator that answers with an error,
+// even 503, was reached.
+func TestAnswersAreNotUnreachable(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		api.WriteError(w, http.StatusServiceUnavailable, &api.Error{Reason: api.ReasonUnavailable, Message: "not the leader"})
+	}))
+	defer srv.Close()
+	c, err := New([]string{srv.URL}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Retries, c.Backoff = 2, time.Millisecond
+	_, err = c.Pool(context.Background())
+	var u *UnreachableError
+	if errors.As(err, &u) || !IsReason(err, api.ReasonUnavailable) {
+		t.Errorf("error %v, want the allocator's Unavailable answer", err)
+	}
+}
+
+// TestLeasesQuery: a filter goes in the query; no filter sends no query.
+func TestLeasesQuery(t *testing.T) {
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.URL.RequestURI())
+		_, _ = w.Write([]byte(`{"leases":[]}`))
+	}))
+	defer srv.Close()
+	c, err := New([]string{srv.URL}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []LeaseFilter{{}, {Namespace: "ml", Selector: "app=tf-training"}} {
+		if _, err := c.Leases(context.Background(), f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{"/v1/leases", "/v1/leases?namespace=ml&selector=app%3Dtf-training"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("requests %q, want %q", got, want)
+	}
+}
