@@ -32,10 +32,11 @@ func TestSimulatedFollowsLeases(t *testing.T) {
 			return out
 		},
 	}
-	gpus, err := sim.Sample(context.Background(), true)
+	r, err := sim.Sample(context.Background(), true)
 	if err != nil {
 		t.Fatal(err)
 	}
+	gpus := r.GPUs
 	g := gpus[1]
 	if math.Abs(g.Utilization-(0.4+0.01*sim.noise(1, now))) > 1e-9 || len(g.Processes) != 1 {
 		t.Fatalf("GPU 1 = %+v, want 0.5 share x 0.8 demand busy and one process", g)
@@ -48,7 +49,7 @@ func TestSimulatedFollowsLeases(t *testing.T) {
 		t.Errorf("idle GPU 0 = %+v", gpus[0])
 	}
 	again, _ := sim.Sample(context.Background(), true)
-	if again[1].Utilization != g.Utilization {
+	if again.GPUs[1].Utilization != g.Utilization {
 		t.Error("the same seed, leases and time gave a different reading")
 	}
 }
@@ -60,11 +61,11 @@ type flakySource struct {
 }
 
 func (f *flakySource) Name() string { return "flaky" }
-func (f *flakySource) Sample(context.Context, bool) ([]GPU, error) {
+func (f *flakySource) Sample(context.Context, bool) (Reading, error) {
 	if f.fail {
-		return nil, errors.New("driver went away")
+		return Reading{}, errors.New("driver went away")
 	}
-	return f.gpus, nil
+	return Reading{GPUs: f.gpus}, nil
 }
 
 // TestSourceFailureKeepsTheScrapeAlive: a failing source reports success 0
@@ -130,8 +131,8 @@ func TestSamplerReadsProcessesLessOften(t *testing.T) {
 type sourceFunc func(processes bool) []GPU
 
 func (f sourceFunc) Name() string { return "func" }
-func (f sourceFunc) Sample(_ context.Context, processes bool) ([]GPU, error) {
-	return f(processes), nil
+func (f sourceFunc) Sample(_ context.Context, processes bool) (Reading, error) {
+	return Reading{GPUs: f(processes)}, nil
 }
 
 func TestDCGMExporterMapping(t *testing.T) {
@@ -142,7 +143,8 @@ func TestDCGMExporterMapping(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(fixture) }))
 	defer srv.Close()
 	src := &DCGM{URL: srv.URL}
-	gpus, err := src.Sample(context.Background(), true)
+	r, err := src.Sample(context.Background(), true)
+	gpus := r.GPUs
 	if err != nil || len(gpus) != 2 {
 		t.Fatalf("Sample = %d GPUs, %v", len(gpus), err)
 	}
@@ -174,8 +176,8 @@ func TestDCGMExporterMapping(t *testing.T) {
 	}
 	// The same Xid code seen again is the same error, not a new one.
 	again, _ := src.Sample(context.Background(), false)
-	if again[1].XidErrors != 1 {
-		t.Errorf("Xid errors after a second scrape = %d, want still 1", again[1].XidErrors)
+	if again.GPUs[1].XidErrors != 1 {
+		t.Errorf("Xid errors after a second scrape = %d, want still 1", again.GPUs[1].XidErrors)
 	}
 	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) }))
 	defer down.Close()
@@ -184,16 +186,26 @@ func TestDCGMExporterMapping(t *testing.T) {
 	}
 }
 
-// TestFabricFromSysfs reads the fixture tree as node_exporter's tests do.
+// TestFabricFromSysfs reads the fixture tree as node_exporter's tests do,
+// on the sampler the GPUs use: before its first round the ports have no
+// series, nor the round a duration.
 func TestFabricFromSysfs(t *testing.T) {
 	now := time.Unix(1.8e9, 0)
-	f, err := NewFabric("testdata/sys", func() time.Time { return now })
+	f, err := NewFabric("testdata/sys")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Round()
+	s := NewSampler(f, time.Second, 1, func() time.Time { return now })
+	c := &GPUCollector{Server: "gpu-a", Samplers: []*Sampler{s}, Clock: func() time.Time { return now }}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(&GPUCollector{Server: "gpu-a", Fabric: f, Clock: func() time.Time { return now }})
+	reg.MustRegister(c)
+	for name, n := range countSeries(t, reg, "bitfusion_rdma_port_info", "bitfusion_exporter_source_duration_seconds") {
+		if n != 0 {
+			t.Errorf("%s before the first round: %d series", name, n)
+		}
+	}
+	s.Round(context.Background())
+	c.Render()
 	want := `
 # HELP bitfusion_rdma_port_info RDMA ports of the host; 1 per port, with its link layer (InfiniBand or Ethernet for RoCE).
 # TYPE bitfusion_rdma_port_info gauge

@@ -32,10 +32,10 @@ type DCGM struct {
 func (*DCGM) Name() string { return "dcgm" }
 
 // Sample implements Source.
-func (s *DCGM) Sample(ctx context.Context, _ bool) ([]GPU, error) {
+func (s *DCGM) Sample(ctx context.Context, _ bool) (Reading, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
 	if err != nil {
-		return nil, err
+		return Reading{}, err
 	}
 	client := s.Client
 	if client == nil {
@@ -43,13 +43,14 @@ func (s *DCGM) Sample(ctx context.Context, _ bool) ([]GPU, error) {
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("dcgm-exporter %s: %w", s.URL, err)
+		return Reading{}, fmt.Errorf("dcgm-exporter %s: %w", s.URL, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("dcgm-exporter %s answered %s", s.URL, resp.Status)
+		return Reading{}, fmt.Errorf("dcgm-exporter %s answered %s", s.URL, resp.Status)
 	}
-	return s.parse(io.LimitReader(resp.Body, 16<<20))
+	gpus, err := s.parse(io.LimitReader(resp.Body, 16<<20))
+	return Reading{GPUs: gpus}, err
 }
 
 func (s *DCGM) parse(r io.Reader) ([]GPU, error) {

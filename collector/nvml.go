@@ -120,22 +120,22 @@ func (*NVML) Name() string { return "nvml" }
 
 // Inventory is the host's GPUs as they register with the allocator.
 func (s *NVML) Inventory(server string) (allocator.Server, error) {
-	gpus, err := s.Sample(context.Background(), false)
+	r, err := s.Sample(context.Background(), false)
 	if err != nil {
 		return allocator.Server{}, err
 	}
-	return Inventory(server, gpus), nil
+	return Inventory(server, r.GPUs), nil
 }
 
 // Sample implements Source. A GPU whose identity or memory cannot be read
 // is reported with Err (and unhealthy when it fell off the bus); optional
 // readings the GPU does not support are left unknown.
-func (s *NVML) Sample(_ context.Context, processes bool) ([]GPU, error) {
+func (s *NVML) Sample(_ context.Context, processes bool) (Reading, error) {
 	out := make([]GPU, len(s.devices))
 	for i, d := range s.devices {
 		out[i] = s.read(i, d, processes)
 	}
-	return out, nil
+	return Reading{GPUs: out}, nil
 }
 
 func (s *NVML) read(i int, d nvml.Device, processes bool) GPU {

@@ -119,8 +119,8 @@ func TestNVMLOnRecordedH100(t *testing.T) {
 		inv.GPUs[0].MemoryBytes != 85520809984 {
 		t.Fatalf("inventory = %+v, %v", inv, err)
 	}
-	gpus, _ := src.Sample(context.Background(), true)
-	g := gpus[0]
+	r, _ := src.Sample(context.Background(), true)
+	g := r.GPUs[0]
 	if g.Utilization != 0 || len(g.Processes) != 0 || !math.IsNaN(g.TemperatureCelsius) || !math.IsNaN(g.PowerWatts) {
 		t.Errorf("idle: %+v; want 0 utilization, no processes (the zero samples of NOT_FOUND ignored), unknown temperature and power", g)
 	}
@@ -129,8 +129,8 @@ func TestNVMLOnRecordedH100(t *testing.T) {
 	}
 
 	src, _ = NewNVML(mockLibrary(mockDevice(busy)))
-	gpus, _ = src.Sample(context.Background(), true)
-	g = gpus[0]
+	r, _ = src.Sample(context.Background(), true)
+	g = r.GPUs[0]
 	if g.Utilization != 1 || len(g.Processes) != 1 {
 		t.Fatalf("busy: %+v", g)
 	}
@@ -151,7 +151,8 @@ func TestNVMLLostGPUFailsOnlyThatGPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gpus, err := src.Sample(context.Background(), false)
+	r, err := src.Sample(context.Background(), false)
+	gpus := r.GPUs
 	if err != nil || gpus[0].Err != nil || !gpus[0].Healthy {
 		t.Fatalf("the healthy GPU suffered: %+v, %v", gpus[0], err)
 	}
@@ -197,7 +198,8 @@ func TestNVMLCountsXidEvents(t *testing.T) {
 	defer src.Close()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		gpus, _ := src.Sample(context.Background(), false)
+		r, _ := src.Sample(context.Background(), false)
+		gpus := r.GPUs
 		if gpus[0].XidErrors == 2 {
 			return
 		}

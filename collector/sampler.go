@@ -13,12 +13,13 @@ type Snapshot struct {
 	Round    int
 	Time     time.Time
 	Duration time.Duration
-	GPUs     []GPU
+	Reading
 	// ProcessRound is the round that read the process lists the GPUs
 	// carry, 0 when they carry none: a list read before a lease appeared
 	// says nothing of what the lease runs.
 	ProcessRound int
-	// Err is the round's failure; GPUs then holds the last good round's.
+	// Err is the round's failure; Reading and Time are then the last good
+	// round's.
 	Err error
 }
 
@@ -76,16 +77,16 @@ func (s *Sampler) Round(ctx context.Context) {
 	n := int(s.started.Add(1))
 	withProcs := prev.ProcessRound <= int(s.wantAfter.Load()) || (n-1)%s.ProcessEvery == 0
 	start := time.Now()
-	gpus, err := s.source.Sample(ctx, withProcs)
-	snap := &Snapshot{Round: n, Time: s.clock(), Duration: time.Since(start), GPUs: gpus, Err: err}
+	reading, err := s.source.Sample(ctx, withProcs)
+	snap := &Snapshot{Round: n, Time: s.clock(), Duration: time.Since(start), Reading: reading, Err: err}
 	switch {
 	case err != nil:
-		snap.GPUs, snap.Time, snap.ProcessRound = prev.GPUs, prev.Time, prev.ProcessRound
+		snap.Reading, snap.Time, snap.ProcessRound = prev.Reading, prev.Time, prev.ProcessRound
 	case !withProcs:
 		// Keep the processes of the round that read them.
 		carryProcesses(snap.GPUs, prev.GPUs)
 		snap.ProcessRound = prev.ProcessRound
-	case readProcesses(gpus):
+	case readProcesses(snap.GPUs):
 		snap.ProcessRound = n
 	}
 	s.latest.Store(snap)

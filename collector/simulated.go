@@ -58,7 +58,7 @@ func (s *Simulated) Inventory(cpuMilli, memoryBytes int64, labels map[string]str
 
 // Sample implements Source. While the leases are not known it reports
 // the GPUs, healthy, with no readings.
-func (s *Simulated) Sample(_ context.Context, processes bool) ([]GPU, error) {
+func (s *Simulated) Sample(_ context.Context, processes bool) (Reading, error) {
 	now := s.Clock()
 	gpus := make([]GPU, len(s.GPUs))
 	var leases []allocator.Lease
@@ -68,7 +68,7 @@ func (s *Simulated) Sample(_ context.Context, processes bool) ([]GPU, error) {
 				gpus[i] = GPU{Index: i, UUID: s.UUID(i), Model: g.Model, Healthy: true,
 					Utilization: unknown, TemperatureCelsius: unknown, PowerWatts: unknown}
 			}
-			return gpus, nil
+			return Reading{GPUs: gpus}, nil
 		}
 	}
 	for i, g := range s.GPUs {
@@ -109,7 +109,7 @@ func (s *Simulated) Sample(_ context.Context, processes bool) ([]GPU, error) {
 		g.TemperatureCelsius = 30 + 50*g.Utilization
 		g.PowerWatts = 70 + 630*g.Utilization
 	}
-	return gpus, nil
+	return Reading{GPUs: gpus}, nil
 }
 
 func (s *Simulated) demand(l *allocator.Lease, demands map[string]float64, t time.Time) float64 {

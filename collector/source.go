@@ -1,6 +1,6 @@
-// Package collector reads GPU telemetry from its sources (NVML, a
-// dcgm-exporter, simulated GPUs; InfiniBand counters from sysfs) on loops of
-// their own, and exports the latest snapshot to Prometheus. A scrape never
+// Package collector reads telemetry from its sources (GPUs from NVML, a
+// dcgm-exporter or simulated ones; RDMA ports from sysfs) on loops of their
+// own, and exports the latest snapshot to Prometheus. A scrape never
 // touches hardware, and one failing GPU or source never fails a scrape:
 // each source reports its own success, duration and snapshot age.
 package collector
@@ -12,15 +12,24 @@ import (
 	"github.com/gpupool/gpupool/allocator"
 )
 
-// Source is one place GPU telemetry comes from.
+// Source is one place telemetry comes from.
 type Source interface {
-	// Name labels the source's own metrics (nvml, dcgm, simulated).
+	// Name labels the source's own metrics (nvml, dcgm, simulated,
+	// infiniband).
 	Name() string
-	// Sample reads every GPU, and the processes on them when processes is
-	// true (the per-process call is the expensive one, so the sampler asks
-	// for it less often). A GPU that cannot be read is returned with Err
-	// set; an error return means the source as a whole failed.
-	Sample(ctx context.Context, processes bool) ([]GPU, error)
+	// Sample reads every GPU or port, and the processes on the GPUs when
+	// processes is true (the per-process call is the expensive one, so the
+	// sampler asks for it less often). A GPU that cannot be read is
+	// returned with Err set; an error return means the source as a whole
+	// failed.
+	Sample(ctx context.Context, processes bool) (Reading, error)
+}
+
+// Reading is what a source read in one round: GPU sources read GPUs, the
+// fabric reads ports.
+type Reading struct {
+	GPUs  []GPU
+	Ports []Port
 }
 
 // GPU is what a source saw of one GPU. Readings a source does not offer

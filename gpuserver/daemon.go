@@ -34,8 +34,8 @@ type Config struct {
 	// checked with the reporter's own token.
 	AllocatorURLs []string
 	Samplers      []*collector.Sampler
-	// Fabric, when set, reads the host's RDMA ports.
-	Fabric *collector.Fabric
+	// Fabric, when set, samples the host's RDMA ports (a collector.Fabric).
+	Fabric *collector.Sampler
 	// Heartbeat is how often the daemon checks in and refreshes its leases.
 	Heartbeat time.Duration
 	// LabelAllowlist names the pod labels copied onto per-lease series.

@@ -136,7 +136,7 @@ type gatedSource struct {
 }
 
 func (*gatedSource) Name() string { return "gated" }
-func (g *gatedSource) Sample(_ context.Context, processes bool) ([]collector.GPU, error) {
+func (g *gatedSource) Sample(_ context.Context, processes bool) (collector.Reading, error) {
 	g.started <- struct{}{}
 	<-g.release
 	gpu := collector.GPU{Index: 0, UUID: "GPU-0", Model: "H100", MemoryBytes: 80 << 30, Utilization: 0.1, Healthy: true,
@@ -144,7 +144,7 @@ func (g *gatedSource) Sample(_ context.Context, processes bool) ([]collector.GPU
 	if processes {
 		gpu.Processes = append([]collector.Process{}, g.procs...)
 	}
-	return []collector.GPU{gpu}, nil
+	return collector.Reading{GPUs: []collector.GPU{gpu}}, nil
 }
 
 // TestProcessesReadBeforeALeaseCannotShowItIdle: a process list read by a

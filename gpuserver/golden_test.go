@@ -1,23 +1,15 @@
 package gpuserver
 
 import (
-	"bytes"
 	"context"
-	"flag"
-	"os"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/prometheus/common/expfmt"
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/collector"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 	"github.com/gpupool/gpupool/internal/metricstest"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/metrics.golden (read the diff!)")
 
 // goldenDaemon is a daemon on two simulated GPUs with two leases, at a
 // fixed time, as the gpupool-server binary builds it.
@@ -29,11 +21,12 @@ func goldenDaemon(t testing.TB) *Daemon {
 		Leases: func() []allocator.Lease { return d.Leases() },
 	}
 	sampler := collector.NewSampler(sim, time.Second, 1, sim.Clock)
-	fabric, err := collector.NewFabric("../collector/testdata/sys", sim.Clock)
+	ports, err := collector.NewFabric("../collector/testdata/sys")
 	if err != nil {
 		t.Fatal(err)
 	}
-	fabric.Round()
+	fabric := collector.NewSampler(ports, time.Second, 1, sim.Clock)
+	fabric.Round(context.Background())
 	d = New(Config{Inventory: sim.Inventory(0, 0, nil), Samplers: []*collector.Sampler{sampler}, Fabric: fabric,
 		LabelAllowlist: []string{"app"}, Clock: sim.Clock})
 	d.leases = []allocator.Lease{
@@ -51,51 +44,12 @@ func goldenDaemon(t testing.TB) *Daemon {
 // testdata/metrics.golden (durations, which vary, aside) and checks it
 // with promtool.
 func TestDaemonMetricsGolden(t *testing.T) {
-	reg := Registry(goldenDaemon(t))
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	for _, f := range families {
-		if f.GetName() != "bitfusion_exporter_source_duration_seconds" {
-			_, _ = expfmt.MetricFamilyToText(&out, f)
-		}
-	}
-	if *update {
-		if err := os.WriteFile("testdata/metrics.golden", out.Bytes(), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile("testdata/metrics.golden")
-	if err != nil {
-		t.Fatalf("%v (go test ./gpuserver -run Golden -update)", err)
-	}
-	if !bytes.Equal(want, out.Bytes()) {
-		t.Errorf("exposition differs from testdata/metrics.golden (rewrite with -update and read the diff):\n%s", out.String())
-	}
-	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
-		t.Errorf("lint: %v %v", problems, err)
-	}
-	if ok, err := metricstest.Promtool(families); err != nil {
-		t.Error(err)
-	} else if !ok {
-		t.Skip("promtool not installed (make deps installs it)")
-	}
+	metricstest.Golden(t, Registry(goldenDaemon(t)), "testdata/metrics.golden", "bitfusion_exporter_source_duration_seconds")
 }
 
 // TestDaemonMetricsDocumented checks docs/metrics.md's GPU-server section
-// against what the daemon exports, both ways.
+// against the daemon's metric table, and the table against what the
+// daemon exports.
 func TestDaemonMetricsDocumented(t *testing.T) {
-	documented, err := metricstest.Section("../docs/metrics.md", "GPU server")
-	if err != nil {
-		t.Fatal(err)
-	}
-	families, err := Registry(goldenDaemon(t)).Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range metricstest.Diff(families, documented) {
-		t.Error(p)
-	}
+	metricstest.Documented(t, "../docs/metrics.md", "GPU server", MetricFamilies, Registry(goldenDaemon(t)))
 }

@@ -40,8 +40,8 @@ func TestProcParentHandlesOddNames(t *testing.T) {
 type fixedSource struct{ gpus []collector.GPU }
 
 func (f *fixedSource) Name() string { return "fixed" }
-func (f *fixedSource) Sample(context.Context, bool) ([]collector.GPU, error) {
-	return f.gpus, nil
+func (f *fixedSource) Sample(context.Context, bool) (collector.Reading, error) {
+	return collector.Reading{GPUs: f.gpus}, nil
 }
 
 // TestLeaseAttribution: a process belongs to a lease by the PID `gpupool

@@ -3,6 +3,7 @@ package gpuserver
 import (
 	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"sync/atomic"
 
@@ -11,7 +12,32 @@ import (
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/gpuserver/api"
+	"github.com/gpupool/gpupool/internal/metricdef"
 )
+
+// The per-lease table: LeaseCollector builds its series from these rows,
+// with the allowlisted pod labels added (label_<name>, as
+// kube-state-metrics names them).
+var (
+	leaseUtilization = leaseGauge("bitfusion_lease_gpu_utilization", "ratio of the share",
+		"SM use of the lease's processes on the GPU relative to the share granted (1 = all of its share).")
+	leaseMemoryUsed = leaseGauge("bitfusion_lease_memory_used_bytes", "bytes",
+		"GPU memory the lease's processes use on the GPU.")
+	leaseMemoryGranted = leaseGauge("bitfusion_lease_memory_granted_bytes", "bytes",
+		"GPU memory the lease was granted on the GPU.")
+	leaseMemoryOveruse = leaseGauge("bitfusion_lease_memory_overuse_bytes", "bytes",
+		"GPU memory the lease uses beyond what it was granted (0 when within).")
+	leaseProcesses = leaseGauge("bitfusion_lease_processes", "processes",
+		"Processes attributed to the lease on the GPU.")
+	unattributedProcesses = metricdef.Gauge("bitfusion_gpu_unattributed_processes", "processes", metricdef.Labels{"server", "gpu"},
+		"Processes on the GPU that belong to no lease on this server.")
+)
+
+func leaseGauge(name, unit, help string) *metricdef.Family {
+	f := metricdef.Gauge(name, unit, metricdef.Labels{"server", "gpu", "lease", "namespace", "pod"}, help)
+	f.LabelPrefix = "label_"
+	return f
+}
 
 // LeaseCollector exports what each lease on the host really uses, from the
 // latest snapshots (it never samples).
@@ -19,36 +45,29 @@ import (
 // Like the GPU series, the per-lease series are rendered once per sampling
 // round (Render) and only copied by scrapes.
 type LeaseCollector struct {
-	d        *Daemon
-	descs    leaseDescs
-	rendered atomic.Pointer[[]prometheus.Metric]
+	d *Daemon
+	// The per-lease families with this daemon's allowlisted labels.
+	util, used, granted, overuse, procs *metricdef.Family
+	rendered                            atomic.Pointer[[]prometheus.Metric]
 }
 
-type leaseDescs struct {
-	util, used, granted, overuse, procs, unattributed *prometheus.Desc
-}
-
-// NewLeaseCollector builds the per-lease collector; the allowlisted pod
-// labels become label_<name> labels, as kube-state-metrics names them.
+// NewLeaseCollector builds the per-lease collector.
 func NewLeaseCollector(d *Daemon) *LeaseCollector {
-	labels := []string{"server", "gpu", "lease", "namespace", "pod"}
-	for _, l := range d.cfg.LabelAllowlist {
-		labels = append(labels, "label_"+api.LabelName(l))
+	labels := make([]string, len(d.cfg.LabelAllowlist))
+	for i, l := range d.cfg.LabelAllowlist {
+		labels[i] = api.LabelName(l)
 	}
-	return &LeaseCollector{d: d, descs: leaseDescs{
-		util:         prometheus.NewDesc("bitfusion_lease_gpu_utilization", "SM use of the lease's processes on the GPU relative to the share granted (1 = all of its share).", labels, nil),
-		used:         prometheus.NewDesc("bitfusion_lease_memory_used_bytes", "GPU memory the lease's processes use on the GPU.", labels, nil),
-		granted:      prometheus.NewDesc("bitfusion_lease_memory_granted_bytes", "GPU memory the lease was granted on the GPU.", labels, nil),
-		overuse:      prometheus.NewDesc("bitfusion_lease_memory_overuse_bytes", "GPU memory the lease uses beyond what it was granted (0 when within).", labels, nil),
-		procs:        prometheus.NewDesc("bitfusion_lease_processes", "Processes attributed to the lease on the GPU.", labels, nil),
-		unattributed: prometheus.NewDesc("bitfusion_gpu_unattributed_processes", "Processes on the GPU that belong to no lease on this server.", []string{"server", "gpu"}, nil),
-	}}
+	return &LeaseCollector{d: d,
+		util: leaseUtilization.WithPrefixed(labels...), used: leaseMemoryUsed.WithPrefixed(labels...),
+		granted: leaseMemoryGranted.WithPrefixed(labels...), overuse: leaseMemoryOveruse.WithPrefixed(labels...),
+		procs: leaseProcesses.WithPrefixed(labels...),
+	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *LeaseCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.descs.util, c.descs.used, c.descs.granted, c.descs.overuse, c.descs.procs, c.descs.unattributed} {
-		ch <- d
+	for _, f := range []*metricdef.Family{c.util, c.used, c.granted, c.overuse, c.procs, unattributedProcesses} {
+		ch <- f.Desc()
 	}
 }
 
@@ -210,25 +229,23 @@ func (c *LeaseCollector) render(use map[[2]string]*LeaseUse, unattributed map[in
 	d := c.d
 	server := d.cfg.Inventory.Name
 	for gpu, n := range unattributed {
-		emit(prometheus.MustNewConstMetric(c.descs.unattributed, prometheus.GaugeValue, float64(n), server, strconv.Itoa(gpu)))
+		emit(unattributedProcesses.Metric(float64(n), server, strconv.Itoa(gpu)))
 	}
 	for _, l := range d.Leases() {
 		for _, lg := range l.GPUs {
 			labels := c.labels(server, &l, lg.Index)
-			gauge := func(desc *prometheus.Desc, v float64) {
-				emit(prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...))
-			}
-			gauge(c.descs.granted, float64(lg.MemoryBytes))
+			gauge := func(f *metricdef.Family, v float64) { emit(f.Metric(v, labels...)) }
+			gauge(c.granted, float64(lg.MemoryBytes))
 			u := use[[2]string{l.ID, strconv.Itoa(lg.Index)}]
 			if u == nil {
 				continue // not measured: no series rather than a made-up 0
 			}
 			if u.SMKnown && lg.Milli > 0 {
-				gauge(c.descs.util, u.ShareUtilization(lg.Milli))
+				gauge(c.util, u.ShareUtilization(lg.Milli))
 			}
-			gauge(c.descs.used, float64(u.Bytes))
-			gauge(c.descs.overuse, float64(max(0, u.Bytes-lg.MemoryBytes)))
-			gauge(c.descs.procs, float64(u.Processes))
+			gauge(c.used, float64(u.Bytes))
+			gauge(c.overuse, float64(max(0, u.Bytes-lg.MemoryBytes)))
+			gauge(c.procs, float64(u.Processes))
 		}
 	}
 }
@@ -241,10 +258,21 @@ func (c *LeaseCollector) labels(server string, l *allocator.Lease, gpu int) []st
 	return labels
 }
 
-// Registry is the daemon's whole exposition: per-GPU telemetry and source
-// health from the samplers, and per-lease use.
+// MetricFamilies is the table of the daemon's whole exposition: the
+// collector's per-GPU, per-port and per-source series, the per-lease ones
+// and the probes' round trips.
+var MetricFamilies = slices.Concat(collector.MetricFamilies, []*metricdef.Family{
+	leaseUtilization, leaseMemoryUsed, leaseMemoryGranted, leaseMemoryOveruse, leaseProcesses, unattributedProcesses, api.LatencyFamily})
+
+// Registry is the daemon's whole exposition: per-GPU telemetry, source
+// health and RDMA ports from the samplers, per-lease use, and the probes'
+// round trips.
 func Registry(d *Daemon) *prometheus.Registry {
-	gpus := &collector.GPUCollector{Server: d.cfg.Inventory.Name, Samplers: d.cfg.Samplers, Fabric: d.cfg.Fabric, Clock: d.cfg.Clock}
+	samplers := d.cfg.Samplers
+	if d.cfg.Fabric != nil {
+		samplers = slices.Concat(samplers, []*collector.Sampler{d.cfg.Fabric})
+	}
+	gpus := &collector.GPUCollector{Server: d.cfg.Inventory.Name, Samplers: samplers, Clock: d.cfg.Clock}
 	leases := NewLeaseCollector(d)
 	for _, s := range d.cfg.Samplers {
 		// Each round attributes once; the series and the usage report

@@ -110,12 +110,12 @@ func run(args []string, stderr io.Writer) int {
 	case "dcgm":
 		dc := &collector.DCGM{URL: *dcgmURL, Client: &http.Client{Timeout: 5 * time.Second}}
 		for {
-			gpus, err := dc.Sample(ctx, false)
-			if err == nil && len(gpus) > 0 {
-				inv = collector.Inventory(*name, gpus)
+			r, err := dc.Sample(ctx, false)
+			if err == nil && len(r.GPUs) > 0 {
+				inv = collector.Inventory(*name, r.GPUs)
 				break
 			}
-			log.Warn("waiting for dcgm-exporter", "url", *dcgmURL, "err", err, "gpus", len(gpus))
+			log.Warn("waiting for dcgm-exporter", "url", *dcgmURL, "err", err, "gpus", len(r.GPUs))
 			select {
 			case <-ctx.Done():
 				return 0
@@ -149,13 +149,14 @@ func run(args []string, stderr io.Writer) int {
 		inv.Labels[gpuapi.LabelProcessSocket] = socketPath
 	}
 	sampler := collector.NewSampler(src, *interval, *processEvery, nil)
-	var fabric *collector.Fabric
+	var fabric *collector.Sampler
 	if _, err := os.Stat(filepath.Join(*sysPath, "class", "infiniband")); err == nil {
-		if fabric, err = collector.NewFabric(*sysPath, nil); err != nil {
+		ports, err := collector.NewFabric(*sysPath)
+		if err != nil {
 			log.Error("reading RDMA ports", "err", err)
 			return 1
 		}
-		go fabric.Run(ctx, *interval)
+		fabric = collector.NewSampler(ports, *interval, 1, nil)
 	} else {
 		log.Info("no RDMA ports: no InfiniBand/RoCE counters", "path", filepath.Join(*sysPath, "class", "infiniband"))
 	}
@@ -170,6 +171,9 @@ func run(args []string, stderr io.Writer) int {
 
 	samplerDone := make(chan struct{})
 	go func() { sampler.Run(ctx); close(samplerDone) }()
+	if fabric != nil {
+		go fabric.Run(ctx) // after Registry set its AfterRound
+	}
 	defer func() { <-samplerDone }() // runs before nv.Close (defers run last-in first-out)
 	go d.Run(ctx)
 	go d.ServeProbes(ctx, probeLn, time.Second)

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpupool/gpupool/internal/metricdef"
 )
 
 // LabelProbeAddress is the server label that tells clients where the
@@ -22,17 +24,17 @@ const LabelProbeAddress = "gpupool.io/probe-address"
 // which need RDMA hardware this project's tests do not have.
 const TransportTCP = "tcp"
 
-// NewLatencyHistogram is bitfusion_rdma_latency_seconds, the round trip
-// between a client and a GPU server on the data path, as either side
-// measures it: the daemon serves it, `gpupool run` pushes its own.
-func NewLatencyHistogram() *prometheus.HistogramVec {
-	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: "bitfusion_rdma_latency_seconds",
-		Help: "Round trip between a client and a GPU server on the data path, by transport (rdma where verbs exist, tcp otherwise).",
-		// 5 us .. 80 ms: Bitfusion asks for 50 us on RDMA.
-		Buckets: prometheus.ExponentialBuckets(5e-6, 2, 15),
-	}, []string{"server", "client_node", "transport"})
-}
+// LatencyFamily is bitfusion_rdma_latency_seconds, the round trip between
+// a client and a GPU server on the data path, as either side measures it:
+// the daemon serves it, `gpupool run` pushes its own.
+var LatencyFamily = metricdef.Histogram("bitfusion_rdma_latency_seconds", "seconds",
+	metricdef.Labels{"server", "client_node", "transport"},
+	"Round trip between a client and a GPU server on the data path, by transport (rdma where verbs exist, tcp otherwise).",
+	// 5 us .. 80 ms: Bitfusion asks for 50 us on RDMA.
+	prometheus.ExponentialBuckets(5e-6, 2, 15))
+
+// NewLatencyHistogram is a fresh bitfusion_rdma_latency_seconds.
+func NewLatencyHistogram() *prometheus.HistogramVec { return LatencyFamily.NewHistogramVec() }
 
 // Probe frames are 9 bytes: a kind and 8 bytes of payload. A ping carries
 // the sender's clock; the other side echoes it back unchanged, so each side
