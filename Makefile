@@ -11,9 +11,17 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
+# Release binaries: stripped, without local paths. The gpupool client goes
+# into users' pods, so it is built without cgo and runs on any Linux image;
+# gpupool-server needs cgo for NVML, the others are built as it is.
+RELEASE_FLAGS := -trimpath -ldflags='-s -w'
+COMMANDS = $(shell $(GO) list ./cmd/...)
+
 .PHONY: build
-build: ## build every binary into bin/
-	$(GO) build -o bin/ ./cmd/...
+build: ## build the stripped release binaries into bin/ and print their sizes
+	CGO_ENABLED=0 $(GO) build $(RELEASE_FLAGS) -o bin/ ./cmd/gpupool
+	$(GO) build $(RELEASE_FLAGS) -o bin/ $(filter-out %/cmd/gpupool,$(COMMANDS))
+	@cd bin && stat -c '%s %n' $(notdir $(COMMANDS)) | awk '{ printf "  bin/%-18s %5.1f MB\n", $$2, $$1 / 1e6 }'
 
 # DEMO_FLAGS=--duration=0 runs the demo until Ctrl-C.
 DEMO_FLAGS ?= --duration=60s
