@@ -255,7 +255,8 @@ func Summarize(results []Result) []Summary {
 const maxSeeds = 10000
 
 // ParseSeeds reads a seed list such as "42-51" or "1,5,9-11"; a seed
-// listed twice is replayed once.
+// listed twice is replayed once. Errors say what is wrong in the list and
+// leave naming it to the caller.
 func ParseSeeds(s string) ([]uint64, error) {
 	var seeds []uint64
 	seen := map[uint64]bool{}
@@ -263,16 +264,16 @@ func ParseSeeds(s string) ([]uint64, error) {
 		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
 		a, err := strconv.ParseUint(lo, 10, 64)
 		if err != nil {
-			return nil, fmt.Errorf("seeds %q: %q is not a number", s, lo)
+			return nil, fmt.Errorf("%q is not a number", lo)
 		}
 		b := a
 		if isRange {
 			if b, err = strconv.ParseUint(hi, 10, 64); err != nil || b < a {
-				return nil, fmt.Errorf("seeds %q: %q is not a range low-high", s, part)
+				return nil, fmt.Errorf("%q is not a range low-high", part)
 			}
 		}
 		if b-a >= maxSeeds {
-			return nil, fmt.Errorf("seeds %q: %q has more than %d seeds", s, part, maxSeeds)
+			return nil, fmt.Errorf("%q has more than %d seeds", part, maxSeeds)
 		}
 		for k := range b - a + 1 {
 			if x := a + k; !seen[x] {
@@ -281,7 +282,7 @@ func ParseSeeds(s string) ([]uint64, error) {
 			}
 		}
 		if len(seeds) > maxSeeds {
-			return nil, fmt.Errorf("seeds %q: more than %d seeds", s, maxSeeds)
+			return nil, fmt.Errorf("more than %d seeds", maxSeeds)
 		}
 	}
 	return seeds, nil

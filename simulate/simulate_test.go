@@ -2,6 +2,8 @@ package simulate
 
 import (
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"math"
 	"strings"
 	"testing"
@@ -91,6 +93,23 @@ func TestSummaryJSONWritesMissingAsNull(t *testing.T) {
 	b, err := json.Marshal(Summary{Policy: "p", UnallocatedAt100: 4.5, UnallocatedAt130: Value(math.NaN())})
 	if err != nil || !strings.Contains(string(b), `"unallocated_gpu_pct_at_100":4.5,"unallocated_gpu_pct_at_130":null`) {
 		t.Errorf("json = %s, %v", b, err)
+	}
+}
+
+// TestOpenNamesTheEmbeddedTraces: a trace that is neither on disk nor
+// embedded is not found, and the error lists what is embedded.
+func TestOpenNamesTheEmbeddedTraces(t *testing.T) {
+	for _, name := range []string{"/nonexistent.csv", "traces/openb_pod_list_nonexistent.csv"} {
+		_, err := Open(name)
+		if !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("Open(%q) = %v, want not found", name, err)
+			continue
+		}
+		for _, embedded := range []string{DefaultNodes, DefaultPods, "traces/openb_pod_list_gpushare40.csv"} {
+			if !strings.Contains(err.Error(), embedded) {
+				t.Errorf("Open(%q): %q does not list %s", name, err, embedded)
+			}
+		}
 	}
 }
 

@@ -49,14 +49,21 @@ type Pod struct {
 func (p *Pod) GPUMilli() int64 { return int64(p.GPUs) * int64(p.Milli) }
 
 // Open reads a trace file from disk, or from the embedded traces when the
-// name starts with "traces/" and no such file exists on disk.
+// name starts with "traces/" and no such file exists on disk. A name that
+// is neither is an fs.ErrNotExist that lists the embedded traces.
 func Open(name string) (io.ReadCloser, error) {
 	f, err := os.Open(name) //nolint:gosec // reading the trace the user named is the point
-
-	if errors.Is(err, fs.ErrNotExist) && strings.HasPrefix(name, "traces/") {
-		return Traces.Open(name)
+	if err == nil {
+		return f, nil
 	}
-	return f, err
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	if embedded, eerr := Traces.Open(name); eerr == nil {
+		return embedded, nil
+	}
+	names, _ := fs.Glob(Traces, "traces/*.csv") // the pattern is valid
+	return nil, fmt.Errorf("%w; the embedded traces are %s", err, strings.Join(names, ", "))
 }
 
 // ReadNodes reads an OpenB node list (sn,cpu_milli,memory_mib,gpu,model).

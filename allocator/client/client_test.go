@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,23 +13,17 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 )
 
-// closedEndpoint is an allocator address where nothing listens.
-func closedEndpoint(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return "http://" + addr
-}
-
 // TestUnreachableNamesEveryEndpoint: when no replica answers, the error
 // says so as an *UnreachableError naming them all and the cause, and the
 // cause stays reachable with errors.Is.
 func TestUnreachableNamesEveryEndpoint(t *testing.T) {
-	a, b := closedEndpoint(t), closedEndpoint(t)
+	var closed []string // addresses where nothing listens
+	for range 2 {
+		srv := httptest.NewServer(http.NotFoundHandler())
+		srv.Close()
+		closed = append(closed, srv.URL)
+	}
+	a, b := closed[0], closed[1]
 	c, err := New([]string{a + "," + b}, "")
 	if err != nil {
 		t.Fatal(err)

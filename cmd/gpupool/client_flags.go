@@ -1,11 +1,13 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 
+	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 )
 
@@ -29,6 +31,33 @@ func (c *clientFlags) client(stderr io.Writer) (*client.Client, bool) {
 		return nil, false
 	}
 	return cl, true
+}
+
+// allocatorFailed tells why a call to the allocator failed, the same way
+// for every command, and returns the exit status that says who must act.
+func allocatorFailed(stderr io.Writer, command string, err error) int {
+	var unreachable *client.UnreachableError
+	if errors.As(err, &unreachable) {
+		fmt.Fprintf(stderr, "gpupool %s: %v\n  start one (gpupool-allocator --data-dir DIR), or point --allocator or GPUPOOL_ALLOCATOR at a running one\n", command, unreachable)
+		return exitUnavailable
+	}
+	var e *api.Error
+	if !errors.As(err, &e) {
+		fmt.Fprintf(stderr, "gpupool %s: %v\n", command, err)
+		return exitFailed
+	}
+	fmt.Fprintf(stderr, "gpupool %s: %s\n", command, e.Message)
+	switch e.Reason {
+	case api.ReasonNoCapacity:
+		return exitNoCapacity
+	case api.ReasonQuotaExceeded, api.ReasonForbidden, api.ReasonUnauthorized:
+		return exitNoPermit
+	case api.ReasonInvalid:
+		return exitUsage
+	case api.ReasonUnavailable, api.ReasonInternal:
+		return exitUnavailable
+	}
+	return exitFailed
 }
 
 func envOr(key, def string) string {

@@ -2,6 +2,9 @@
 package main
 
 import (
+	"bytes"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -20,18 +23,31 @@ Commands:
   simulate     replay an OpenB GPU trace against the placement policies
 
 Run "gpupool <command> --help" for a command's flags.
+
+Exit statuses: 0 done, 1 failed, 2 bad usage, 69 allocator unreachable,
+75 no capacity now, 77 quota exceeded or not allowed; run passes on its
+command's own.
 `
+
+// Exit statuses when a command did not do its work, after sysexits.h, so
+// that scripts can tell "fix the call" from "try later" from "not allowed".
+const (
+	exitFailed      = 1
+	exitUsage       = 2
+	exitUnavailable = 69 // the allocator cannot be reached, or cannot serve
+	exitNoCapacity  = 75 // no capacity now: retry later or pass --wait
+	exitNoPermit    = 77 // quota exceeded, or the token may not act here
+)
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// run executes a command and returns the process exit status: 0 on
-// success, 1 when the work failed, 2 on bad usage.
+// run executes a command and returns the process exit status.
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return 2
+		return exitUsage
 	}
 	switch args[0] {
 	case "simulate":
@@ -49,6 +65,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	default:
 		fmt.Fprintf(stderr, "gpupool: unknown command %q\n\n%s", args[0], usage)
-		return 2
+		return exitUsage
 	}
+}
+
+// parseFlags parses a command's flags. Asked for with -h or --help, the
+// usage goes to stdout (it is what was asked for: `| less` shows it) and
+// the command ends with 0; after a bad flag, the error and the usage go to
+// stderr and it ends with exitUsage. ok is whether the command goes on.
+func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (exit int, ok bool) {
+	var out bytes.Buffer
+	fs.SetOutput(&out)
+	err := fs.Parse(args)
+	fs.SetOutput(stderr)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		_, _ = out.WriteTo(stdout)
+		return 0, false
+	case err != nil:
+		_, _ = out.WriteTo(stderr)
+		return exitUsage, false
+	}
+	return 0, true
 }

@@ -3,11 +3,17 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"maps"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpupool/gpupool/allocator/api"
 )
 
 func TestSimulateJSON(t *testing.T) {
@@ -45,6 +51,9 @@ func TestSimulateTable(t *testing.T) {
 }
 
 func TestBadUsage(t *testing.T) {
+	// Bad run flags are refused before the allocator is asked: here,
+	// nothing answers (exit 69 would say it was tried).
+	allocator := closedAllocator(t)
 	for _, tc := range []struct {
 		args []string
 		code int
@@ -52,19 +61,119 @@ func TestBadUsage(t *testing.T) {
 	}{
 		{nil, 2, "Usage:"},
 		{[]string{"launch"}, 2, `unknown command "launch"`},
-		{[]string{"simulate", "--policies", "fgd,tetris"}, 2, "policy tetris is not one of best-fit, fgd, fgd-cpu, random, spread"},
-		{[]string{"simulate", "--seeds", "9-3"}, 2, `--seeds "9-3"`},
+		{[]string{"pool"}, 2, "Usage: gpupool pool status"},
+		{[]string{"simulate", "--policies", "fgd,tetris"}, 2, `--policies "fgd,tetris": policy tetris is not one of best-fit, fgd, fgd-cpu, random, spread`},
+		{[]string{"simulate", "--policies", "fdg"}, 2, `gpupool simulate: --policies "fdg": policy fdg is not one of`},
+		{[]string{"simulate", "--seeds", "9-3"}, 2, `--seeds "9-3": "9-3" is not a range low-high`},
 		{[]string{"simulate", "--output", "yaml"}, 2, `--output "yaml" is not one of table, json`},
-		{[]string{"simulate", "--pods", "/nonexistent.csv"}, 1, "/nonexistent.csv"},
-		{[]string{"simulate", "--help"}, 0, "Replays an Alibaba OpenB GPU trace"},
+		{[]string{"simulate", "--pods", "/nonexistent.csv"}, 1, "/nonexistent.csv: no such file or directory; the embedded traces are traces/openb_node_list_gpu_node.csv, traces/openb_pod_list_default.csv, traces/openb_pod_list_gpushare40.csv"},
+		{[]string{"simulate", "--bogus"}, 2, "flag provided but not defined: -bogus"},
+		{[]string{"run", "--allocator", allocator}, 2, "no command given"},
 		// A zero percent would be left out of the request: whole GPUs.
-		{[]string{"run", "-p", "0", "--", "true"}, 2, "gpu-percent 0 out of range 1..100"},
-		{[]string{"run", "-p", "150", "--", "true"}, 2, "gpu-percent 150 out of range 1..100"},
+		{[]string{"run", "--allocator", allocator, "-p", "0", "--", "true"}, 2, "-p: gpu-percent 0 out of range 1..100"},
+		{[]string{"run", "--allocator", allocator, "-p", "150", "--", "true"}, 2, "-p: gpu-percent 150 out of range 1..100"},
+		{[]string{"run", "--allocator", allocator, "-n", "0", "--", "true"}, 2, "-n: gpu-amount 0 out of range 1..64"},
+		{[]string{"run", "--allocator", allocator, "-n", "65", "--", "true"}, 2, "-n: gpu-amount 65 out of range 1..64"},
+		{[]string{"run", "--allocator", allocator, "-m", "2Pi", "--", "true"}, 2, "-m: gpu-memory 2Pi out of range 1..1Pi"},
+		{[]string{"run", "--allocator", allocator, "-m", "lots", "--", "true"}, 2, "-m: gpu-memory lots is not a quantity"},
+		{[]string{"run", "--allocator", allocator, "-p", "50", "-m", "8Gi", "--", "true"}, 2, "-m: gpu-memory 8Gi cannot be combined with gpu-percent"},
+		{[]string{"run", "--allocator", allocator, "--wait", "2h", "--", "true"}, 2, "--wait: wait 2h0m0s must be a duration"},
+		{[]string{"run", "--allocator", allocator, "--namespace", "ML", "--", "true"}, 2, "--namespace: namespace ML is not a namespace name"},
+		{[]string{"run", "--allocator", allocator, "--model", "A100||H100", "--", "true"}, 2, `--model: models "" must be 1..253 characters`},
+		{[]string{"run", "--allocator", allocator, "--ttl", "1s", "--", "true"}, 2, "--ttl 1s is below the minimum 3s"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(tc.args, &stdout, &stderr)
-		if code != tc.code || !strings.Contains(stderr.String()+stdout.String(), tc.want) {
-			t.Errorf("gpupool %v: exit %d, output %q; want exit %d and %q", tc.args, code, stderr.String(), tc.code, tc.want)
+		if code != tc.code || !strings.Contains(stderr.String(), tc.want) || stdout.Len() > 0 {
+			t.Errorf("gpupool %v: exit %d, stderr %q, stdout %q; want exit %d, %q on stderr and nothing on stdout",
+				tc.args, code, stderr.String(), stdout.String(), tc.code, tc.want)
+		}
+	}
+}
+
+// TestHelpGoesToStdout: asked for, the usage is the output (so that
+// `gpupool run --help | less` shows it), and the exit status is 0.
+func TestHelpGoesToStdout(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--help"}, "Exit statuses: 0 done"},
+		{[]string{"run", "--help"}, "with neither, whole GPUs"},
+		{[]string{"run", "-h"}, "-m string"},
+		{[]string{"pool", "--help"}, "Usage: gpupool pool status"},
+		{[]string{"pool", "status", "--help"}, "Lists the pool's servers and GPUs"},
+		{[]string{"leases", "-help"}, "-selector string"},
+		{[]string{"quota", "--help"}, "Usage: gpupool quota"},
+		{[]string{"simulate", "--help"}, "Replays an Alibaba OpenB GPU trace"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(tc.args, &stdout, &stderr)
+		if code != 0 || !strings.Contains(stdout.String(), tc.want) || stderr.Len() > 0 {
+			t.Errorf("gpupool %v: exit %d, stdout %q, stderr %q; want exit 0 and %q on stdout only",
+				tc.args, code, stdout.String(), stderr.String(), tc.want)
+		}
+	}
+}
+
+// closedAllocator is an allocator address where nothing listens.
+func closedAllocator(*testing.T) string {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	srv.Close()
+	return srv.URL
+}
+
+// TestUnreachableAllocator: every command that talks to the allocator
+// says the same when it cannot reach one, how to start one or where to
+// point, and exits with 69.
+func TestUnreachableAllocator(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the client retries for 5 s before it gives up")
+	}
+	allocator := closedAllocator(t)
+	for _, tc := range []struct {
+		command string
+		argv    []string
+	}{
+		{"run", []string{"run", "--allocator", allocator, "--", "true"}},
+		{"pool status", []string{"pool", "status", "--allocator", allocator}},
+		{"leases", []string{"leases", "--allocator", allocator}},
+		{"quota", []string{"quota", "--allocator", allocator, "--output", "json"}},
+	} {
+		t.Run(tc.command, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			code := run(tc.argv, &stdout, &stderr)
+			want := "gpupool " + tc.command + ": cannot reach the allocator at " + allocator + ": dial tcp " + strings.TrimPrefix(allocator, "http://") + ": connect: connection refused\n" +
+				"  start one (gpupool-allocator --data-dir DIR), or point --allocator or GPUPOOL_ALLOCATOR at a running one\n"
+			if code != exitUnavailable || stderr.String() != want || stdout.Len() > 0 {
+				t.Errorf("gpupool %v: exit %d, stdout %q, stderr\n%s\nwant exit %d and\n%s", tc.argv, code, stdout.String(), stderr.String(), exitUnavailable, want)
+			}
+		})
+	}
+}
+
+// TestAllocatorFailedExitStatus: the allocator's answers map to the exit
+// statuses the usage lists, with its message.
+func TestAllocatorFailedExitStatus(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		code int
+	}{
+		{&api.Error{Reason: api.ReasonNoCapacity, Message: "m"}, exitNoCapacity},
+		{&api.Error{Reason: api.ReasonQuotaExceeded, Message: "m"}, exitNoPermit},
+		{&api.Error{Reason: api.ReasonForbidden, Message: "m"}, exitNoPermit},
+		{&api.Error{Reason: api.ReasonUnauthorized, Message: "m"}, exitNoPermit},
+		{&api.Error{Reason: api.ReasonInvalid, Message: "m"}, exitUsage},
+		{&api.Error{Reason: api.ReasonUnavailable, Message: "m"}, exitUnavailable},
+		{&api.Error{Reason: api.ReasonInternal, Message: "m"}, exitUnavailable},
+		{&api.Error{Reason: api.ReasonNotFound, Message: "m"}, exitFailed},
+		{fmt.Errorf("context deadline exceeded (last: %w)", &api.Error{Reason: api.ReasonUnavailable, Message: "m"}), exitUnavailable},
+		{errors.New("m"), exitFailed},
+	} {
+		var stderr bytes.Buffer
+		if code := allocatorFailed(&stderr, "leases", tc.err); code != tc.code || stderr.String() != "gpupool leases: m\n" {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d and the message", tc.err, code, stderr.String(), tc.code)
 		}
 	}
 }

@@ -26,22 +26,12 @@ import (
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 )
 
-// Exit statuses of `gpupool run` when the command did not run, after
-// sysexits.h, so scripts can tell "try later" from "not allowed".
-const (
-	exitUsage       = 2
-	exitUnavailable = 69 // the allocator cannot be reached
-	exitNoCapacity  = 75 // no capacity now: retry later or pass --wait
-	exitNoPermit    = 77 // quota exceeded, or the token may not act here
-)
-
 func runCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var cf clientFlags
 	cf.register(fs)
 	amount := fs.Int("n", 1, "bitfusion.io/gpu-amount: GPUs to use, all on one server")
-	percent := fs.Int("p", 0, "bitfusion.io/gpu-percent: share of each GPU, 1..100")
+	percent := fs.Int("p", 0, "bitfusion.io/gpu-percent: share of each GPU, 1..100 (without -p or -m: whole GPUs)")
 	memory := fs.String("m", "", "bitfusion.io/gpu-memory: GPU memory of each GPU, e.g. 8000M or 16Gi (instead of -p)")
 	model := fs.String("model", "", "allowed GPU models, '|'-separated (e.g. A100|H100)")
 	ttl := fs.Duration("ttl", 30*time.Second, "lease lifetime; the lease is renewed every third of it while the command runs")
@@ -52,14 +42,15 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	labelsFile := fs.String("pod-labels-file", os.Getenv("POD_LABELS_FILE"), "the pod's labels as the downward API writes them (key=\"value\" lines); HPA selectors select leases by them (env POD_LABELS_FILE)")
 	pushURL := fs.String("metrics-push-url", os.Getenv("GPUPOOL_METRICS_PUSH_URL"), "push this client's metrics (its measured data-path round trips) here, e.g. VictoriaMetrics' /api/v1/import/prometheus (env GPUPOOL_METRICS_PUSH_URL)")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `Usage: gpupool run -n N (-p P | -m M) [flags] -- command [args...]
+		fmt.Fprint(fs.Output(), `Usage: gpupool run -n N [-p P | -m M] [flags] -- command [args...]
 
-Acquires a lease on N GPUs of one server (each at P percent or M memory),
-runs the command with the lease in its environment, renews the lease while
-it runs and releases it when it exits; SIGINT, SIGTERM and SIGHUP go to the
-command. Exits with the command's status, or when the command did not run:
-2 bad usage, 69 allocator unreachable, 75 no capacity (retry, or --wait),
-77 quota exceeded or not allowed.
+Acquires a lease on N GPUs of one server (each at P percent or M memory;
+with neither, whole GPUs), runs the command with the lease in its
+environment, renews the lease while it runs and releases it when it exits;
+SIGINT, SIGTERM and SIGHUP go to the command. Exits with the command's
+status, or when the command did not run: 2 bad usage, 69 allocator
+unreachable, 75 no capacity (retry, or --wait), 77 quota exceeded or not
+allowed.
 
 The command sees GPUPOOL_LEASE_ID, GPUPOOL_SERVER, GPUPOOL_GPU_UUIDS,
 GPUPOOL_GPU_PERCENT, GPUPOOL_GPU_MEMORY_BYTES, and CUDA_VISIBLE_DEVICES and
@@ -69,11 +60,8 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return exitUsage
+	if exit, ok := parseFlags(fs, args, stdout, stderr); !ok {
+		return exit
 	}
 	command := fs.Args()
 	if len(command) == 0 {
@@ -92,17 +80,6 @@ Flags:
 			return exitUsage
 		}
 	}
-	percentSet := false
-	fs.Visit(func(f *flag.Flag) { percentSet = percentSet || f.Name == "p" })
-	if percentSet && (*percent < 1 || *percent > 100) {
-		// The request leaves out a zero percent, which asks for whole GPUs.
-		fmt.Fprintf(stderr, "gpupool run: -p: gpu-percent %d out of range 1..100 (leave -p out for whole GPUs)\n", *percent)
-		return exitUsage
-	}
-	cl, ok := cf.client(stderr)
-	if !ok {
-		return exitUsage
-	}
 	req := api.AcquireRequest{
 		Namespace: *namespace, GPUAmount: *amount, GPUPercent: *percent, GPUMemory: *memory,
 		TTL: ttl.String(), Owner: allocator.Owner{Pod: *pod, UID: *podUID, Labels: podLabels},
@@ -113,37 +90,61 @@ Flags:
 	if *wait > 0 {
 		req.Wait = wait.String()
 	}
+	percentSet := false
+	fs.Visit(func(f *flag.Flag) { percentSet = percentSet || f.Name == "p" })
+	if err := checkRequest(req, percentSet); err != nil {
+		fmt.Fprintln(stderr, "gpupool run:", err)
+		return exitUsage
+	}
+	cl, ok := cf.client(stderr)
+	if !ok {
+		return exitUsage
+	}
 	ctx := context.Background()
 	lease, err := cl.Acquire(ctx, req)
+	if client.IsReason(err, api.ReasonNoCapacity) {
+		hint := " (pass --wait 10m to queue for it)"
+		if *wait > 0 {
+			hint = fmt.Sprintf(" after waiting %s", *wait)
+		}
+		fmt.Fprintf(stderr, "gpupool run: %v%s\n", err, hint)
+		return exitNoCapacity
+	}
 	if err != nil {
-		return acquireFailed(stderr, err, *wait)
+		return allocatorFailed(stderr, "run", err)
 	}
 	return runLeased(ctx, cl, cf.token, lease, *ttl, *pushURL, command, stdout, stderr)
 }
 
-func acquireFailed(stderr io.Writer, err error, wait time.Duration) int {
-	var e *api.Error
-	if !errors.As(err, &e) {
-		fmt.Fprintln(stderr, "gpupool run: cannot reach the allocator:", err)
-		return exitUnavailable
+// requestFlags names the flag of `gpupool run` behind each field of a
+// request that the allocator checks.
+var requestFlags = map[string]string{
+	"namespace": "--namespace", "gpu-amount": "-n", "gpu-percent": "-p", "gpu-memory": "-m", "models": "--model",
+	"ttl": "--ttl", "wait": "--wait", "owner.pod": "--pod", "owner.uid": "--pod-uid", "owner.labels": "--pod-labels-file",
+}
+
+// checkRequest checks req as the allocator will, so that a bad flag is
+// refused at once, naming the flag, its value and the limit, rather than
+// after a round trip to the allocator, or a time-out when there is none.
+// percentSet tells -p 0, which is out of range, from no -p at all, which
+// asks for whole GPUs.
+func checkRequest(req api.AcquireRequest, percentSet bool) error {
+	if percentSet && req.GPUPercent == 0 {
+		return errors.New("-p: gpu-percent 0 out of range 1..100 (leave -p out for whole GPUs)")
 	}
-	switch e.Reason {
-	case api.ReasonNoCapacity:
-		hint := " (pass --wait 10m to queue for it)"
-		if wait > 0 {
-			hint = fmt.Sprintf(" after waiting %s", wait)
-		}
-		fmt.Fprintf(stderr, "gpupool run: %s%s\n", e.Message, hint)
-		return exitNoCapacity
-	case api.ReasonQuotaExceeded, api.ReasonForbidden, api.ReasonUnauthorized:
-		fmt.Fprintln(stderr, "gpupool run:", e.Message)
-		return exitNoPermit
-	case api.ReasonInvalid:
-		fmt.Fprintln(stderr, "gpupool run:", e.Message)
-		return exitUsage
+	_, _, err := req.Parse()
+	var field *allocator.FieldError
+	if !errors.As(err, &field) {
+		return err
 	}
-	fmt.Fprintln(stderr, "gpupool run:", e.Message)
-	return exitUnavailable
+	name := field.Field
+	if strings.HasPrefix(name, "owner.labels") { // owner.labels.<key>: one label's value
+		name = "owner.labels"
+	}
+	if flagName := requestFlags[name]; flagName != "" {
+		return fmt.Errorf("%s: %w", flagName, err)
+	}
+	return err
 }
 
 // runLeased runs the command under the lease and releases it afterwards;

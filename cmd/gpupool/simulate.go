@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,7 +16,6 @@ import (
 
 func simulateCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	nodes := fs.String("nodes", simulate.DefaultNodes, "node list CSV (sn,cpu_milli,memory_mib,gpu,model); the embedded OpenB cluster by default")
 	pods := fs.String("pods", simulate.DefaultPods, "pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]); the embedded default trace by default (also embedded: traces/openb_pod_list_{gpushare40,gpuspec10,multigpu20}.csv)")
 	seedList := fs.String("seeds", "42-51", "seeds to replay with, as a list and ranges: 42-51 or 1,3,5-7")
@@ -25,7 +23,7 @@ func simulateCmd(args []string, stdout, stderr io.Writer) int {
 	output := fs.String("output", "table", "result format: table or json")
 	workers := fs.Int("workers", runtime.GOMAXPROCS(0), "replays to run at once")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `Usage: gpupool simulate [flags]
+		fmt.Fprint(fs.Output(), `Usage: gpupool simulate [flags]
 
 Replays an Alibaba OpenB GPU trace with the protocol of the FGD paper
 (USENIX ATC'23): pods arrive in a seeded shuffle, resampled with replacement
@@ -39,30 +37,27 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if exit, ok := parseFlags(fs, args, stdout, stderr); !ok {
+		return exit
 	}
 	seeds, err := simulate.ParseSeeds(*seedList)
 	if err != nil {
-		fmt.Fprintln(stderr, "gpupool simulate: --"+err.Error())
-		return 2
+		fmt.Fprintf(stderr, "gpupool simulate: --seeds %q: %v\n", *seedList, err)
+		return exitUsage
 	}
 	policies, err := parsePolicies(*policyList)
 	if err != nil {
-		fmt.Fprintln(stderr, "gpupool simulate: --"+err.Error())
-		return 2
+		fmt.Fprintf(stderr, "gpupool simulate: --policies %q: %v\n", *policyList, err)
+		return exitUsage
 	}
 	if *output != "table" && *output != "json" {
 		fmt.Fprintf(stderr, "gpupool simulate: --output %q is not one of table, json\n", *output)
-		return 2
+		return exitUsage
 	}
 	tr, err := loadTrace(*nodes, *pods)
 	if err != nil {
 		fmt.Fprintln(stderr, "gpupool simulate:", err)
-		return 1
+		return exitFailed
 	}
 	fmt.Fprintf(stderr, "replaying %s on %s: %d pods, %d servers, %d policies x %d seeds on %d workers\n",
 		*pods, *nodes, len(tr.Pods), len(tr.Servers), len(policies), len(seeds), *workers)
@@ -73,7 +68,7 @@ Flags:
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "gpupool simulate:", err)
-		return 1
+		return exitFailed
 	}
 	fmt.Fprintf(stderr, "done in %s\n", time.Since(start).Round(time.Millisecond))
 	summaries := simulate.Summarize(results)
@@ -82,7 +77,7 @@ Flags:
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(summaries); err != nil {
 			fmt.Fprintln(stderr, "gpupool simulate:", err)
-			return 1
+			return exitFailed
 		}
 		return 0
 	}
@@ -93,7 +88,7 @@ Flags:
 			s.FragmentationAt90, s.DecisionsPerSec, s.Seeds)
 	}
 	if err := tw.Flush(); err != nil {
-		return 1
+		return exitFailed
 	}
 	return 0
 }

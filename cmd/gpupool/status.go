@@ -3,10 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,7 +21,6 @@ import (
 func queryCmd(name, usage string, args []string, stdout, stderr io.Writer,
 	extra func(fs *flag.FlagSet), fetch func(ctx context.Context, cl *client.Client) (any, error), table func(tw *tabwriter.Writer, v any)) int {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var cf clientFlags
 	cf.register(fs)
 	output := fs.String("output", "table", "table or json")
@@ -29,14 +28,11 @@ func queryCmd(name, usage string, args []string, stdout, stderr io.Writer,
 		extra(fs)
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: gpupool %s [flags]\n\n%s\n\nFlags:\n", name, usage)
+		fmt.Fprintf(fs.Output(), "Usage: gpupool %s [flags]\n\n%s\n\nFlags:\n", name, usage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return exitUsage
+	if exit, ok := parseFlags(fs, args, stdout, stderr); !ok {
+		return exit
 	}
 	if *output != "table" && *output != "json" {
 		fmt.Fprintf(stderr, "gpupool %s: --output %q is not one of table, json\n", name, *output)
@@ -50,28 +46,32 @@ func queryCmd(name, usage string, args []string, stdout, stderr io.Writer,
 	defer cancel()
 	v, err := fetch(ctx, cl)
 	if err != nil {
-		fmt.Fprintf(stderr, "gpupool %s: %v\n", name, err)
-		return 1
+		return allocatorFailed(stderr, name, err)
 	}
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(v); err != nil {
-			return 1
+			return exitFailed
 		}
 		return 0
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	table(tw, v)
 	if err := tw.Flush(); err != nil {
-		return 1
+		return exitFailed
 	}
 	return 0
 }
 
 func poolCmd(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] != "status" {
-		fmt.Fprintln(stderr, "Usage: gpupool pool status [--output table|json]")
+	const poolUsage = "Usage: gpupool pool status [flags] (gpupool pool status --help lists them)"
+	switch {
+	case len(args) == 1 && slices.Contains([]string{"-h", "-help", "--help"}, args[0]):
+		fmt.Fprintln(stdout, poolUsage)
+		return 0
+	case len(args) == 0 || args[0] != "status":
+		fmt.Fprintln(stderr, poolUsage)
 		return exitUsage
 	}
 	return queryCmd("pool status", "Lists the pool's servers and GPUs: model, memory, leased share, health.", args[1:], stdout, stderr, nil,

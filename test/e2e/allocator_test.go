@@ -72,8 +72,14 @@ func TestRunEndToEnd(t *testing.T) {
 	if out, code := gpupool(t, env, "run", "-n", "8", "--", "true"); code != 75 || !strings.Contains(out, "no server has 8 free GPUs") {
 		t.Errorf("no capacity: exit %d, %q; want 75 and the reason", code, out)
 	}
-	if out, code := gpupool(t, env, "run", "-n", "1", "-p", "120", "--", "true"); code != 2 || !strings.Contains(out, "gpu-percent 120 out of range 1..100") {
+	if out, code := gpupool(t, env, "run", "-n", "1", "-p", "120", "--", "true"); code != 2 || !strings.Contains(out, "-p: gpu-percent 120 out of range 1..100") {
 		t.Errorf("bad percent: exit %d, %q", code, out)
+	}
+	if out, code := gpupool(t, env, "run", "-n", "65", "--", "true"); code != 2 || !strings.Contains(out, "-n: gpu-amount 65 out of range 1..64") {
+		t.Errorf("too many GPUs: exit %d, %q", code, out)
+	}
+	if out, code := gpupool(t, append(env, "GPUPOOL_TOKEN=unknown-token"), "leases"); code != 77 || !strings.Contains(out, "unknown bearer token") {
+		t.Errorf("leases with an unknown token: exit %d, %q; want 77 and the reason", code, out)
 	}
 	if out, code := gpupool(t, env, "pool", "status"); code != 0 || !strings.Contains(out, "gpu-b") {
 		t.Errorf("pool status: exit %d\n%s", code, out)
