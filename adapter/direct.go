@@ -216,7 +216,7 @@ func (v *poolView) leaseRatio(q Query, now time.Time) []Value {
 					return nil
 				}
 				num += *r.SMUtilization
-				den += float64(r.Milli) / allocator.MilliPerGPU
+				den += allocator.Share(r.Milli).GPUs()
 			} else {
 				num += float64(r.MemoryUsedBytes)
 				den += float64(r.MemoryGrantedBytes)
@@ -298,7 +298,7 @@ func (v *poolView) freeGPUs(q Query) []Value {
 			}
 			free[g.Model] += 0
 			if s.Schedulable && g.Healthy {
-				free[g.Model] += float64(allocator.MilliPerGPU-g.AllocatedMilli) / allocator.MilliPerGPU
+				free[g.Model] += (allocator.WholeGPU - allocator.SharePercent(g.AllocatedPercent)).GPUs()
 			}
 		}
 	}

@@ -52,7 +52,7 @@ func newTestPool(t *testing.T, gpus int) *testPool {
 	t.Cleanup(func() { _ = st.Close() })
 	reg := prometheus.NewRegistry()
 	svc, err := service.New(ctx, service.Config{Store: st, Policy: "best-fit", DefaultTTL: time.Hour, MaxTTL: time.Hour,
-		HeartbeatTimeout: time.Minute, Quotas: map[string]int64{"ml": 800}, Registry: reg, Logger: quietLog()})
+		HeartbeatTimeout: time.Minute, Quotas: map[string]allocator.Share{"ml": allocator.ShareGPUs(8)}, Registry: reg, Logger: quietLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func TestDirectBackendUnsampledDaemonHasNoReadings(t *testing.T) {
 	zero := 0.0
 	var unsampled http.Handler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_ = json.NewEncoder(w).Encode(api.Usage{Server: "gpu-0", Leases: []api.LeaseUsage{
-			{Lease: l.ID, Namespace: "ml", GPU: l.GPUs[0].Index, Milli: l.GPUs[0].Milli, SMUtilization: &zero, MemoryGrantedBytes: l.GPUs[0].MemoryBytes}}})
+			{Lease: l.ID, Namespace: "ml", GPU: l.GPUs[0].Index, Milli: int32(l.GPUs[0].Share), SMUtilization: &zero, MemoryGrantedBytes: l.GPUs[0].MemoryBytes}}})
 	})
 	p.handler.Store(&unsampled)
 	d := NewDirect(p.client, 0, quietLog())
@@ -303,8 +303,8 @@ func TestDirectBackendDatesByTheOldestReading(t *testing.T) {
 	owner := allocator.Owner{Labels: map[string]string{"app": "a"}}
 	window := []api.LatencyWindow{{Transport: "tcp", Buckets: []api.Bucket{{UpperBound: 1e-4, Count: 10}}, Count: 10}}
 	v := &poolView{at: now, leases: []allocator.Lease{ // the unsampled daemon's first: its zero date is not "none yet"
-		{ID: "lease-2", Namespace: "ml", Server: "unsampled", Owner: owner, GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 500}}},
-		{ID: "lease-1", Namespace: "ml", Server: "fresh", Owner: owner, GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 500}}},
+		{ID: "lease-2", Namespace: "ml", Server: "unsampled", Owner: owner, GPUs: []allocator.LeaseGPU{{Index: 0, Share: 500}}},
+		{ID: "lease-1", Namespace: "ml", Server: "fresh", Owner: owner, GPUs: []allocator.LeaseGPU{{Index: 0, Share: 500}}},
 	}, usage: map[string]*api.Usage{
 		"unsampled": {Server: "unsampled", Latency: window},
 		"fresh":     {Server: "fresh", SampledAt: now, Latency: window},

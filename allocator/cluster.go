@@ -24,11 +24,12 @@ type Cluster struct {
 	Nodes  []Node
 	models []string
 	modelB map[string]ModelSet
-	// maxCPU and maxGPUMilli are the largest capacities any node has had,
+	// maxCPU and maxShare are the largest capacities any node has had,
 	// the scale of the fit-based policies' scores; Scale counts their
 	// changes so that cached scores can tell they are out of date.
-	maxCPU, maxGPUMilli int64
-	Scale               uint64
+	maxCPU   int64
+	maxShare Share
+	Scale    uint64
 }
 
 // Node is one server's free resources.
@@ -48,7 +49,7 @@ type Node struct {
 
 // NodeGPU is one GPU's free share.
 type NodeGPU struct {
-	Free        int32 // milli-GPU not leased
+	Free        Share // not leased
 	FreeBytes   int64 // GPU memory not leased
 	MemoryBytes int64
 	Model       ModelSet
@@ -59,10 +60,10 @@ type NodeGPU struct {
 // from a single node.
 type Demand struct {
 	GPUs int
-	// Milli is the share of each GPU when asked by percent (or whole).
+	// PerGPU is the share of each GPU when asked by percent (or whole).
 	// GPUBytes is the memory of each GPU when asked by memory; the share is
 	// then worked out per GPU.
-	Milli    int32
+	PerGPU   Share
 	GPUBytes int64
 	CPUMilli int64
 	Memory   int64
@@ -137,7 +138,7 @@ func (c *Cluster) newNode(s *Server) (Node, error) {
 		if err != nil {
 			return Node{}, err
 		}
-		n.GPUs[i] = NodeGPU{Free: MilliPerGPU, FreeBytes: g.MemoryBytes, MemoryBytes: g.MemoryBytes, Model: m, Healthy: g.Healthy}
+		n.GPUs[i] = NodeGPU{Free: WholeGPU, FreeBytes: g.MemoryBytes, MemoryBytes: g.MemoryBytes, Model: m, Healthy: g.Healthy}
 		n.Models |= m
 	}
 	return n, nil
@@ -146,23 +147,23 @@ func (c *Cluster) newNode(s *Server) (Node, error) {
 // grow raises the cluster's scale to cover n; a new scale changes every
 // fit-based score, so Scale moves on.
 func (c *Cluster) grow(n *Node) {
-	cpu, gpu := max(c.maxCPU, n.CPUCap), max(c.maxGPUMilli, int64(len(n.GPUs))*MilliPerGPU)
-	if cpu != c.maxCPU || gpu != c.maxGPUMilli {
-		c.maxCPU, c.maxGPUMilli = cpu, gpu
+	cpu, gpu := max(c.maxCPU, n.CPUCap), max(c.maxShare, ShareGPUs(len(n.GPUs)))
+	if cpu != c.maxCPU || gpu != c.maxShare {
+		c.maxCPU, c.maxShare = cpu, gpu
 		c.Scale++
 	}
 }
 
-// share is the milli-GPU that d takes of g; above MilliPerGPU when it cannot fit
-// on that GPU at all.
-func (d *Demand) share(g *NodeGPU) int32 {
+// share is what d takes of g; more than WholeGPU when it cannot fit on
+// that GPU at all.
+func (d *Demand) share(g *NodeGPU) Share {
 	if d.GPUBytes == 0 {
-		return d.Milli
+		return d.PerGPU
 	}
 	if g.MemoryBytes <= 0 || d.GPUBytes > g.MemoryBytes {
-		return MilliPerGPU + 1
+		return WholeGPU + 1
 	}
-	return int32((d.GPUBytes*MilliPerGPU + g.MemoryBytes - 1) / g.MemoryBytes)
+	return shareOfMemory(d.GPUBytes, g.MemoryBytes)
 }
 
 // usable reports whether g can take d's share.
@@ -194,12 +195,12 @@ func (n *Node) Fits(d *Demand) bool {
 	return need == 0
 }
 
-// FreeMilli is the GPU share n can still lease (healthy GPUs only).
-func (n *Node) FreeMilli() int64 {
-	var f int64
+// FreeShare is the GPU share n can still lease (healthy GPUs only).
+func (n *Node) FreeShare() Share {
+	var f Share
 	for i := range n.GPUs {
 		if n.GPUs[i].Healthy {
-			f += int64(n.GPUs[i].Free)
+			f += n.GPUs[i].Free
 		}
 	}
 	return f
@@ -234,7 +235,7 @@ func (c *Cluster) hold(i int, l *Lease, sign int64) {
 	n.MemFree -= sign * l.MemoryBytes
 	for _, g := range l.GPUs {
 		ng := &n.GPUs[g.Index]
-		ng.Free -= int32(sign) * g.Milli
+		ng.Free -= Share(sign) * g.Share
 		ng.FreeBytes -= sign * g.MemoryBytes
 	}
 }
@@ -242,11 +243,11 @@ func (c *Cluster) hold(i int, l *Lease, sign int64) {
 // shareBytes is the GPU memory a lease holds on g: what it asked for when
 // asked by memory, else its share of the GPU's memory (rounded down, so the
 // bytes of a full GPU never exceed its capacity).
-func shareBytes(d *Demand, g *NodeGPU, share int32) int64 {
+func shareBytes(d *Demand, g *NodeGPU, share Share) int64 {
 	if d.GPUBytes > 0 {
 		return d.GPUBytes
 	}
-	return g.MemoryBytes * int64(share) / MilliPerGPU
+	return share.ofMemory(g.MemoryBytes)
 }
 
 // SetGPUHealth marks one GPU healthy or not.
@@ -258,11 +259,14 @@ func (c *Cluster) SetGPUHealth(node, gpu int, healthy bool) {
 	}
 }
 
-// SetSchedulable marks a node as taking new placements or not.
-func (c *Cluster) SetSchedulable(node int, ok bool) {
+// SetSchedulable marks a node as taking new placements or not, and reports
+// whether that changed it.
+func (c *Cluster) SetSchedulable(node int, ok bool) bool {
 	n := &c.Nodes[node]
-	if n.Schedulable != ok {
-		n.Schedulable = ok
-		n.Version++
+	if n.Schedulable == ok {
+		return false
 	}
+	n.Schedulable = ok
+	n.Version++
+	return true
 }

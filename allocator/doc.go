@@ -5,7 +5,7 @@
 // the current time as an argument, so the same inputs always produce the
 // same state; the HTTP service, the store and the trace simulator wrap it.
 //
-// Shares are kept in milli-GPUs (1000 = one whole GPU) so that percent
-// requests (10 milli per percent) and memory requests (rounded up to the
-// next milli of the GPU they land on) share one unit without rounding loss.
+// Every amount of GPU is a Share (milli-GPUs): percent requests, memory
+// requests (rounded up to the next milli-GPU of the GPU they land on) and
+// quotas count in one unit without rounding loss.
 package allocator

@@ -23,24 +23,22 @@ func (e *FieldError) Error() string {
 	return e.Field + " " + v + " " + e.Limit
 }
 
-// QuotaExceededError says a namespace has no quota left for a request. All
-// amounts are in quota units: percent of one GPU, 100 = one whole GPU.
+// QuotaExceededError says a namespace has no quota left for a request.
 type QuotaExceededError struct {
 	Namespace string
-	Hard      float64
-	InUse     float64
-	Asked     float64
+	Hard      Share
+	InUse     Share
+	Asked     Share
 }
 
 func (e *QuotaExceededError) Error() string {
-	return fmt.Sprintf("namespace %s quota %s exceeded: in use %s, asked %s",
-		e.Namespace, formatPercent(e.Hard), formatPercent(e.InUse), formatPercent(e.Asked))
+	return fmt.Sprintf("namespace %s quota %s exceeded: in use %s, asked %s", e.Namespace, e.Hard, e.InUse, e.Asked)
 }
 
 // NoCapacityError says no healthy server can hold a demand right now.
 type NoCapacityError struct {
 	GPUs     int
-	Milli    int // share of each GPU; 0 when asked by memory
+	PerGPU   Share // share of each GPU; 0 when asked by memory
 	GPUBytes int64
 	Models   []string
 	CPUMilli int64
@@ -55,10 +53,10 @@ func (e *NoCapacityError) Error() string {
 	case e.GPUs == 0:
 	case e.GPUBytes > 0:
 		fmt.Fprintf(&b, "%s with %s of memory free", gpus, formatBytes(e.GPUBytes))
-	case e.Milli >= MilliPerGPU:
+	case e.PerGPU >= WholeGPU:
 		b.WriteString(plural(e.GPUs, "free GPU"))
 	default:
-		fmt.Fprintf(&b, "%s with %s%% free", gpus, formatPercent(float64(e.Milli)/10))
+		fmt.Fprintf(&b, "%s with %s free", gpus, e.PerGPU)
 	}
 	if len(e.Models) > 0 {
 		b.WriteString(" of model ")
@@ -115,9 +113,4 @@ type IdempotencyConflictError struct {
 
 func (e *IdempotencyConflictError) Error() string {
 	return "idempotency-key " + strconv.Quote(e.Key) + " already used by lease " + e.LeaseID + " for a different request"
-}
-
-// formatPercent prints quota amounts without a trailing ".0" (150, 45.5).
-func formatPercent(p float64) string {
-	return strconv.FormatFloat(p, 'f', -1, 64)
 }

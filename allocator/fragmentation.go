@@ -9,7 +9,7 @@ import (
 // share of all tasks.
 type TaskType struct {
 	GPUs     int
-	Milli    int32 // share of each GPU
+	PerGPU   Share // share of each GPU
 	CPUMilli int64
 	Models   ModelSet
 	Weight   float64
@@ -30,9 +30,9 @@ const minCPUMilli = 100
 func TypicalWorkload(demands []Demand, coverage float64) Workload {
 	counts := map[TaskType]int{}
 	for _, d := range demands {
-		t := TaskType{GPUs: d.GPUs, Milli: d.Milli, CPUMilli: max(d.CPUMilli, minCPUMilli), Models: d.Models}
+		t := TaskType{GPUs: d.GPUs, PerGPU: d.PerGPU, CPUMilli: max(d.CPUMilli, minCPUMilli), Models: d.Models}
 		if d.GPUs == 0 {
-			t.Milli = 0
+			t.PerGPU = 0
 		}
 		counts[t]++
 	}
@@ -45,7 +45,7 @@ func TypicalWorkload(demands []Demand, coverage float64) Workload {
 	// the same on every run.
 	slices.SortFunc(types, func(a, b TaskType) int {
 		return cmp.Or(cmp.Compare(b.Weight, a.Weight), cmp.Compare(b.CPUMilli, a.CPUMilli),
-			cmp.Compare(b.Milli, a.Milli), cmp.Compare(b.GPUs, a.GPUs), cmp.Compare(b.Models, a.Models))
+			cmp.Compare(b.PerGPU, a.PerGPU), cmp.Compare(b.GPUs, a.GPUs), cmp.Compare(b.Models, a.Models))
 	})
 	var kept, total float64
 	for i := range types {
@@ -65,13 +65,13 @@ func TypicalWorkload(demands []Demand, coverage float64) Workload {
 }
 
 // Fragmentation is FGD's measure of how much of n's free GPU share the
-// expected workload cannot use, in milli-GPU: for each task type, the free
+// expected workload cannot use, in milli-GPUs: for each task type, the free
 // share of the GPUs that cannot hold one such task, or all of n's free
 // share when the task cannot run on n at all (too little CPU, not enough
 // GPUs, wrong model, or no GPU asked), weighted by the type's share.
 // Host memory is left out, as in the paper.
 func (w Workload) Fragmentation(n *Node) float64 {
-	free := n.FreeMilli()
+	free := n.FreeShare()
 	if free == 0 {
 		return 0
 	}
@@ -83,20 +83,20 @@ func (w Workload) Fragmentation(n *Node) float64 {
 }
 
 // fragment is the free share of n that one task of type t cannot use.
-func (t *TaskType) fragment(n *Node, free int64) int64 {
+func (t *TaskType) fragment(n *Node, free Share) Share {
 	if t.GPUs == 0 || !n.Schedulable || !t.Models.allows(n.Models) ||
 		n.CPUCap > 0 && n.CPUFree < t.CPUMilli {
 		return free
 	}
-	fits, stranded := 0, int64(0)
+	fits, stranded := 0, Share(0)
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		switch {
 		case !g.Healthy:
-		case g.Free >= t.Milli && t.Models.allows(g.Model):
+		case g.Free >= t.PerGPU && t.Models.allows(g.Model):
 			fits++
 		default:
-			stranded += int64(g.Free)
+			stranded += g.Free
 		}
 	}
 	if fits < t.GPUs {
@@ -112,7 +112,7 @@ func (w Workload) CPUPerMilli() float64 {
 	for i := range w {
 		if w[i].GPUs > 0 {
 			cpu += w[i].Weight * float64(w[i].CPUMilli)
-			gpu += w[i].Weight * float64(w[i].GPUs) * float64(w[i].Milli)
+			gpu += w[i].Weight * float64(w[i].GPUs) * float64(w[i].PerGPU)
 		}
 	}
 	if gpu == 0 {

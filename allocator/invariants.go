@@ -13,13 +13,13 @@ import (
 // keys pointing at live leases. Tests call it after every operation.
 func (p *Pool) CheckInvariants() error {
 	type gpuUse struct {
-		milli int64
+		share Share
 		bytes int64
 	}
 	gpus := make([][]gpuUse, len(p.cluster.Nodes))
 	cpu := make([]int64, len(p.cluster.Nodes))
 	mem := make([]int64, len(p.cluster.Nodes))
-	used := map[string]int64{}
+	used := map[string]Share{}
 	for i := range p.cluster.Nodes {
 		gpus[i] = make([]gpuUse, len(p.cluster.Nodes[i].GPUs))
 	}
@@ -29,12 +29,12 @@ func (p *Pool) CheckInvariants() error {
 			return fmt.Errorf("lease %s is on unknown server %s", id, l.Server)
 		}
 		for _, g := range l.GPUs {
-			gpus[i][g.Index].milli += int64(g.Milli)
+			gpus[i][g.Index].share += g.Share
 			gpus[i][g.Index].bytes += g.MemoryBytes
 		}
 		cpu[i] += l.CPUMilli
 		mem[i] += l.MemoryBytes
-		if q := l.QuotaMilli(); q > 0 {
+		if q := l.Share(); q > 0 {
 			used[l.Namespace] += q
 		}
 		if k := l.Request.IdempotencyKey; k != "" && p.byKey[l.Namespace+"/"+k] != id {
@@ -46,12 +46,12 @@ func (p *Pool) CheckInvariants() error {
 		for gi := range n.GPUs {
 			g, u := &n.GPUs[gi], gpus[i][gi]
 			switch {
-			case u.milli > MilliPerGPU:
-				return fmt.Errorf("server %s gpu %d: leased %d milli-GPU, more than the whole GPU", n.Name, gi, u.milli)
+			case u.share > WholeGPU:
+				return fmt.Errorf("server %s gpu %d: leased %s, more than the whole GPU", n.Name, gi, u.share)
 			case g.MemoryBytes > 0 && u.bytes > g.MemoryBytes:
 				return fmt.Errorf("server %s gpu %d: leased %d bytes of %d", n.Name, gi, u.bytes, g.MemoryBytes)
-			case int64(g.Free) != MilliPerGPU-u.milli:
-				return fmt.Errorf("server %s gpu %d: free %d milli-GPU, leases leave %d", n.Name, gi, g.Free, MilliPerGPU-u.milli)
+			case g.Free != WholeGPU-u.share:
+				return fmt.Errorf("server %s gpu %d: free %s, leases leave %s", n.Name, gi, g.Free, WholeGPU-u.share)
 			case g.FreeBytes != g.MemoryBytes-u.bytes:
 				return fmt.Errorf("server %s gpu %d: free %d bytes, leases leave %d", n.Name, gi, g.FreeBytes, g.MemoryBytes-u.bytes)
 			}
@@ -63,7 +63,7 @@ func (p *Pool) CheckInvariants() error {
 	}
 	// Namespaces appear in p.used while they hold GPU share, and only then.
 	if !maps.Equal(used, p.used) {
-		return fmt.Errorf("quota use per namespace %v (milli-GPU), leases sum to %v", p.used, used)
+		return fmt.Errorf("quota use per namespace %v, leases sum to %v", p.used, used)
 	}
 	for key, id := range p.byKey {
 		if _, ok := p.leases[id]; !ok {

@@ -7,9 +7,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
-// MilliPerGPU is one whole GPU in the pool's share unit.
-const MilliPerGPU = 1000
-
 // Server is a GPU host as it registers with the pool.
 type Server struct {
 	Name   string            `json:"name"`

@@ -25,17 +25,18 @@ type LeaseGPU struct {
 	Index int    `json:"index"`
 	UUID  string `json:"uuid"`
 	Model string `json:"model"`
-	// Milli is the share of the GPU in thousandths; MemoryBytes the GPU
-	// memory that share stands for.
-	Milli       int32 `json:"milli"`
+	// Share is the share of the GPU; MemoryBytes the GPU memory it stands
+	// for.
+	Share       Share `json:"milli"`
 	MemoryBytes int64 `json:"memoryBytes"`
 }
 
-// QuotaMilli is what the lease counts against its namespace's quota.
-func (l *Lease) QuotaMilli() int64 {
-	var m int64
+// Share is the GPU share the lease holds, summed over its GPUs: what it
+// counts against its namespace's quota.
+func (l *Lease) Share() Share {
+	var s Share
 	for _, g := range l.GPUs {
-		m += int64(g.Milli)
+		s += g.Share
 	}
-	return m
+	return s
 }

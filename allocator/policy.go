@@ -181,15 +181,15 @@ func (rc *ratingCache) row(c *Cluster, d *Demand) []rating {
 // tightestGPUs chooses d.GPUs usable GPUs of n, those with the least free
 // share first (lowest index on ties): the best-fit choice within a node.
 func tightestGPUs(n *Node, d *Demand) gpuMask {
-	return chooseGPUs(n, d, func(a, b int32) bool { return a < b })
+	return chooseGPUs(n, d, func(a, b Share) bool { return a < b })
 }
 
 // loosestGPUs chooses the GPUs with the most free share first.
 func loosestGPUs(n *Node, d *Demand) gpuMask {
-	return chooseGPUs(n, d, func(a, b int32) bool { return a > b })
+	return chooseGPUs(n, d, func(a, b Share) bool { return a > b })
 }
 
-func chooseGPUs(n *Node, d *Demand, better func(a, b int32) bool) gpuMask {
+func chooseGPUs(n *Node, d *Demand, better func(a, b Share) bool) gpuMask {
 	var taken gpuMask
 	for k := 0; k < d.GPUs; k++ {
 		pick := -1

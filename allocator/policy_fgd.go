@@ -36,7 +36,7 @@ func newFGD(o PolicyOptions) Policy {
 // sigmoidScore is the FGD simulator's node score for a fragmentation drop
 // of delta milli-GPU.
 func sigmoidScore(delta float64) int64 {
-	return int64(100 / (1 + math.Exp(-delta/MilliPerGPU)))
+	return int64(100 / (1 + math.Exp(-delta/float64(WholeGPU))))
 }
 
 // leastCost tries d on n and returns the smallest cost(measure after)
@@ -87,8 +87,8 @@ func sameAsEarlier(n *Node, i int) bool {
 
 // takeShares and giveShares apply d to n's GPUs in place while a policy
 // weighs a placement; Version is left alone as the node ends unchanged.
-func takeShares(n *Node, d *Demand, gpus gpuMask) [maxGPUsPerServer]int32 {
-	var shares [maxGPUsPerServer]int32
+func takeShares(n *Node, d *Demand, gpus gpuMask) [maxGPUsPerServer]Share {
+	var shares [maxGPUsPerServer]Share
 	for _, i := range gpus.indices() {
 		shares[i] = d.share(&n.GPUs[i])
 		n.GPUs[i].Free -= shares[i]
@@ -96,7 +96,7 @@ func takeShares(n *Node, d *Demand, gpus gpuMask) [maxGPUsPerServer]int32 {
 	return shares
 }
 
-func giveShares(n *Node, gpus gpuMask, shares [maxGPUsPerServer]int32) {
+func giveShares(n *Node, gpus gpuMask, shares [maxGPUsPerServer]Share) {
 	for _, i := range gpus.indices() {
 		n.GPUs[i].Free += shares[i]
 	}

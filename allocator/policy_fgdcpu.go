@@ -32,5 +32,5 @@ func strandedByCPU(n *Node, cpuPerMilli float64) float64 {
 	if n.CPUCap == 0 || cpuPerMilli == 0 {
 		return 0
 	}
-	return math.Max(0, float64(n.FreeMilli())-float64(n.CPUFree)/cpuPerMilli)
+	return math.Max(0, float64(n.FreeShare())-float64(n.CPUFree)/cpuPerMilli)
 }

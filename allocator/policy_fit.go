@@ -45,11 +45,11 @@ func leftover(c *Cluster, n *Node, d *Demand) float64 {
 	if n.CPUCap > 0 && c.maxCPU > 0 {
 		cpu = float64(n.CPUFree-d.CPUMilli) / float64(c.maxCPU)
 	}
-	var asked int64
+	var asked Share
 	if d.GPUs > 0 {
-		asked = int64(d.GPUs) * int64(d.share(&n.GPUs[0]))
+		asked = Share(d.GPUs) * d.share(&n.GPUs[0])
 	}
-	gpu := float64(n.FreeMilli()-asked) / float64(c.maxGPUMilli)
+	gpu := float64(n.FreeShare()-asked) / float64(c.maxShare)
 	return 0.5*cpu + 0.5*gpu
 }
 

@@ -32,8 +32,8 @@ type Pool struct {
 	nodeIndex map[string]int // server name -> node index
 	leases    map[string]*Lease
 	byKey     map[string]string // namespace/idempotency key -> lease ID
-	quota     map[string]int64  // namespace -> hard limit, milli-GPU
-	used      map[string]int64  // namespace -> leased, milli-GPU
+	quota     map[string]Share  // namespace -> hard limit
+	used      map[string]Share  // namespace -> leased
 	nextID    uint64
 	// expired holds leases ended by expiry until Expire hands them out.
 	expired []Lease
@@ -50,7 +50,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	return &Pool{
 		cfg: cfg, cluster: NewCluster(), nodeIndex: map[string]int{},
 		leases: map[string]*Lease{}, byKey: map[string]string{},
-		quota: map[string]int64{}, used: map[string]int64{},
+		quota: map[string]Share{}, used: map[string]Share{},
 	}, nil
 }
 
@@ -135,28 +135,27 @@ func (p *Pool) SetGPUHealth(server string, gpu int, healthy bool) error {
 }
 
 // SetSchedulable marks a server as taking new leases or not (while its
-// heartbeat is lost); its leases stay until released or expired.
-func (p *Pool) SetSchedulable(server string, ok bool) error {
+// heartbeat is lost), and reports whether that changed it; its leases stay
+// until released or expired.
+func (p *Pool) SetSchedulable(server string, ok bool) (changed bool, err error) {
 	i, known := p.nodeIndex[server]
 	if !known {
-		return &ServerNotFoundError{Name: server}
+		return false, &ServerNotFoundError{Name: server}
 	}
-	p.cluster.SetSchedulable(i, ok)
-	return nil
+	return p.cluster.SetSchedulable(i, ok), nil
 }
 
-// SetQuota sets a namespace's quota in percent of one GPU (100 = one whole
-// GPU), the unit of requests.bitfusion.io/gpu. A namespace without a quota
-// is unlimited. Lowering a quota below what is in use keeps the leases but
-// admits no more.
-func (p *Pool) SetQuota(namespace string, percent int64) error {
+// SetQuota sets the GPU share a namespace's leases may hold in all. A
+// namespace without a quota is unlimited. Lowering a quota below what is
+// in use keeps the leases but admits no more.
+func (p *Pool) SetQuota(namespace string, hard Share) error {
 	if err := validateNamespace(namespace); err != nil {
 		return err
 	}
-	if percent < 0 {
-		return &FieldError{"quota", strconv.FormatInt(percent, 10), "must be at least 0"}
+	if hard < 0 {
+		return &FieldError{"quota", hard.String(), "must be at least 0"}
 	}
-	p.quota[namespace] = percent * 10
+	p.quota[namespace] = hard
 	return nil
 }
 
@@ -187,7 +186,7 @@ func (p *Pool) Acquire(now time.Time, r Request) (Lease, error) {
 		return Lease{}, err
 	}
 	if d.GPUBytes == 0 {
-		if err := p.checkQuota(r.Namespace, int64(d.GPUs)*int64(d.Milli)); err != nil {
+		if err := p.checkQuota(r.Namespace, Share(d.GPUs)*d.PerGPU); err != nil {
 			return Lease{}, err
 		}
 	}
@@ -196,7 +195,7 @@ func (p *Pool) Acquire(now time.Time, r Request) (Lease, error) {
 		return Lease{}, p.noCapacity(&r, &d)
 	}
 	l := p.newLease(now, &r, &d, where)
-	if err := p.checkQuota(r.Namespace, l.QuotaMilli()); err != nil {
+	if err := p.checkQuota(r.Namespace, l.Share()); err != nil {
 		return Lease{}, err
 	}
 	p.nextID++
@@ -209,7 +208,7 @@ func (p *Pool) Acquire(now time.Time, r Request) (Lease, error) {
 func (p *Pool) add(i int, l *Lease) {
 	p.cluster.hold(i, l, 1)
 	p.leases[l.ID] = l
-	if q := l.QuotaMilli(); q > 0 {
+	if q := l.Share(); q > 0 {
 		p.used[l.Namespace] += q
 	}
 	if k := l.Request.IdempotencyKey; k != "" {
@@ -224,9 +223,9 @@ func (p *Pool) demand(r *Request) (Demand, error) {
 	case r.GPUs == 0:
 	case r.GPUMemoryBytes > 0:
 	case r.Percent > 0:
-		d.Milli = int32(r.Percent * 10)
+		d.PerGPU = SharePercent(float64(r.Percent))
 	default:
-		d.Milli = MilliPerGPU
+		d.PerGPU = WholeGPU
 	}
 	set, known := p.cluster.ModelSetOf(r.Models)
 	if !known {
@@ -237,14 +236,14 @@ func (p *Pool) demand(r *Request) (Demand, error) {
 }
 
 func (p *Pool) noCapacity(r *Request, d *Demand) error {
-	return &NoCapacityError{GPUs: r.GPUs, Milli: int(d.Milli), GPUBytes: r.GPUMemoryBytes, Models: r.Models,
+	return &NoCapacityError{GPUs: r.GPUs, PerGPU: d.PerGPU, GPUBytes: r.GPUMemoryBytes, Models: r.Models,
 		CPUMilli: r.CPUMilli, Memory: r.MemoryBytes}
 }
 
-func (p *Pool) checkQuota(ns string, asked int64) error {
+func (p *Pool) checkQuota(ns string, asked Share) error {
 	hard, limited := p.quota[ns]
 	if limited && asked > 0 && p.used[ns]+asked > hard {
-		return &QuotaExceededError{Namespace: ns, Hard: float64(hard) / 10, InUse: float64(p.used[ns]) / 10, Asked: float64(asked) / 10}
+		return &QuotaExceededError{Namespace: ns, Hard: hard, InUse: p.used[ns], Asked: asked}
 	}
 	return nil
 }
@@ -267,7 +266,7 @@ func (p *Pool) newLease(now time.Time, r *Request, d *Demand, where Placement) *
 		share := d.share(g)
 		l.GPUs = append(l.GPUs, LeaseGPU{
 			Index: gi, UUID: s.GPUs[gi].UUID, Model: s.GPUs[gi].Model,
-			Milli: share, MemoryBytes: shareBytes(d, g, share),
+			Share: share, MemoryBytes: shareBytes(d, g, share),
 		})
 	}
 	return l
@@ -339,7 +338,7 @@ func sortedIDs(leases map[string]*Lease) []string {
 
 func (p *Pool) end(l *Lease) {
 	p.cluster.hold(p.nodeIndex[l.Server], l, -1)
-	p.used[l.Namespace] -= l.QuotaMilli()
+	p.used[l.Namespace] -= l.Share()
 	if p.used[l.Namespace] == 0 {
 		delete(p.used, l.Namespace)
 	}
@@ -368,12 +367,12 @@ func (p *Pool) Lease(now time.Time, id string) (Lease, error) {
 	return cloneLease(l), nil
 }
 
-// QuotaStatus is a namespace's quota and use, in percent of one GPU.
+// QuotaStatus is a namespace's quota and use.
 type QuotaStatus struct {
-	Namespace string  `json:"namespace"`
-	Hard      float64 `json:"hard"`
-	Limited   bool    `json:"limited"`
-	Used      float64 `json:"used"`
+	Namespace string
+	Hard      Share
+	Limited   bool
+	Used      Share
 }
 
 // Quotas lists every namespace with a quota or GPU share leased at now, by
@@ -390,20 +389,44 @@ func (p *Pool) Quotas(now time.Time) []QuotaStatus {
 	out := make([]QuotaStatus, 0, len(names))
 	for _, ns := range slices.Sorted(maps.Keys(names)) {
 		hard, limited := p.quota[ns]
-		out = append(out, QuotaStatus{Namespace: ns, Hard: float64(hard) / 10, Limited: limited, Used: float64(p.used[ns]) / 10})
+		out = append(out, QuotaStatus{Namespace: ns, Hard: hard, Limited: limited, Used: p.used[ns]})
 	}
 	return out
 }
-
-// Cluster exposes the placement view for status and metrics; callers must
-// not change it.
-func (p *Pool) Cluster() *Cluster { return p.cluster }
 
 // Servers returns the registered servers in registration order.
 func (p *Pool) Servers() []Server {
 	out := make([]Server, len(p.servers))
 	for i := range p.servers {
 		out[i] = cloneServer(&p.servers[i])
+	}
+	return out
+}
+
+// Server returns a registered server.
+func (p *Pool) Server(name string) (Server, bool) {
+	i, known := p.nodeIndex[name]
+	if !known {
+		return Server{}, false
+	}
+	return cloneServer(&p.servers[i]), true
+}
+
+// ServerState is a registered server and what its GPUs and host have free
+// now.
+type ServerState struct {
+	Server Server
+	Node   Node
+}
+
+// ServerStates returns a copy of every registered server with what it has
+// free, in registration order, for status and metrics.
+func (p *Pool) ServerStates() []ServerState {
+	out := make([]ServerState, len(p.servers))
+	for i := range p.servers {
+		n := p.cluster.Nodes[i]
+		n.GPUs = slices.Clone(n.GPUs)
+		out[i] = ServerState{Server: cloneServer(&p.servers[i]), Node: n}
 	}
 	return out
 }
@@ -456,7 +479,7 @@ func (p *Pool) Restore(l Lease) error {
 	}
 	n := &p.cluster.Nodes[i]
 	for _, g := range l.GPUs {
-		if g.Index < 0 || g.Index >= len(n.GPUs) || n.GPUs[g.Index].Free < g.Milli || n.GPUs[g.Index].FreeBytes < g.MemoryBytes {
+		if g.Index < 0 || g.Index >= len(n.GPUs) || n.GPUs[g.Index].Free < g.Share || n.GPUs[g.Index].FreeBytes < g.MemoryBytes {
 			return &FieldError{"lease.gpus", fmt.Sprintf("%s gpu %d", l.Server, g.Index), "no longer has the share the lease holds"}
 		}
 	}
@@ -478,11 +501,3 @@ func (p *Pool) SetNextID(n uint64) { p.nextID = max(p.nextID, n) }
 // SetPolicy replaces the placement policy, for one built on a fresher
 // expected workload.
 func (p *Pool) SetPolicy(pol Policy) { p.cfg.Policy = pol }
-
-// NodeIndex is the cluster node of a registered server, -1 when unknown.
-func (p *Pool) NodeIndex(server string) int {
-	if i, ok := p.nodeIndex[server]; ok {
-		return i
-	}
-	return -1
-}

@@ -25,9 +25,9 @@ type poolDriver struct {
 
 func newPoolDriver(t *testing.T, policy string, seed uint64) *poolDriver {
 	opts := PolicyOptions{Seed: seed, Workload: Workload{
-		{GPUs: 1, Milli: 1000, CPUMilli: 8000, Weight: 0.5},
-		{GPUs: 1, Milli: 500, CPUMilli: 4000, Weight: 0.3},
-		{GPUs: 2, Milli: 1000, CPUMilli: 16000, Weight: 0.1},
+		{GPUs: 1, PerGPU: WholeGPU, CPUMilli: 8000, Weight: 0.5},
+		{GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000, Weight: 0.3},
+		{GPUs: 2, PerGPU: WholeGPU, CPUMilli: 16000, Weight: 0.1},
 		{CPUMilli: 2000, Weight: 0.1},
 	}}
 	pol, err := NewPolicy(policy, opts)
@@ -101,7 +101,7 @@ func (d *poolDriver) step(op, arg byte) {
 		d.now = d.now.Add(time.Duration(arg) * time.Second)
 		d.expired += len(d.pool.Expire(d.now))
 	case 6:
-		d.must(d.pool.SetQuota([]string{"a", "b", "c"}[arg%3], int64(arg)*4))
+		d.must(d.pool.SetQuota([]string{"a", "b", "c"}[arg%3], SharePercent(float64(arg)*4)))
 	case 7:
 		servers := d.pool.Servers()
 		s := servers[int(arg)%len(servers)]
@@ -114,7 +114,8 @@ func (d *poolDriver) step(op, arg byte) {
 			s.GPUs = append(s.GPUs, GPU{Index: len(s.GPUs), UUID: fmt.Sprint("GPU-new-", arg), Model: "T4", MemoryBytes: 16 << 30, Healthy: true})
 			err = d.pool.RegisterServer(s)
 		case arg&0x10 != 0:
-			d.must(d.pool.SetSchedulable(s.Name, arg&0x20 != 0))
+			_, err = d.pool.SetSchedulable(s.Name, arg&0x20 != 0)
+			d.must(err)
 		default:
 			s.GPUs[0].Healthy = arg&0x20 != 0
 			d.must(d.pool.RegisterServer(s))
@@ -146,8 +147,8 @@ func (d *poolDriver) checkCache(op, arg byte) {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	c := d.pool.Cluster()
-	for _, probe := range []Demand{{GPUs: 1, Milli: 500, CPUMilli: 4000}, {GPUs: 2, Milli: 1000}, {CPUMilli: 8000}} {
+	c := d.pool.cluster
+	for _, probe := range []Demand{{GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000}, {GPUs: 2, PerGPU: WholeGPU}, {CPUMilli: 8000}} {
 		warmAt, warmOK := d.policy.Place(c, &probe)
 		freshAt, freshOK := fresh.Place(c, &probe)
 		if warmOK != freshOK || !reflect.DeepEqual(warmAt, freshAt) {
@@ -167,12 +168,11 @@ func (d *poolDriver) finish() {
 			d.t.Fatal(err)
 		}
 	}
-	c := d.pool.Cluster()
-	for i := range c.Nodes {
-		n := &c.Nodes[i]
+	for _, st := range d.pool.ServerStates() {
+		n := &st.Node
 		for gi := range n.GPUs {
-			if g := &n.GPUs[gi]; g.Free != MilliPerGPU || g.FreeBytes != g.MemoryBytes {
-				d.t.Fatalf("server %s gpu %d leaks after all leases ended: free %d milli, %d of %d bytes",
+			if g := &n.GPUs[gi]; g.Free != WholeGPU || g.FreeBytes != g.MemoryBytes {
+				d.t.Fatalf("server %s gpu %d leaks after all leases ended: free %s, %d of %d bytes",
 					n.Name, gi, g.Free, g.FreeBytes, g.MemoryBytes)
 			}
 		}
@@ -182,7 +182,7 @@ func (d *poolDriver) finish() {
 	}
 	for _, q := range d.pool.Quotas(d.now) {
 		if q.Used != 0 {
-			d.t.Fatalf("namespace %s still uses %v%% after all leases ended", q.Namespace, q.Used)
+			d.t.Fatalf("namespace %s still uses %s after all leases ended", q.Namespace, q.Used)
 		}
 	}
 }
@@ -193,13 +193,14 @@ func (d *poolDriver) checkRestore() {
 	d.t.Helper()
 	p, err := NewPool(d.pool.cfg)
 	d.must(err)
-	for _, s := range d.pool.Servers() {
-		d.must(p.RegisterServer(s))
-		d.must(p.SetSchedulable(s.Name, d.pool.Cluster().Nodes[d.pool.nodeIndex[s.Name]].Schedulable))
+	for _, st := range d.pool.ServerStates() {
+		d.must(p.RegisterServer(st.Server))
+		_, err := p.SetSchedulable(st.Server.Name, st.Node.Schedulable)
+		d.must(err)
 	}
 	for _, q := range d.pool.Quotas(d.now) {
 		if q.Limited { // quotas come from the config file, not the store
-			d.must(p.SetQuota(q.Namespace, int64(q.Hard)))
+			d.must(p.SetQuota(q.Namespace, q.Hard))
 		}
 	}
 	leases := d.pool.Leases(d.now)

@@ -55,8 +55,8 @@ func FuzzRegisterServer(f *testing.F) {
 			return
 		}
 		for _, g := range l.GPUs {
-			if g.Milli <= 0 || g.Milli > MilliPerGPU || g.MemoryBytes < 0 {
-				t.Fatalf("a %d-byte request on %s got share %d (%d bytes)", askBytes, body, g.Milli, g.MemoryBytes)
+			if g.Share <= 0 || g.Share > WholeGPU || g.MemoryBytes < 0 {
+				t.Fatalf("a %d-byte request on %s got share %s (%d bytes)", askBytes, body, g.Share, g.MemoryBytes)
 			}
 		}
 		if err := p.CheckInvariants(); err != nil {

@@ -46,7 +46,7 @@ type Owner struct {
 
 // Limits on what one request or one server may state. They keep every
 // product of shares and bytes the pool computes inside int64 (a GPU's
-// memory times MilliPerGPU), and they are far above any real machine.
+// memory times WholeGPU), and they are far above any real machine.
 const (
 	// MaxGPUMemoryBytes bounds one GPU's memory and a gpu-memory request.
 	MaxGPUMemoryBytes = 1 << 50 // 1Pi

@@ -96,9 +96,10 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		}
 		return result(s.pool.RegisterServer(srv))
 	case "schedulable":
-		return result(s.pool.SetSchedulable(arg("name", ""), arg("ok", "true") == "true"))
+		_, err := s.pool.SetSchedulable(arg("name", ""), arg("ok", "true") == "true")
+		return result(err)
 	case "quota":
-		return result(s.pool.SetQuota(arg("ns", ""), num("percent", 0)))
+		return result(s.pool.SetQuota(arg("ns", ""), SharePercent(float64(num("percent", 0)))))
 	case "acquire":
 		r := Request{
 			Namespace: arg("ns", "default"), GPUs: int(num("amount", 1)), Percent: int(num("percent", 0)),
@@ -158,7 +159,7 @@ func formatLease(l *Lease) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s on %s:", l.ID, l.Namespace, l.Server)
 	for _, g := range l.GPUs {
-		fmt.Fprintf(&b, " gpu%d=%s%%", g.Index, formatPercent(float64(g.Milli)/10))
+		fmt.Fprintf(&b, " gpu%d=%s", g.Index, g.Share)
 		if g.MemoryBytes > 0 {
 			fmt.Fprintf(&b, "(%s)", formatBytes(g.MemoryBytes))
 		}
@@ -172,17 +173,16 @@ func formatLease(l *Lease) string {
 // state prints each server's leased share per GPU, the leases and quotas.
 func (s *scenario) state() string {
 	var b strings.Builder
-	c := s.pool.Cluster()
-	for i, srv := range s.pool.Servers() {
-		n := &c.Nodes[i]
-		fmt.Fprintf(&b, "%s", srv.Name)
+	for _, st := range s.pool.ServerStates() {
+		n := &st.Node
+		fmt.Fprintf(&b, "%s", st.Server.Name)
 		if !n.Schedulable {
 			b.WriteString(" (unschedulable)")
 		}
 		b.WriteString(":")
 		for gi := range n.GPUs {
 			g := &n.GPUs[gi]
-			fmt.Fprintf(&b, " %s%%", formatPercent(float64(MilliPerGPU-g.Free)/10))
+			fmt.Fprintf(&b, " %s", WholeGPU-g.Free)
 			if !g.Healthy {
 				b.WriteString("(unhealthy)")
 			}
@@ -198,9 +198,9 @@ func (s *scenario) state() string {
 	for _, q := range s.pool.Quotas(s.now) {
 		hard := "unlimited"
 		if q.Limited {
-			hard = formatPercent(q.Hard)
+			hard = q.Hard.String()
 		}
-		fmt.Fprintf(&b, "quota %s: used %s of %s\n", q.Namespace, formatPercent(q.Used), hard)
+		fmt.Fprintf(&b, "quota %s: used %s of %s\n", q.Namespace, q.Used, hard)
 	}
 	return strings.TrimRight(b.String(), "\n")
 }

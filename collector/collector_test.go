@@ -20,7 +20,7 @@ import (
 func TestSimulatedFollowsLeases(t *testing.T) {
 	now := time.Unix(1.8e9, 0)
 	lease := allocator.Lease{ID: "lease-000007", Owner: allocator.Owner{UID: "uid-1"},
-		GPUs: []allocator.LeaseGPU{{Index: 1, Milli: 500, MemoryBytes: 40 << 30}}}
+		GPUs: []allocator.LeaseGPU{{Index: 1, Share: 500, MemoryBytes: 40 << 30}}}
 	sim := &Simulated{Server: "sim", Seed: 3, Clock: func() time.Time { return now },
 		GPUs:   []SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
 		Leases: func() []allocator.Lease { return []allocator.Lease{lease} },

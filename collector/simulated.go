@@ -90,8 +90,7 @@ func (s *Simulated) Sample(_ context.Context, processes bool) (Reading, error) {
 				continue
 			}
 			g := &gpus[lg.Index]
-			share := float64(lg.Milli) / allocator.MilliPerGPU
-			busy := share * demand
+			busy := lg.Share.GPUs() * demand
 			used := int64(float64(lg.MemoryBytes) * s.memoryFactor(l))
 			g.Utilization += busy
 			g.MemoryUsedBytes += used

@@ -52,7 +52,7 @@ func (f *WorkloadFile) Demand(leases []allocator.Lease, _ time.Time) map[string]
 			l := &leases[i]
 			if l.Namespace == w.Namespace && f.selectors[wi].Matches(klabels.Set(l.Owner.Labels)) {
 				matched = append(matched, l)
-				held += float64(l.QuotaMilli()) / allocator.MilliPerGPU
+				held += l.Share().GPUs()
 			}
 		}
 		for _, l := range matched {

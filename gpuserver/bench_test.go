@@ -29,7 +29,7 @@ func benchHost() (*Daemon, *collector.Simulated, *collector.Sampler) {
 		pod := fmt.Sprint("pod-", i)
 		d.leases = append(d.leases, allocator.Lease{ID: fmt.Sprintf("lease-%06d", i), Namespace: "ml", Server: "gpu-a",
 			Owner: allocator.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "tf-training"}},
-			GPUs:  []allocator.LeaseGPU{{Index: i % 8, Milli: 125, MemoryBytes: 10 << 30}}})
+			GPUs:  []allocator.LeaseGPU{{Index: i % 8, Share: 125, MemoryBytes: 10 << 30}}})
 	}
 	sampler.Round(context.Background())
 	return d, sim, sampler

@@ -71,7 +71,7 @@ func TestNoValueBeforeTheFirstRealSample(t *testing.T) {
 	now := time.Unix(1.8e9, 0)
 	lease := allocator.Lease{ID: "lease-000001", Namespace: "ml", Server: "gpu-a",
 		Owner: allocator.Owner{Pod: "tf-0", UID: "uid-0", Labels: map[string]string{"app": "tf-training"}},
-		GPUs:  []allocator.LeaseGPU{{Index: 0, Milli: 500, MemoryBytes: 40 << 30}}}
+		GPUs:  []allocator.LeaseGPU{{Index: 0, Share: 500, MemoryBytes: 40 << 30}}}
 	var d *Daemon
 	sim := &collector.Simulated{Server: "gpu-a", Seed: 7, Clock: func() time.Time { return now },
 		GPUs:   []collector.SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}},
@@ -154,7 +154,7 @@ func (g *gatedSource) Sample(_ context.Context, processes bool) (collector.Readi
 // at once. A lease whose processes use nothing then reports a measured 0.
 func TestProcessesReadBeforeALeaseCannotShowItIdle(t *testing.T) {
 	lease := allocator.Lease{ID: "lease-000001", Namespace: "ml", Server: "gpu-a", Owner: allocator.Owner{Pod: "tf-0", UID: "uid-0"},
-		GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 500, MemoryBytes: 40 << 30}}}
+		GPUs: []allocator.LeaseGPU{{Index: 0, Share: 500, MemoryBytes: 40 << 30}}}
 	src := &gatedSource{started: make(chan struct{}), release: make(chan struct{}),
 		procs: []collector.Process{{PID: 9000, MemoryUsedBytes: 1 << 30, SMUtilization: 0.1}}} // nobody's
 	sampler := collector.NewSampler(src, time.Second, 5, nil)
@@ -201,7 +201,7 @@ func TestProcessesReadBeforeALeaseCannotShowItIdle(t *testing.T) {
 // so the lease has no data rather than showing idle.
 func TestLeaseWithoutAttributionHasNoData(t *testing.T) {
 	lease := allocator.Lease{ID: "lease-000001", Namespace: "ml", Server: "gpu-a",
-		GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 500, MemoryBytes: 40 << 30}}}
+		GPUs: []allocator.LeaseGPU{{Index: 0, Share: 500, MemoryBytes: 40 << 30}}}
 	src := &fixedSource{gpus: []collector.GPU{{Index: 0, UUID: "GPU-0", Model: "H100", MemoryBytes: 80 << 30, Healthy: true,
 		Processes: []collector.Process{{PID: 7000, MemoryUsedBytes: 1 << 30, SMUtilization: 0.1}}}}}
 	sampler := collector.NewSampler(src, time.Second, 1, nil)

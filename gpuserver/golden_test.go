@@ -31,9 +31,9 @@ func goldenDaemon(t testing.TB) *Daemon {
 		LabelAllowlist: []string{"app"}, Clock: sim.Clock})
 	d.leases = []allocator.Lease{
 		{ID: "lease-000001", Namespace: "ml", Server: "gpu-a", Owner: allocator.Owner{Pod: "tf-training-0", UID: "uid-0", Labels: map[string]string{"app": "tf-training"}},
-			GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 500, MemoryBytes: 40 << 30}}},
+			GPUs: []allocator.LeaseGPU{{Index: 0, Share: 500, MemoryBytes: 40 << 30}}},
 		{ID: "lease-000002", Namespace: "team-b", Server: "gpu-a", Owner: allocator.Owner{Pod: "job-1", UID: "uid-1"},
-			GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 250, MemoryBytes: 20 << 30}, {Index: 1, Milli: 250, MemoryBytes: 20 << 30}}},
+			GPUs: []allocator.LeaseGPU{{Index: 0, Share: 250, MemoryBytes: 20 << 30}, {Index: 1, Share: 250, MemoryBytes: 20 << 30}}},
 	}
 	sampler.Round(context.Background())
 	d.latency.WithLabelValues("gpu-a", "client-node-1", gpuapi.TransportTCP).Observe(42e-6)

@@ -66,9 +66,9 @@ func TestLeaseAttribution(t *testing.T) {
 		PodOf: func(pid int) string { return PodUID("testdata/proc", pid) },
 	})
 	d.leases = []allocator.Lease{
-		{ID: "lease-000001", Namespace: "ml", Server: "gpu-a", GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 500, MemoryBytes: 40 * gib}}},
+		{ID: "lease-000001", Namespace: "ml", Server: "gpu-a", GPUs: []allocator.LeaseGPU{{Index: 0, Share: 500, MemoryBytes: 40 * gib}}},
 		{ID: "lease-000002", Namespace: "ml", Server: "gpu-a", Owner: allocator.Owner{Pod: "trainer-0", UID: "6f1d1c8e-2b4a-4f7e-9a35-0c1d2e3f4a5b", Labels: map[string]string{"app": "tf-training", "team": "x"}},
-			GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 250, MemoryBytes: 20 * gib}}},
+			GPUs: []allocator.LeaseGPU{{Index: 0, Share: 250, MemoryBytes: 20 * gib}}},
 	}
 	if err := d.RegisterPID(5000, "lease-000001"); err != nil {
 		t.Fatal(err)

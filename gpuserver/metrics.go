@@ -83,9 +83,9 @@ type LeaseUse struct {
 	Processes int
 }
 
-// ShareUtilization is the SM use relative to a share of milli-GPU.
-func (u *LeaseUse) ShareUtilization(milli int32) float64 {
-	return u.SM / (float64(milli) / allocator.MilliPerGPU)
+// ShareUtilization is the SM use relative to a share of the GPU.
+func (u *LeaseUse) ShareUtilization(share allocator.Share) float64 {
+	return u.SM / share.GPUs()
 }
 
 // Usage attributes the latest snapshots' processes to the leases on this
@@ -240,8 +240,8 @@ func (c *LeaseCollector) render(use map[[2]string]*LeaseUse, unattributed map[in
 			if u == nil {
 				continue // not measured: no series rather than a made-up 0
 			}
-			if u.SMKnown && lg.Milli > 0 {
-				gauge(c.util, u.ShareUtilization(lg.Milli))
+			if u.SMKnown && lg.Share > 0 {
+				gauge(c.util, u.ShareUtilization(lg.Share))
 			}
 			gauge(c.used, float64(u.Bytes))
 			gauge(c.overuse, float64(max(0, u.Bytes-lg.MemoryBytes)))

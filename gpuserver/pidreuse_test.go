@@ -74,7 +74,7 @@ func TestReusedPIDIsNotAttributed(t *testing.T) {
 	sampler.Round(context.Background())
 	starts := &fakeStarts{starts: map[int]uint64{5000: 100}}
 	d := New(Config{Inventory: allocator.Server{Name: "gpu-a"}, Samplers: []*collector.Sampler{sampler}, StartTime: starts.get})
-	lease := allocator.Lease{ID: "lease-000001", Namespace: "ml", Server: "gpu-a", GPUs: []allocator.LeaseGPU{{Index: 0, Milli: 1000, MemoryBytes: 80 << 30}}}
+	lease := allocator.Lease{ID: "lease-000001", Namespace: "ml", Server: "gpu-a", GPUs: []allocator.LeaseGPU{{Index: 0, Share: 1000, MemoryBytes: 80 << 30}}}
 	d.mu.Lock()
 	d.setLeases([]allocator.Lease{lease})
 	d.mu.Unlock()

@@ -65,7 +65,7 @@ func (d *Daemon) usageReport(use map[[2]string]*LeaseUse) api.Usage {
 			if u == nil {
 				continue // not measured (Usage says when): no data, not idle
 			}
-			lu := api.LeaseUsage{Lease: l.ID, Namespace: l.Namespace, GPU: lg.Index, Milli: lg.Milli, MemoryGrantedBytes: lg.MemoryBytes}
+			lu := api.LeaseUsage{Lease: l.ID, Namespace: l.Namespace, GPU: lg.Index, Milli: int32(lg.Share), MemoryGrantedBytes: lg.MemoryBytes}
 			if u.SMKnown {
 				sm := u.SM
 				lu.SMUtilization = &sm

@@ -52,12 +52,12 @@ const fragLevel = 90
 // counts as arrived.
 func Replay(tr *Trace, policy string, seed uint64) (Result, error) {
 	c := allocator.NewCluster()
-	var capacity int64
+	var capacity allocator.Share
 	for i := range tr.Servers {
 		if _, err := c.AddNode(&tr.Servers[i]); err != nil {
 			return Result{}, fmt.Errorf("server %s: %w", tr.Servers[i].Name, err)
 		}
-		capacity += int64(len(tr.Servers[i].GPUs)) * allocator.MilliPerGPU
+		capacity += allocator.ShareGPUs(len(tr.Servers[i].GPUs))
 	}
 	if capacity == 0 {
 		return Result{}, fmt.Errorf("trace has no GPUs")
@@ -84,7 +84,7 @@ func Replay(tr *Trace, policy string, seed uint64) (Result, error) {
 		}
 		res.PlaceTime += time.Since(start)
 		res.Decisions++
-		rec.arrived(tr.Pods[i].GPUMilli(), ok)
+		rec.arrived(tr.Pods[i].GPUShare(), ok)
 	}
 	res.UnallocatedPct, res.FragmentationPct = rec.results()
 	return res, nil
@@ -92,7 +92,7 @@ func Replay(tr *Trace, policy string, seed uint64) (Result, error) {
 
 // demandOf turns a pod into the allocator's demand on cluster c.
 func demandOf(c *allocator.Cluster, p *Pod) allocator.Demand {
-	d := allocator.Demand{GPUs: p.GPUs, Milli: p.Milli, CPUMilli: p.CPUMilli, Memory: p.Memory}
+	d := allocator.Demand{GPUs: p.GPUs, PerGPU: p.PerGPU, CPUMilli: p.CPUMilli, Memory: p.Memory}
 	if len(p.Models) > 0 {
 		set, known := c.ModelSetOf(p.Models)
 		if !known {
@@ -107,22 +107,22 @@ func demandOf(c *allocator.Cluster, p *Pod) allocator.Demand {
 // arrivals is the order pods arrive in: all of them in a seeded shuffle,
 // then pods drawn with replacement until the next one would take the GPU
 // share asked beyond the arrival limit.
-func arrivals(pods []Pod, capacity int64, seed uint64) []int {
+func arrivals(pods []Pod, capacity allocator.Share, seed uint64) []int {
 	rng := rand.New(rand.NewPCG(seed, 0))
 	order := make([]int, len(pods))
-	var asked int64
+	var asked allocator.Share
 	for i := range order {
 		order[i] = i
-		asked += pods[i].GPUMilli()
+		asked += pods[i].GPUShare()
 	}
 	rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 	limit := capacity * arrivalLimitPct / 100
 	for asked > 0 { // a trace that asks for no GPU would never get there
 		i := rng.IntN(len(pods))
-		if asked+pods[i].GPUMilli() > limit {
+		if asked+pods[i].GPUShare() > limit {
 			break
 		}
-		asked += pods[i].GPUMilli()
+		asked += pods[i].GPUShare()
 		order = append(order, i)
 	}
 	return order
@@ -133,21 +133,21 @@ func arrivals(pods []Pod, capacity int64, seed uint64) []int {
 type recorder struct {
 	c                *allocator.Cluster
 	work             allocator.Workload
-	capacity         int64
-	asked, allocated int64
+	capacity         allocator.Share
+	asked, allocated allocator.Share
 	unalloc, frag    map[int]*mean
 }
 
 type mean struct{ sum, n float64 }
 
-func newRecorder(c *allocator.Cluster, w allocator.Workload, capacity int64) *recorder {
+func newRecorder(c *allocator.Cluster, w allocator.Workload, capacity allocator.Share) *recorder {
 	return &recorder{c: c, work: w, capacity: capacity, unalloc: map[int]*mean{}, frag: map[int]*mean{}}
 }
 
-func (r *recorder) arrived(milli int64, placed bool) {
-	r.asked += milli
+func (r *recorder) arrived(share allocator.Share, placed bool) {
+	r.asked += share
 	if placed {
-		r.allocated += milli
+		r.allocated += share
 	}
 	level := int(math.Round(100 * float64(r.asked) / float64(r.capacity)))
 	at(r.unalloc, level).add(100 - 100*float64(r.allocated)/float64(r.capacity))
@@ -172,7 +172,7 @@ func (r *recorder) fragmentationPct() float64 {
 	for i := range r.c.Nodes {
 		n := &r.c.Nodes[i]
 		frag += r.work.Fragmentation(n)
-		idle += float64(n.FreeMilli())
+		idle += float64(n.FreeShare())
 	}
 	if idle == 0 {
 		return 0

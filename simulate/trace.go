@@ -41,12 +41,12 @@ type Pod struct {
 	CPUMilli int64
 	Memory   int64 // bytes
 	GPUs     int
-	Milli    int32    // share of each GPU
-	Models   []string // allowed GPU models; empty means any
+	PerGPU   allocator.Share // share of each GPU
+	Models   []string        // allowed GPU models; empty means any
 }
 
-// GPUMilli is the GPU share the pod asks for in all.
-func (p *Pod) GPUMilli() int64 { return int64(p.GPUs) * int64(p.Milli) }
+// GPUShare is the GPU share the pod asks for in all.
+func (p *Pod) GPUShare() allocator.Share { return allocator.Share(p.GPUs) * p.PerGPU }
 
 // Open reads a trace file from disk, or from the embedded traces when the
 // name starts with "traces/" and no such file exists on disk. A name that
@@ -108,12 +108,12 @@ func ReadPods(r io.Reader) ([]Pod, error) {
 			return row.err
 		case gpus < 0 || gpus > maxPodGPUs:
 			return fmt.Errorf("num_gpu %d out of range 0..%d", gpus, maxPodGPUs)
-		case gpus > 0 && (milli < 1 || milli > allocator.MilliPerGPU):
-			return fmt.Errorf("gpu_milli %d out of range 1..%d", milli, allocator.MilliPerGPU)
+		case gpus > 0 && (milli < 1 || allocator.Share(milli) > allocator.WholeGPU):
+			return fmt.Errorf("gpu_milli %d out of range 1..%d", milli, allocator.WholeGPU)
 		case p.CPUMilli < 0 || p.Memory < 0:
 			return fmt.Errorf("cpu_milli %d and memory_mib %d must be at least 0", p.CPUMilli, p.Memory/mib)
 		}
-		p.GPUs, p.Milli = int(gpus), int32(milli)
+		p.GPUs, p.PerGPU = int(gpus), allocator.Share(milli)
 		pods = append(pods, p)
 		return nil
 	})

@@ -22,7 +22,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
@@ -184,14 +183,18 @@ type ServerStatus struct {
 
 // GPUStatus is one GPU's capacity and leased share.
 type GPUStatus struct {
-	Index          int    `json:"index"`
-	UUID           string `json:"uuid"`
-	Model          string `json:"model"`
-	MemoryBytes    int64  `json:"memoryBytes"`
-	Healthy        bool   `json:"healthy"`
-	AllocatedMilli int32  `json:"allocatedMilli"`
-	AllocatedBytes int64  `json:"allocatedMemoryBytes"`
+	Index       int    `json:"index"`
+	UUID        string `json:"uuid"`
+	Model       string `json:"model"`
+	MemoryBytes int64  `json:"memoryBytes"`
+	Healthy     bool   `json:"healthy"`
+	// AllocatedPercent is the share leases hold, in percent of the GPU.
+	AllocatedPercent float64 `json:"allocatedPercent"`
+	AllocatedBytes   int64   `json:"allocatedMemoryBytes"`
 }
+
+// Allocated is the share leases hold.
+func (g *GPUStatus) Allocated() allocator.Share { return allocator.SharePercent(g.AllocatedPercent) }
 
 // LeaseList is the answer to GET /v1/leases.
 type LeaseList struct {
@@ -200,7 +203,29 @@ type LeaseList struct {
 
 // QuotaList is the answer to GET /v1/quotas.
 type QuotaList struct {
-	Quotas []allocator.QuotaStatus `json:"quotas"`
+	Quotas []QuotaStatus `json:"quotas"`
+}
+
+// QuotaStatus is a namespace's GPU quota and use, in percent of one GPU,
+// the unit of requests.bitfusion.io/gpu.
+type QuotaStatus struct {
+	Namespace string `json:"namespace"`
+	// Limited is false for a namespace without a quota; HardPercent is
+	// then 0.
+	Limited     bool    `json:"limited"`
+	HardPercent float64 `json:"hardPercent"`
+	UsedPercent float64 `json:"usedPercent"`
+}
+
+// NewQuotaStatus is q on the wire.
+func NewQuotaStatus(q allocator.QuotaStatus) QuotaStatus {
+	return QuotaStatus{Namespace: q.Namespace, Limited: q.Limited, HardPercent: q.Hard.Percent(), UsedPercent: q.Used.Percent()}
+}
+
+// Core is q as the allocator holds it.
+func (q *QuotaStatus) Core() allocator.QuotaStatus {
+	return allocator.QuotaStatus{Namespace: q.Namespace, Limited: q.Limited,
+		Hard: allocator.SharePercent(q.HardPercent), Used: allocator.SharePercent(q.UsedPercent)}
 }
 
 // Error is the body of every non-2xx answer.
@@ -237,6 +262,3 @@ func WriteError(w http.ResponseWriter, status int, e *Error) {
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(e)
 }
-
-// FormatMilli prints a share of a GPU as percent ("46.6").
-func FormatMilli(m int64) string { return strconv.FormatFloat(float64(m)/10, 'f', -1, 64) }

@@ -149,7 +149,7 @@ func (c *Client) Pool(ctx context.Context) (api.PoolStatus, error) {
 }
 
 // Quotas returns quota and use per namespace.
-func (c *Client) Quotas(ctx context.Context) ([]allocator.QuotaStatus, error) {
+func (c *Client) Quotas(ctx context.Context) ([]api.QuotaStatus, error) {
 	var out api.QuotaList
 	err := c.do(ctx, http.MethodGet, "/v1/quotas", nil, &out)
 	return out.Quotas, err

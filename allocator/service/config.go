@@ -121,13 +121,13 @@ func (c *FileConfig) validate() error {
 	return nil
 }
 
-// Quotas returns each namespace's GPU quota in percent of one GPU.
-func (c *FileConfig) Quotas() map[string]int64 {
-	out := map[string]int64{}
+// Quotas returns each namespace's GPU quota.
+func (c *FileConfig) Quotas() map[string]allocator.Share {
+	out := map[string]allocator.Share{}
 	for ns, nc := range c.Namespaces {
 		if q, ok := nc.Hard[QuotaResource]; ok {
-			v, _ := q.AsInt64()
-			out[ns] = v
+			percent, _ := q.AsInt64()
+			out[ns] = allocator.SharePercent(float64(percent))
 		}
 	}
 	return out

@@ -254,14 +254,11 @@ func (h *handler) quotas(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var out []allocator.QuotaStatus
+	out := []api.QuotaStatus{}
 	for _, q := range h.s.Quotas() {
 		if p.Admin || q.Namespace == p.Namespace {
-			out = append(out, q)
+			out = append(out, api.NewQuotaStatus(q))
 		}
-	}
-	if out == nil {
-		out = []allocator.QuotaStatus{}
 	}
 	h.reply(w, http.StatusOK, api.QuotaList{Quotas: out}, nil)
 }

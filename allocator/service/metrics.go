@@ -119,11 +119,11 @@ var (
 	descPending       = prometheus.NewDesc("bitfusion_lease_pending_requests", "Lease requests queued for capacity or quota, by namespace.", []string{"namespace"}, nil)
 )
 
-// freeClasses are the min_free values of bitfusion_pool_free_gpus, in milli.
+// freeClasses are the min_free values of bitfusion_pool_free_gpus.
 var freeClasses = []struct {
 	label string
-	milli int32
-}{{"1", 1000}, {"0.5", 500}, {"0.25", 250}, {"0.1", 100}}
+	share allocator.Share
+}{{"1", allocator.WholeGPU}, {"0.5", allocator.WholeGPU / 2}, {"0.25", allocator.WholeGPU / 4}, {"0.1", allocator.WholeGPU / 10}}
 
 // poolCollector exports the pool's state from one snapshot per scrape.
 type poolCollector struct{ s *Service }
@@ -140,8 +140,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
 	s.mu.Lock()
 	now := s.clock()
-	servers, leases, quotas := s.pool.Servers(), s.pool.Leases(now), s.pool.Quotas(now)
-	nodes := append([]allocator.Node(nil), s.pool.Cluster().Nodes...)
+	servers, leases, quotas := s.pool.ServerStates(), s.pool.Leases(now), s.pool.Quotas(now)
 	lastSeen := make(map[string]time.Time, len(s.lastSeen))
 	for k, v := range s.lastSeen {
 		lastSeen[k] = v
@@ -151,9 +150,6 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	for r := range s.waiting {
 		pending[r.Namespace]++
 	}
-	for i := range nodes { // the GPU slices are shared with the pool
-		nodes[i].GPUs = append([]allocator.NodeGPU(nil), nodes[i].GPUs...)
-	}
 	s.mu.Unlock()
 
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
@@ -161,8 +157,8 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	free := make([]int, len(freeClasses))
 	var fragmented, idle float64
-	for i, srv := range servers {
-		n := &nodes[i]
+	for i := range servers {
+		srv, n := &servers[i].Server, &servers[i].Node
 		gauge(descSchedulable, boolValue(n.Schedulable), srv.Name)
 		if t, ok := lastSeen[srv.Name]; ok {
 			gauge(descHeartbeat, float64(t.UnixNano())/1e9, srv.Name)
@@ -170,19 +166,19 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		for gi, g := range srv.GPUs {
 			ng, idx := &n.GPUs[gi], strconv.Itoa(g.Index)
 			gauge(descGPUInfo, 1, srv.Name, idx, g.Model, g.UUID)
-			gauge(descGPUAllocated, float64(allocator.MilliPerGPU-ng.Free)/allocator.MilliPerGPU, srv.Name, idx, g.Model)
+			gauge(descGPUAllocated, (allocator.WholeGPU - ng.Free).GPUs(), srv.Name, idx, g.Model)
 			gauge(descGPUMemory, float64(g.MemoryBytes), srv.Name, idx, g.Model)
 			gauge(descGPUMemoryHeld, float64(g.MemoryBytes-ng.FreeBytes), srv.Name, idx, g.Model)
 			gauge(descGPUHealthy, boolValue(ng.Healthy), srv.Name, idx, g.Model)
 			for k, fc := range freeClasses {
-				if n.Schedulable && ng.Healthy && ng.Free >= fc.milli {
+				if n.Schedulable && ng.Healthy && ng.Free >= fc.share {
 					free[k]++
 				}
 			}
 		}
 		if n.Schedulable {
 			fragmented += work.Fragmentation(n)
-			idle += float64(n.FreeMilli())
+			idle += float64(n.FreeShare())
 		}
 	}
 	for k, fc := range freeClasses {
@@ -196,13 +192,13 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, q := range quotas {
 		pending[q.Namespace] += 0
 		if q.Limited {
-			gauge(descQuota, q.Hard/100, q.Namespace)
+			gauge(descQuota, q.Hard.GPUs(), q.Namespace)
 		}
-		gauge(descNSAllocated, q.Used/100, q.Namespace)
+		gauge(descNSAllocated, q.Used.GPUs(), q.Namespace)
 	}
 	for _, l := range leases {
 		gauge(descLeaseInfo, 1, l.ID, l.Namespace, l.Owner.Pod, l.Server)
-		gauge(descLeaseGPUs, float64(l.QuotaMilli())/allocator.MilliPerGPU, l.ID, l.Namespace, l.Server)
+		gauge(descLeaseGPUs, l.Share().GPUs(), l.ID, l.Namespace, l.Server)
 		gauge(descLeaseExpiry, float64(l.ExpiresAt.UnixNano())/1e9, l.ID, l.Namespace)
 	}
 	for ns, n := range pending {

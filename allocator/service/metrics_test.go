@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/internal/metricstest"
 )
@@ -14,7 +15,7 @@ import (
 // promtool checks the whole exposition, durations included.
 func TestMetricsGolden(t *testing.T) {
 	clock := &fakeClock{now: time.Unix(1.8e9, 0)}
-	a := startAllocator(t, t.TempDir(), clock, map[string]int64{"team-a": 150})
+	a := startAllocator(t, t.TempDir(), clock, map[string]allocator.Share{"team-a": allocator.SharePercent(150)})
 	ctx := context.Background()
 	admin := a.client(t, adminToken)
 	for _, s := range []string{"s1", "s2"} {
@@ -45,7 +46,7 @@ func TestMetricsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1.8e9, 0)}, map[string]int64{"ns": 100})
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1.8e9, 0)}, map[string]allocator.Share{"ns": allocator.WholeGPU})
 	admin := a.client(t, adminToken)
 	if err := admin.RegisterServer(context.Background(), gpuServer("s1", 1)); err != nil {
 		t.Fatal(err)

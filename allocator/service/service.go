@@ -31,8 +31,8 @@ type Config struct {
 	// HeartbeatTimeout is how long a server may stay silent before its
 	// GPUs take no new leases.
 	HeartbeatTimeout time.Duration
-	// Quotas are GPU quotas in percent of one GPU, by namespace.
-	Quotas map[string]int64
+	// Quotas are GPU quotas by namespace.
+	Quotas map[string]allocator.Share
 	// Clock returns the current time; time.Now when nil.
 	Clock    func() time.Time
 	Registry prometheus.Registerer
@@ -394,7 +394,7 @@ func (s *Service) waitForFreed(ctx context.Context, r *allocator.Request, since 
 func (s *Service) remember(l *allocator.Lease) {
 	d := allocator.Demand{GPUs: len(l.GPUs), CPUMilli: l.CPUMilli}
 	if len(l.GPUs) > 0 {
-		d.Milli = l.GPUs[0].Milli
+		d.PerGPU = l.GPUs[0].Share
 	}
 	if len(s.recent) < recentDemands {
 		s.recent = append(s.recent, d)
@@ -552,7 +552,7 @@ func (s *Service) RegisterServer(ctx context.Context, srv allocator.Server) erro
 		return err
 	}
 	s.lastSeen[srv.Name] = s.clock()
-	_ = s.pool.SetSchedulable(srv.Name, true)
+	_, _ = s.pool.SetSchedulable(srv.Name, true)
 	s.wakeLocked()
 	done := s.queue(store.Change{Servers: []allocator.Server{srv}})
 	s.mu.Unlock()
@@ -566,14 +566,8 @@ func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) 
 		s.mu.Unlock()
 		return errUnavailable
 	}
-	var srv *allocator.Server
-	servers := s.pool.Servers()
-	for i := range servers {
-		if servers[i].Name == name {
-			srv = &servers[i]
-		}
-	}
-	if srv == nil {
+	srv, known := s.pool.Server(name)
+	if !known {
 		s.mu.Unlock()
 		return &allocator.ServerNotFoundError{Name: name}
 	}
@@ -588,8 +582,7 @@ func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) 
 		}
 	}
 	s.lastSeen[name] = s.clock()
-	if !s.pool.Cluster().Nodes[s.pool.NodeIndex(name)].Schedulable {
-		_ = s.pool.SetSchedulable(name, true)
+	if back, _ := s.pool.SetSchedulable(name, true); back {
 		s.wakeLocked() // back after silence: queued requests may fit now
 	}
 	var done chan error
@@ -601,7 +594,7 @@ func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) 
 			}
 		}
 		s.wakeLocked()
-		done = s.queue(store.Change{Servers: []allocator.Server{*srv}})
+		done = s.queue(store.Change{Servers: []allocator.Server{srv}})
 	}
 	s.mu.Unlock()
 	if done != nil {
@@ -629,7 +622,7 @@ func (s *Service) tick() {
 	now := s.clock()
 	for name, seen := range s.lastSeen {
 		if now.Sub(seen) > s.cfg.HeartbeatTimeout {
-			_ = s.pool.SetSchedulable(name, false)
+			_, _ = s.pool.SetSchedulable(name, false)
 		}
 	}
 	expired := s.pool.Expire(now)
@@ -652,14 +645,13 @@ func (s *Service) tick() {
 func (s *Service) Status() api.PoolStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := s.pool.Cluster()
 	leases := map[string]int{}
 	for _, l := range s.pool.Leases(s.clock()) {
 		leases[l.Server]++
 	}
 	var st api.PoolStatus
-	for i, srv := range s.pool.Servers() {
-		n := &c.Nodes[i]
+	for _, state := range s.pool.ServerStates() {
+		srv, n := &state.Server, &state.Node
 		ss := api.ServerStatus{
 			Name: srv.Name, Labels: srv.Labels, Schedulable: n.Schedulable, LastHeartbeat: s.lastSeen[srv.Name],
 			CPUMilli: n.CPUCap, CPUFreeMilli: n.CPUFree, Leases: leases[srv.Name],
@@ -668,7 +660,7 @@ func (s *Service) Status() api.PoolStatus {
 			ng := &n.GPUs[gi]
 			ss.GPUs = append(ss.GPUs, api.GPUStatus{
 				Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: ng.Healthy,
-				AllocatedMilli: allocator.MilliPerGPU - ng.Free, AllocatedBytes: ng.MemoryBytes - ng.FreeBytes,
+				AllocatedPercent: (allocator.WholeGPU - ng.Free).Percent(), AllocatedBytes: ng.MemoryBytes - ng.FreeBytes,
 			})
 		}
 		st.Servers = append(st.Servers, ss)

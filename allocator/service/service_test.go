@@ -63,7 +63,7 @@ func testConfig() *FileConfig {
 }
 
 // startAllocator serves a service on a real bolt store in dir.
-func startAllocator(t testing.TB, dir string, clock *fakeClock, quotas map[string]int64) *testAllocator {
+func startAllocator(t testing.TB, dir string, clock *fakeClock, quotas map[string]allocator.Share) *testAllocator {
 	t.Helper()
 	st, err := store.OpenBolt(dir, time.Second)
 	if err != nil {
@@ -193,7 +193,7 @@ func TestBadInputNamesTheField(t *testing.T) {
 }
 
 func TestWaitQueuesUntilShareFrees(t *testing.T) {
-	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, map[string]int64{"team-a": 100})
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, map[string]allocator.Share{"team-a": allocator.WholeGPU})
 	ctx := context.Background()
 	admin := a.client(t, adminToken)
 	if err := admin.RegisterServer(ctx, gpuServer("s1", 1)); err != nil {

@@ -29,7 +29,7 @@ func writeStore(t *testing.T, dir string) State {
 		name := fmt.Sprintf("gpu-%03d", i)
 		c := Change{Servers: []allocator.Server{{Name: name, GPUs: []allocator.GPU{{UUID: "GPU-" + name, Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}},
 			Leases: []allocator.Lease{{ID: fmt.Sprintf("lease-%06d", i), Namespace: "ml", Server: name,
-				GPUs: []allocator.LeaseGPU{{UUID: "GPU-" + name, Model: "A100", Milli: 500}}}},
+				GPUs: []allocator.LeaseGPU{{UUID: "GPU-" + name, Model: "A100", Share: 500}}}},
 			NextID: uint64(i + 1)}
 		if i%3 == 0 && i > 0 {
 			c.Ended = []string{fmt.Sprintf("lease-%06d", i-1)} // freed pages, as real use leaves

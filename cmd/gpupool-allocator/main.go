@@ -79,7 +79,7 @@ Flags:
 	}
 
 	var auth *service.Authenticator
-	quotas := map[string]int64{}
+	quotas := map[string]allocator.Share{}
 	if *configFile != "" {
 		cfg, err := service.LoadConfig(*configFile)
 		if err != nil {

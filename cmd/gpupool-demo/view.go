@@ -16,7 +16,6 @@ import (
 
 	"github.com/gpupool/gpupool/adapter"
 	"github.com/gpupool/gpupool/allocator"
-	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/gpuserver"
@@ -61,7 +60,7 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 	for _, s := range pool.Servers {
 		for _, g := range s.GPUs {
 			u := gpuUse[s.Name+"/"+fmt.Sprint(g.Index)]
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", s.Name, g.Index, g.Model, bar(float64(g.AllocatedMilli)/1000),
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", s.Name, g.Index, g.Model, bar(g.Allocated().GPUs()),
 				bar(u.Utilization), bar(u.MemoryPressure()))
 		}
 	}
@@ -75,21 +74,22 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 	for _, l := range leases {
 		for _, g := range l.GPUs {
 			use := "-"
-			if u := leaseUse[l.ID+"/"+fmt.Sprint(g.Index)]; u != nil && u.SMKnown && g.Milli > 0 {
-				use = fmt.Sprintf("%.0f%%", 100*u.ShareUtilization(g.Milli))
+			if u := leaseUse[l.ID+"/"+fmt.Sprint(g.Index)]; u != nil && u.SMKnown && g.Share > 0 {
+				use = fmt.Sprintf("%.0f%%", 100*u.ShareUtilization(g.Share))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%d\t%s%%\t%s\n", l.ID, l.Namespace, l.Owner.Pod, l.Owner.Labels["app"],
-				l.Server, g.Index, api.FormatMilli(int64(g.Milli)), use)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%d\t%s\t%s\n", l.ID, l.Namespace, l.Owner.Pod, l.Owner.Labels["app"],
+				l.Server, g.Index, g.Share, use)
 		}
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w)
-	for _, q := range quotas {
+	for _, wire := range quotas {
+		q := wire.Core()
 		hard := "no quota"
 		if q.Limited {
-			hard = fmt.Sprintf("of %g", q.Hard)
+			hard = "of " + q.Hard.String()
 		}
-		fmt.Fprintf(w, "quota %s: %g %s   ", q.Namespace, q.Used, hard)
+		fmt.Fprintf(w, "quota %s: %s %s   ", q.Namespace, q.Used, hard)
 	}
 	fmt.Fprintln(w)
 	sel := labels.SelectorFromSet(labels.Set{"app": "tf-training"})

@@ -309,15 +309,15 @@ func hostname() string {
 
 func leaseEnv(l allocator.Lease) []string {
 	uuids := make([]string, len(l.GPUs))
-	var milli int32
+	var share allocator.Share
 	var bytes int64
 	for i, g := range l.GPUs {
-		uuids[i], milli, bytes = g.UUID, g.Milli, g.MemoryBytes
+		uuids[i], share, bytes = g.UUID, g.Share, g.MemoryBytes
 	}
 	list := strings.Join(uuids, ",")
 	return []string{
 		"GPUPOOL_LEASE_ID=" + l.ID, "GPUPOOL_SERVER=" + l.Server, "GPUPOOL_GPU_UUIDS=" + list,
-		"GPUPOOL_GPU_PERCENT=" + api.FormatMilli(int64(milli)),
+		"GPUPOOL_GPU_PERCENT=" + share.FormatPercent(),
 		"GPUPOOL_GPU_MEMORY_BYTES=" + strconv.FormatInt(bytes, 10),
 		"CUDA_VISIBLE_DEVICES=" + list, "NVIDIA_VISIBLE_DEVICES=" + list,
 	}

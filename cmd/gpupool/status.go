@@ -88,8 +88,8 @@ func poolCmd(args []string, stdout, stderr io.Writer) int {
 					if !g.Healthy {
 						health = "UNHEALTHY"
 					}
-					fmt.Fprintf(tw, "%s\t%d\t%s\t%.0fGiB\t%s%%\t%s\t%s\t%d\n", s.Name, g.Index, g.Model,
-						float64(g.MemoryBytes)/(1<<30), api.FormatMilli(int64(g.AllocatedMilli)), health, state, s.Leases)
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%.0fGiB\t%s\t%s\t%s\t%d\n", s.Name, g.Index, g.Model,
+						float64(g.MemoryBytes)/(1<<30), g.Allocated(), health, state, s.Leases)
 				}
 			}
 		})
@@ -109,7 +109,7 @@ func leasesCmd(args []string, stdout, stderr io.Writer) int {
 			for _, l := range v.([]allocator.Lease) {
 				var gpus []string
 				for _, g := range l.GPUs {
-					gpus = append(gpus, fmt.Sprintf("%d:%s%%", g.Index, api.FormatMilli(int64(g.Milli))))
+					gpus = append(gpus, fmt.Sprintf("%d:%s", g.Index, g.Share))
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", l.ID, l.Namespace, l.Owner.Pod, l.Server,
 					strings.Join(gpus, ","), time.Until(l.ExpiresAt).Round(time.Second))
@@ -122,12 +122,13 @@ func quotaCmd(args []string, stdout, stderr io.Writer) int {
 		func(ctx context.Context, cl *client.Client) (any, error) { return cl.Quotas(ctx) },
 		func(tw *tabwriter.Writer, v any) {
 			fmt.Fprintln(tw, "NAMESPACE\tUSED\tHARD")
-			for _, q := range v.([]allocator.QuotaStatus) {
+			for _, wire := range v.([]api.QuotaStatus) {
+				q := wire.Core()
 				hard := "none"
 				if q.Limited {
-					hard = api.FormatMilli(int64(q.Hard * 10))
+					hard = q.Hard.String()
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", q.Namespace, api.FormatMilli(int64(q.Used*10)), hard)
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", q.Namespace, q.Used, hard)
 			}
 		})
 }

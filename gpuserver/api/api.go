@@ -214,8 +214,9 @@ type LeaseUsage struct {
 	Lease     string `json:"lease"`
 	Namespace string `json:"namespace"`
 	GPU       int    `json:"gpu"`
-	// Milli is the share granted; SMUtilization the processes' share of
-	// the GPU's SM time (0..1), nil when the source cannot tell.
+	// Milli is the share granted, in milli-GPUs (allocator.Share);
+	// SMUtilization the processes' share of the GPU's SM time (0..1), nil
+	// when the source cannot tell.
 	Milli              int32    `json:"milli"`
 	SMUtilization      *float64 `json:"smUtilization,omitempty"`
 	MemoryUsedBytes    int64    `json:"memoryUsedBytes"`

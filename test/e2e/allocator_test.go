@@ -244,19 +244,19 @@ func checkBooks(t *testing.T, c *client.Client, leases []allocator.Lease) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held := map[string]int32{}
-	perNS := map[string]int64{}
+	held := map[string]allocator.Share{}
+	perNS := map[string]allocator.Share{}
 	for _, l := range leases {
 		for _, g := range l.GPUs {
-			held[fmt.Sprint(l.Server, "/", g.Index)] += g.Milli
+			held[fmt.Sprint(l.Server, "/", g.Index)] += g.Share
 		}
-		perNS[l.Namespace] += l.QuotaMilli()
+		perNS[l.Namespace] += l.Share()
 	}
 	for _, s := range pool.Servers {
 		for _, g := range s.GPUs {
 			key := fmt.Sprint(s.Name, "/", g.Index)
-			if g.AllocatedMilli > allocator.MilliPerGPU || g.AllocatedMilli != held[key] {
-				t.Errorf("GPU %s: allocated %d milli, leases hold %d", key, g.AllocatedMilli, held[key])
+			if a := g.Allocated(); a > allocator.WholeGPU || a != held[key] {
+				t.Errorf("GPU %s: allocated %s, leases hold %s", key, a, held[key])
 			}
 		}
 	}
@@ -265,8 +265,8 @@ func checkBooks(t *testing.T, c *client.Client, leases []allocator.Lease) {
 		t.Fatal(err)
 	}
 	for _, q := range quotas {
-		if int64(q.Used*10) != perNS[q.Namespace] {
-			t.Errorf("namespace %s: quota use %v%%, leases sum to %v%%", q.Namespace, q.Used, float64(perNS[q.Namespace])/10)
+		if used := q.Core().Used; used != perNS[q.Namespace] {
+			t.Errorf("namespace %s: quota use %s, leases sum to %s", q.Namespace, used, perNS[q.Namespace])
 		}
 	}
 }

@@ -46,7 +46,7 @@ const (
 // expectedReplicas is what the HPA settles on for work (in GPUs): the
 // replicas whose shares the work keeps 60% busy, rounded up.
 func expectedReplicas(work float64) int {
-	n := int(work/(float64(replicaPercent)/100*0.6) + 0.999)
+	n := int(work/(allocator.SharePercent(replicaPercent).GPUs()*0.6) + 0.999)
 	return min(max(n, 1), 6)
 }
 

@@ -32,7 +32,7 @@ func TestDamagedStoreIsRefused(t *testing.T) {
 		name := fmt.Sprintf("gpu-%03d", i)
 		c := store.Change{Servers: []allocator.Server{{Name: name, GPUs: []allocator.GPU{{UUID: "GPU-" + name, Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}},
 			Leases: []allocator.Lease{{ID: fmt.Sprintf("lease-%06d", i+1), Namespace: "ml", Server: name, TTL: time.Hour, ExpiresAt: time.Now().Add(time.Hour),
-				GPUs: []allocator.LeaseGPU{{UUID: "GPU-" + name, Model: "A100", Milli: 500, MemoryBytes: 40 << 30}}}},
+				GPUs: []allocator.LeaseGPU{{UUID: "GPU-" + name, Model: "A100", Share: 500, MemoryBytes: 40 << 30}}}},
 			NextID: uint64(i + 1)}
 		if err := b.Apply(ctx, []store.Change{c}); err != nil {
 			t.Fatal(err)
