@@ -81,9 +81,7 @@ func (p *testPool) startDaemon(t *testing.T, gpus, processEvery int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	p.stopDaemon = cancel
-	var d *gpuserver.Daemon
-	sim := &collector.Simulated{Server: "gpu-0", Seed: 1, GPUs: make([]collector.SimulatedGPU, gpus), Clock: time.Now,
-		Leases: func() []allocator.Lease { return d.Leases() },
+	sim := &collector.Simulated{Server: "gpu-0", Seed: 1, GPUs: make([]collector.SimulatedGPU, gpus),
 		Demand: func(leases []allocator.Lease, _ time.Time) map[string]float64 {
 			out := map[string]float64{}
 			for _, l := range leases {
@@ -97,12 +95,17 @@ func (p *testPool) startDaemon(t *testing.T, gpus, processEvery int) {
 		sim.GPUs[i] = collector.SimulatedGPU{Model: "H100", MemoryBytes: 80 << 30}
 	}
 	inv := sim.Inventory(0, 0, map[string]string{api.LabelDaemonURL: p.daemonSrv.URL})
-	p.sampler = collector.NewSampler(sim, time.Hour, processEvery, nil)
-	d = gpuserver.New(gpuserver.Config{Inventory: inv, Client: p.client, Samplers: []*collector.Sampler{p.sampler},
-		Heartbeat: 50 * time.Millisecond, LabelAllowlist: []string{"app"}, Log: quietLog()})
-	p.daemon = d
-	h := gpuserver.Handler(d, gpuserver.Registry(d))
-	p.handler.Store(&h)
+	host, err := gpuserver.NewHost(gpuserver.HostConfig{
+		Config: gpuserver.Config{Inventory: inv, Client: p.client, Heartbeat: 50 * time.Millisecond,
+			LabelAllowlist: []string{"app"}, Log: quietLog()},
+		Source: sim, Interval: time.Hour, ProcessEvery: processEvery,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := host.Daemon
+	p.daemon, p.sampler = d, host.Sampler
+	p.handler.Store(&host.Handler)
 	p.sampler.Round(ctx) // the daemon vouches for GPUs it has read
 	go d.Run(ctx)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

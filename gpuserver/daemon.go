@@ -52,7 +52,10 @@ type Config struct {
 	// and a later process that reuses the PID is not attributed to the
 	// lease. nil counts every process as running.
 	StartTime func(pid int) (uint64, bool)
-	// Clock dates scrapes (snapshot ages); time.Now when nil.
+	// Clock is the daemon's time: it judges the snapshots' age, dates
+	// process reports and scrapes and moves the latency window; time.Now
+	// when nil. NewHost gives the same clock to the samplers (the GPUs'
+	// and the RDMA ports') and to a simulated source.
 	Clock func() time.Time
 	Log   *slog.Logger
 }
@@ -104,15 +107,20 @@ type pidEntry struct {
 
 // New returns a daemon; Run starts it.
 func New(cfg Config) *Daemon {
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = time.Now
-	}
+	cfg.setDefaults()
 	latency := gpuapi.NewLatencyHistogram()
 	return &Daemon{cfg: cfg, pids: map[int]pidEntry{}, latency: latency,
 		window: &latencyWindow{hist: latency, started: cfg.Clock()}}
+}
+
+// setDefaults fills in the logger and the clock when they are unset.
+func (c *Config) setDefaults() {
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
 }
 
 func (d *Daemon) now() time.Time { return d.cfg.Clock() }

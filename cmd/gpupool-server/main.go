@@ -24,7 +24,6 @@ import (
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/gpuserver"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
-	"github.com/gpupool/gpupool/internal/httpserver"
 )
 
 func main() {
@@ -34,8 +33,8 @@ func main() {
 func run(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpupool-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	host, _ := os.Hostname()
-	name := fs.String("name", defaultName(host), "server name in the pool (default: the host name, lowercased, as the kubelet names nodes)")
+	hostname, _ := os.Hostname()
+	name := fs.String("name", defaultName(hostname), "server name in the pool (default: the host name, lowercased, as the kubelet names nodes)")
 	allocatorURL := fs.String("allocator", envOr("GPUPOOL_ALLOCATOR", "http://127.0.0.1:8470"), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
 	token := fs.String("token", os.Getenv("GPUPOOL_TOKEN"), "bearer token of the servers group (env GPUPOOL_TOKEN)")
 	listen := fs.String("listen", "127.0.0.1:8471", "address of /metrics, /healthz and /v1/usage")
@@ -74,7 +73,6 @@ func run(args []string, stderr io.Writer) int {
 		log.Error("listening", "err", err)
 		return 1
 	}
-	var d *gpuserver.Daemon
 	var src collector.Source
 	var inv allocator.Server
 	switch *source {
@@ -84,8 +82,7 @@ func run(args []string, stderr io.Writer) int {
 			log.Error("bad flag", "err", err)
 			return 2
 		}
-		sim := &collector.Simulated{Server: *name, Seed: *seed, GPUs: gpus, Clock: time.Now,
-			Leases: func() []allocator.Lease { return d.Leases() }, PID: func(l string) (int, bool) { return d.PIDOf(l) }}
+		sim := &collector.Simulated{Server: *name, Seed: *seed, GPUs: gpus}
 		if *workload != "" {
 			if _, _, err := collector.ReadWorkloads(*workload); err != nil {
 				log.Error("bad flag", "err", fmt.Sprintf("--simulated-workload: %v", err))
@@ -100,7 +97,7 @@ func run(args []string, stderr io.Writer) int {
 			log.Error("starting the NVML source", "err", err)
 			return 1
 		}
-		defer nv.Close() // after the sampler stopped: see samplerDone below
+		defer nv.Close() // after the sampler stopped: Serve returns then
 		if inv, err = nv.Inventory(*name); err != nil {
 			log.Error("reading the GPUs", "err", err)
 			return 1
@@ -148,56 +145,21 @@ func run(args []string, stderr io.Writer) int {
 		defer func() { _ = processLn.Close() }() // removes the socket however run returns
 		inv.Labels[gpuapi.LabelProcessSocket] = socketPath
 	}
-	sampler := collector.NewSampler(src, *interval, *processEvery, nil)
-	var fabric *collector.Sampler
-	if _, err := os.Stat(filepath.Join(*sysPath, "class", "infiniband")); err == nil {
-		ports, err := collector.NewFabric(*sysPath)
-		if err != nil {
-			log.Error("reading RDMA ports", "err", err)
-			return 1
-		}
-		fabric = collector.NewSampler(ports, *interval, 1, nil)
-	} else {
-		log.Info("no RDMA ports: no InfiniBand/RoCE counters", "path", filepath.Join(*sysPath, "class", "infiniband"))
-	}
-	d = gpuserver.New(gpuserver.Config{
-		Inventory: inv, Client: cl, AllocatorURLs: allocatorURLs, Samplers: []*collector.Sampler{sampler}, Fabric: fabric,
-		Heartbeat: *heartbeat, LabelAllowlist: splitList(*allowlist), Parent: gpuserver.ProcParent("/proc"),
-		PodOf:     func(pid int) string { return gpuserver.PodUID("/proc", pid) },
-		StartTime: gpuserver.ProcStartTime("/proc"), Log: log,
+	host, err := gpuserver.NewHost(gpuserver.HostConfig{
+		Config: gpuserver.Config{Inventory: inv, Client: cl, AllocatorURLs: allocatorURLs, Heartbeat: *heartbeat,
+			LabelAllowlist: splitList(*allowlist), Log: log},
+		Source: src, Interval: *interval, ProcessEvery: *processEvery, Proc: "/proc", Sysfs: *sysPath,
 	})
-	reg := gpuserver.Registry(d)
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	samplerDone := make(chan struct{})
-	go func() { sampler.Run(ctx); close(samplerDone) }()
-	if fabric != nil {
-		go fabric.Run(ctx) // after Registry set its AfterRound
+	if err != nil {
+		log.Error("assembling the daemon", "err", err)
+		return 1
 	}
-	defer func() { <-samplerDone }() // runs before nv.Close (defers run last-in first-out)
-	go d.Run(ctx)
-	go d.ServeProbes(ctx, probeLn, time.Second)
-	servers := []*http.Server{httpserver.New(gpuserver.Handler(d, reg), httpserver.Default)}
-	listeners := []net.Listener{ln}
-	if processLn != nil {
-		servers, listeners = append(servers, gpuserver.ProcessServer(d)), append(listeners, processLn)
-	}
-	for i, srv := range servers {
-		go func() {
-			if err := srv.Serve(listeners[i]); !errors.Is(err, http.ErrServerClosed) {
-				log.Error("serving", "address", listeners[i].Addr(), "err", err)
-				stop()
-			}
-		}()
-	}
+	host.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	log.Info("gpu server serving", "server", *name, "address", "http://"+ln.Addr().String(), "process_socket", socketPath,
 		"source", src.Name(), "gpus", len(inv.GPUs))
-	<-ctx.Done()
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	// Shutting down closes the listeners, which removes the socket.
-	for _, srv := range servers {
-		_ = srv.Shutdown(shutdown)
+	if err := host.Serve(ctx, gpuserver.Listeners{HTTP: ln, Probes: probeLn, ProcessSocket: processLn}); err != nil {
+		log.Error("serving", "err", err)
+		return 1
 	}
 	return 0
 }
