@@ -26,9 +26,14 @@ build: ## build the stripped release binaries into bin/ and print their sizes
 # DEMO_FLAGS=--duration=0 runs the demo until Ctrl-C.
 DEMO_FLAGS ?= --duration=60s
 
+# The demo runs as a job of its own (set -m): a terminal's Ctrl-C then
+# reaches the demo alone, which stops cleanly, and not make, which would
+# end with status 130 whatever the demo did.
 .PHONY: demo
 demo: ## the whole pool on this machine for 60s (allocator, simulated GPU servers, workload; Ctrl-C stops early)
-	$(GO) run ./cmd/gpupool-demo $(DEMO_FLAGS)
+	@echo "building the demo and the gpupool client into bin/ (about 30 s the first time) ..."
+	$(GO) build -o bin/ ./cmd/gpupool-demo ./cmd/gpupool
+	@set -m 2>/dev/null; bin/gpupool-demo $(DEMO_FLAGS)
 
 .PHONY: simulate
 simulate: ## replay the embedded OpenB trace against every placement policy

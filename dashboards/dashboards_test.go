@@ -157,6 +157,7 @@ func TestQueriesHaveDataInDemo(t *testing.T) {
 func startDemo(t *testing.T, bin string) []string {
 	t.Helper()
 	cmd := exec.Command(bin, "--duration", "90s")
+	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir()) // where it keeps its log
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -62,24 +62,35 @@ Flags:
 		defer cancel()
 	}
 	d, err := startDemo(ctx, *seed)
+	if errors.Is(err, context.Canceled) {
+		return 0 // stopped while starting
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "gpupool-demo:", err)
 		return 1
 	}
 	defer d.close()
-	d.header(stdout)
-	clear := isTerminal(stdout)
+	w := newWorkload(d.tenants, *seed, d.log)
+	d.running.Go(func() { w.run(ctx, time.Second) })
+	self, _ := os.Executable()
+	wd, _ := os.Getwd()
+	gpupool := clientCommand(self, wd)
+	d.header(stdout, gpupool)
+	// A terminal gets each view on a cleared screen, under the header, so
+	// that its URLs and lines to try stay in sight.
+	redraw := isTerminal(stdout)
 	t := time.NewTicker(*refresh)
 	defer t.Stop()
 	start := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
-			fmt.Fprintln(stdout, "gpupool-demo: stopped")
+			fmt.Fprintf(stdout, "gpupool-demo: stopped; the log stays in %s\n", d.logFile)
 			return 0
 		case <-t.C:
-			if clear {
+			if redraw {
 				fmt.Fprint(stdout, "\033[H\033[2J")
+				d.header(stdout, gpupool)
 			}
 			d.view(ctx, stdout, time.Since(start))
 		}

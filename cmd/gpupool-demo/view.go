@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -21,8 +22,10 @@ import (
 	"github.com/gpupool/gpupool/gpuserver"
 )
 
-// header prints where the demo's parts listen and what to try with them.
-func (d *demo) header(w io.Writer) {
+// header prints where the demo's parts listen and what to try with them:
+// lines that run as printed (a shell comment says what each shows), with
+// the gpupool client run as gpupool says (clientCommand).
+func (d *demo) header(w io.Writer, gpupool string) {
 	fmt.Fprintf(w, "gpupool-demo: allocator %s (tokens on: %s); logs in %s\n", d.allocatorURL, d.tokens.configFile, d.logFile)
 	fmt.Fprintf(w, "  metrics: %s/metrics\n", d.allocatorURL)
 	for _, s := range d.servers {
@@ -30,9 +33,9 @@ func (d *demo) header(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  external metrics: %s (no authentication: loopback only; its own metrics are on the allocator's)\n", d.adapterURL)
 	fmt.Fprintf(w, "  try: curl -sk '%s/namespaces/ml/bitfusion_gpu_utilization?labelSelector=app%%3Dtf-training'\n", d.adapterURL)
-	fmt.Fprintf(w, "  try: GPUPOOL_ALLOCATOR=%s GPUPOOL_TOKEN=%s GPUPOOL_NAMESPACE=ml gpupool pool status   (namespace ml's token: gpupool leases, quota and run act in ml only)\n",
-		d.allocatorURL, d.tokens.tenant["ml"])
-	fmt.Fprintf(w, "  try: curl -s -H 'Authorization: Bearer %s' %s/v1/leases   (admin token: every namespace)\n\n", d.tokens.admin, d.allocatorURL)
+	fmt.Fprintf(w, "  try: GPUPOOL_ALLOCATOR=%s GPUPOOL_TOKEN=%s GPUPOOL_NAMESPACE=ml %s pool status   # namespace ml's token: leases, quota and run act in ml only\n",
+		d.allocatorURL, d.tokens.tenant["ml"], gpupool)
+	fmt.Fprintf(w, "  try: curl -s -H 'Authorization: Bearer %s' %s/v1/leases   # the admin token: every namespace\n\n", d.tokens.admin, d.allocatorURL)
 }
 
 // view prints servers and GPUs, leases with their use, and quota use.
@@ -46,10 +49,10 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 	gpuUse := map[string]collector.GPU{}
 	leaseUse := map[string]*gpuserver.LeaseUse{}
 	for _, s := range d.servers {
-		for _, g := range s.sampler.Latest().GPUs {
+		for _, g := range s.host.Sampler.Latest().GPUs {
 			gpuUse[s.name+"/"+fmt.Sprint(g.Index)] = g
 		}
-		use, _ := s.daemon.Usage()
+		use, _ := s.host.Daemon.Usage()
 		for k, u := range use {
 			leaseUse[k[0]+"/"+k[1]] = u
 		}
@@ -108,6 +111,20 @@ func bar(r float64) string {
 	r = math.Max(0, math.Min(1, r))
 	n := int(math.Round(r * 10))
 	return strings.Repeat("#", n) + strings.Repeat(".", 10-n) + fmt.Sprintf(" %3.0f%%", 100*r)
+}
+
+// clientCommand is how to run the gpupool client from the directory wd,
+// given this program's path: the binary next to it (`make demo` builds
+// both into bin/), else go run, from the repository's root.
+func clientCommand(self, wd string) string {
+	bin := filepath.Join(filepath.Dir(self), "gpupool")
+	if _, err := os.Stat(bin); err != nil {
+		return "go run ./cmd/gpupool"
+	}
+	if rel, err := filepath.Rel(wd, bin); err == nil && filepath.IsLocal(rel) {
+		return "./" + rel
+	}
+	return bin
 }
 
 // isTerminal reports whether w is a terminal, to redraw in place.

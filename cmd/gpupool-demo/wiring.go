@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,13 +19,14 @@ import (
 	"sigs.k8s.io/custom-metrics-apiserver/pkg/cmd/options"
 
 	"github.com/gpupool/gpupool/adapter"
-	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/allocator/service"
 	"github.com/gpupool/gpupool/allocator/store"
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/gpuserver"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
+	"github.com/gpupool/gpupool/internal/httpserver"
 )
 
 // demoServers are the simulated GPU servers of the demo: mixed models.
@@ -36,65 +39,85 @@ var demoServers = []struct{ name, gpus string }{
 // demoQuotas are the demo's namespace quotas, in percent of one GPU.
 var demoQuotas = map[string]int64{"ml": 400, "team-b": 300}
 
+// demoServer is one simulated GPU server: a gpupool-server daemon on the
+// simulated source.
 type demoServer struct {
 	name, url string
-	sampler   *collector.Sampler
-	daemon    *gpuserver.Daemon
+	host      *gpuserver.Host
 }
 
+// demo is the pool running on this machine.
 type demo struct {
-	allocatorURL, logFile, adapterURL string
-	tokens                            *demoTokens
+	allocatorURL, adapterURL string
+	// logFile is where the parts log; it stays after the demo.
+	logFile string
+	tokens  *demoTokens
 	// client holds the admin token: the view is the operator's.
-	client    *client.Client
+	client *client.Client
+	// tenants is each namespace's client, with its token: the workload's.
+	tenants   map[string]*client.Client
 	servers   []*demoServer
 	adapter   *adapter.Provider
 	log       *slog.Logger
 	logWriter io.Writer
-	closers   []func()
+	// stop ends the parts' loops, running, which close waits for before
+	// it closes what they use.
+	stop    context.CancelFunc
+	running sync.WaitGroup
+	closers []func()
 }
 
+// close stops the demo and removes its files, the log aside.
 func (d *demo) close() {
+	d.stop()
+	d.running.Wait()
 	for i := len(d.closers) - 1; i >= 0; i-- {
 		d.closers[i]()
 	}
 }
 
-// serve serves h on a loopback port and returns its URL.
+// serve serves h on a loopback port until the demo closes, and returns
+// its URL.
 func (d *demo) serve(h http.Handler) (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err
 	}
-	d.serveOn(ln, h)
-	return "http://" + ln.Addr().String(), nil
-}
-
-// serveOn serves h on ln until the demo closes.
-func (d *demo) serveOn(ln net.Listener, h http.Handler) {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := httpserver.New(h, httpserver.Default)
 	go func() { _ = srv.Serve(ln) }()
 	d.closers = append(d.closers, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	})
+	return "http://" + ln.Addr().String(), nil
 }
 
-func startDemo(ctx context.Context, seed uint64) (*demo, error) {
+// startDemo starts the allocator, the GPU servers and the adapter, which
+// run until ctx ends or the demo closes; the workload is the caller's to
+// start. The servers register one after the other, so that the pool
+// orders them alike on every run: placement breaks ties by that order.
+func startDemo(ctx context.Context, seed uint64) (_ *demo, err error) {
+	d := &demo{}
+	ctx, d.stop = context.WithCancel(ctx)
+	defer func() {
+		if err != nil {
+			d.close()
+		}
+	}()
 	dir, err := os.MkdirTemp("", "gpupool-demo-")
 	if err != nil {
 		return nil, err
 	}
-	d := &demo{logFile: filepath.Join(dir, "demo.log")}
 	d.closers = append(d.closers, func() { _ = os.RemoveAll(dir) })
-	logf, err := os.Create(d.logFile)
+	// Outside dir, so that it can be read after the demo.
+	logf, err := os.CreateTemp("", "gpupool-demo-*.log")
 	if err != nil {
 		return nil, err
 	}
 	d.closers = append(d.closers, func() { _ = logf.Close() })
-	log := slog.New(slog.NewTextHandler(logf, nil))
-	d.log, d.logWriter = log, logf
+	d.logFile, d.logWriter = logf.Name(), logf
+	d.log = slog.New(slog.NewTextHandler(logf, nil))
 
 	tokens, config, err := writeDemoConfig(dir)
 	if err != nil {
@@ -110,13 +133,13 @@ func startDemo(ctx context.Context, seed uint64) (*demo, error) {
 	reg.MustRegister(collectors.NewGoCollector())
 	svc, err := service.New(ctx, service.Config{
 		Store: st, Policy: "fgd-cpu", Seed: seed, DefaultTTL: 30 * time.Second, MaxTTL: time.Hour,
-		HeartbeatTimeout: 10 * time.Second, Quotas: config.Quotas(), Registry: reg, Logger: log,
+		HeartbeatTimeout: 10 * time.Second, Quotas: config.Quotas(), Registry: reg, Logger: d.log,
 	})
 	if err != nil {
 		return nil, err
 	}
-	go svc.Run(ctx, time.Second)
-	if d.allocatorURL, err = d.serve(service.Handler(svc, service.NewAuthenticator(config), reg, log)); err != nil {
+	d.running.Go(func() { svc.Run(ctx, time.Second) })
+	if d.allocatorURL, err = d.serve(service.Handler(svc, service.NewAuthenticator(config), reg, d.log)); err != nil {
 		return nil, err
 	}
 	if d.client, err = client.New([]string{d.allocatorURL}, tokens.admin); err != nil {
@@ -128,57 +151,83 @@ func startDemo(ctx context.Context, seed uint64) (*demo, error) {
 	if err != nil {
 		return nil, err
 	}
-	tenants := map[string]*client.Client{}
+	d.tenants = map[string]*client.Client{}
 	for ns, token := range tokens.tenant {
-		if tenants[ns], err = client.New([]string{d.allocatorURL}, token); err != nil {
+		if d.tenants[ns], err = client.New([]string{d.allocatorURL}, token); err != nil {
 			return nil, err
 		}
 	}
-
 	for i, spec := range demoServers {
-		gpus, err := collector.ParseSimulatedGPUs(spec.gpus)
-		if err != nil {
-			return nil, err
+		if err := d.startServer(ctx, spec.name, spec.gpus, seed+uint64(i), servers); err != nil {
+			return nil, fmt.Errorf("starting %s: %w", spec.name, err)
 		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		s := &demoServer{name: spec.name, url: "http://" + ln.Addr().String()}
-		sim := &collector.Simulated{Server: spec.name, Seed: seed + uint64(i), GPUs: gpus, Clock: time.Now, Demand: demoDemand,
-			Leases: func() []allocator.Lease { return s.daemon.Leases() }}
-		s.sampler = collector.NewSampler(sim, time.Second, 2, nil)
-		s.daemon = gpuserver.New(gpuserver.Config{
-			Inventory: sim.Inventory(int64(len(gpus))*16000, int64(len(gpus))*(64<<30), map[string]string{gpuapi.LabelDaemonURL: s.url}),
-			Client:    servers, Samplers: []*collector.Sampler{s.sampler}, Heartbeat: 2 * time.Second, LabelAllowlist: []string{"app"}, Log: log,
-		})
-		d.serveOn(ln, gpuserver.Handler(s.daemon, gpuserver.Registry(s.daemon)))
-		go s.sampler.Run(ctx)
-		go s.daemon.Run(ctx)
-		if err := d.probe(ctx, s.daemon); err != nil {
-			return nil, err
-		}
-		d.servers = append(d.servers, s)
 	}
 	if err := d.startAdapter(ctx, dir, reg); err != nil {
 		return nil, fmt.Errorf("starting the adapter: %w", err)
 	}
-	go runWorkload(ctx, tenants, seed, log)
 	return d, nil
 }
 
-// probe has the server answer data-path probes on loopback and a client
-// node probe it, as `gpupool run` does, so the latency series have data.
-func (d *demo) probe(ctx context.Context, daemon *gpuserver.Daemon) error {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// startServer starts a GPU server's daemon on simulated GPUs (gpus, as
+// --simulate-gpus) and waits until it registered. A client node probes its
+// data path, as `gpupool run` does, so that the latency series have data.
+func (d *demo) startServer(ctx context.Context, name, gpus string, seed uint64, servers *client.Client) error {
+	simulated, err := collector.ParseSimulatedGPUs(gpus)
 	if err != nil {
 		return err
 	}
-	go daemon.ServeProbes(ctx, ln, time.Second)
-	go func() {
-		_ = gpuapi.DialProbe(ctx, ln.Addr().String(), "demo-client-0", time.Second, func(time.Duration) {})
-	}()
-	return nil
+	httpLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	probeLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	s := &demoServer{name: name, url: "http://" + httpLn.Addr().String()}
+	sim := &collector.Simulated{Server: name, Seed: seed, GPUs: simulated, Demand: demoDemand}
+	n := int64(len(simulated))
+	s.host, err = gpuserver.NewHost(gpuserver.HostConfig{
+		Config: gpuserver.Config{Inventory: sim.Inventory(n*16000, n*(64<<30), map[string]string{gpuapi.LabelDaemonURL: s.url}),
+			Client: servers, Heartbeat: 2 * time.Second, LabelAllowlist: []string{"app"}, Log: d.log},
+		Source: sim, Interval: time.Second, ProcessEvery: 2,
+	})
+	if err != nil {
+		return err
+	}
+	d.running.Go(func() {
+		if err := s.host.Serve(ctx, gpuserver.Listeners{HTTP: httpLn, Probes: probeLn}); err != nil {
+			d.log.Error("serving", "server", name, "err", err)
+		}
+	})
+	d.running.Go(func() {
+		_ = gpuapi.DialProbe(ctx, probeLn.Addr().String(), "demo-client-0", time.Second, func(time.Duration) {})
+	})
+	d.servers = append(d.servers, s)
+	return d.awaitRegistered(ctx, name)
+}
+
+// registerTimeout bounds the wait for a server to register.
+const registerTimeout = 30 * time.Second
+
+// awaitRegistered waits until the pool lists the server, at most
+// registerTimeout.
+func (d *demo) awaitRegistered(ctx context.Context, name string) error {
+	wait, cancel := context.WithTimeout(ctx, registerTimeout)
+	defer cancel()
+	for {
+		if pool, err := d.client.Pool(wait); err == nil && slices.ContainsFunc(pool.Servers, func(s api.ServerStatus) bool { return s.Name == name }) {
+			return nil
+		}
+		select {
+		case <-wait.Done():
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("not registered with the allocator after %s (%s says why)", registerTimeout, d.logFile)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // startAdapter serves the external metrics API on loopback with the

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -16,8 +17,9 @@ import (
 
 // TestDemo runs `gpupool-demo` as README's first command does, scrapes
 // every /metrics it prints while it runs, checks them with promtool, uses
-// the tokens it prints (tokens are on: no token is a 401), and expects it
-// to stop cleanly after --duration.
+// the tokens it prints (tokens are on: no token is a 401) and runs its
+// gpupool line as printed, and expects it to stop cleanly after --duration
+// and keep the log it names.
 func TestDemo(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
@@ -26,6 +28,7 @@ func TestDemo(t *testing.T) {
 	// Long enough that the checks below finish on a loaded machine before
 	// the demo stops by itself.
 	cmd := exec.Command(filepath.Join(binDir, "gpupool-demo"), "--duration", "25s")
+	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir()) // where it keeps its log
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -34,19 +37,19 @@ func TestDemo(t *testing.T) {
 		t.Fatal(err)
 	}
 	var urls []string
-	var external, allocatorURL, tenantEnv, adminToken string
+	var external, allocatorURL, logFile, tenantLine, adminToken string
 	var out strings.Builder
 	sc := bufio.NewScanner(stdout)
-	allocatorLine := regexp.MustCompile(`^gpupool-demo: allocator (http://\S+) \(tokens on`)
+	allocatorLine := regexp.MustCompile(`^gpupool-demo: allocator (http://\S+) \(tokens on: \S+\); logs in (\S+)$`)
 	metricsLine := regexp.MustCompile(`metrics: (http://\S+/metrics)`)
 	externalLine := regexp.MustCompile(`external metrics: (https://\S+)`)
-	tenantLine := regexp.MustCompile(`try: (GPUPOOL_ALLOCATOR=\S+ GPUPOOL_TOKEN=\S+ GPUPOOL_NAMESPACE=ml) gpupool pool status`)
+	tenantTry := regexp.MustCompile(`try: (GPUPOOL_ALLOCATOR=\S+ GPUPOOL_TOKEN=\S+ GPUPOOL_NAMESPACE=ml \S+ pool status .*)`)
 	adminLine := regexp.MustCompile(`try: curl -s -H 'Authorization: Bearer (\S+)' \S+/v1/leases`)
 	for sc.Scan() {
 		line := sc.Text()
 		out.WriteString(line + "\n")
 		if m := allocatorLine.FindStringSubmatch(line); m != nil {
-			allocatorURL = m[1]
+			allocatorURL, logFile = m[1], m[2]
 		}
 		if m := metricsLine.FindStringSubmatch(line); m != nil {
 			urls = append(urls, m[1])
@@ -54,8 +57,8 @@ func TestDemo(t *testing.T) {
 		if m := externalLine.FindStringSubmatch(line); m != nil {
 			external = m[1]
 		}
-		if m := tenantLine.FindStringSubmatch(line); m != nil {
-			tenantEnv = m[1]
+		if m := tenantTry.FindStringSubmatch(line); m != nil {
+			tenantLine = m[1]
 		}
 		if m := adminLine.FindStringSubmatch(line); m != nil {
 			adminToken = m[1]
@@ -67,7 +70,7 @@ func TestDemo(t *testing.T) {
 	if len(urls) != 4 {
 		t.Fatalf("demo printed %d /metrics URLs, want the allocator's and 3 servers':\n%s", len(urls), out.String())
 	}
-	if allocatorURL == "" || tenantEnv == "" || adminToken == "" {
+	if allocatorURL == "" || tenantLine == "" || adminToken == "" {
 		t.Fatalf("demo did not print its allocator, namespace ml's token and the admin token:\n%s", out.String())
 	}
 	time.Sleep(5 * time.Second) // leases placed, processes sampled
@@ -105,7 +108,7 @@ func TestDemo(t *testing.T) {
 	if err != nil || list.Kind != "ExternalMetricValueList" || len(list.Items) != 1 {
 		t.Errorf("external metric: %v %+v", err, list)
 	}
-	demoTokens(t, allocatorURL, adminToken, strings.Fields(tenantEnv))
+	demoTokens(t, allocatorURL, adminToken, tenantLine)
 	rest, _ := io.ReadAll(stdout)
 	out.Write(rest)
 	if err := cmd.Wait(); err != nil {
@@ -116,12 +119,16 @@ func TestDemo(t *testing.T) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}
 	}
+	if log, err := os.ReadFile(logFile); err != nil || !strings.Contains(string(log), "registered with the allocator") {
+		t.Errorf("the demo's log %s after it stopped: %v, want the parts' log", logFile, err)
+	}
 }
 
 // demoTokens uses the tokens the demo printed: the allocator answers no
-// token 401, the admin token the leases (of every namespace), and the `gpupool`
-// line with namespace ml's token runs and sees ml's leases only.
-func demoTokens(t *testing.T, allocatorURL, admin string, tenantEnv []string) {
+// token 401, the admin token the leases (of every namespace), and the
+// `gpupool` line with namespace ml's token runs as printed, from the
+// repository's root, and its token sees ml's leases only.
+func demoTokens(t *testing.T, allocatorURL, admin, tenantLine string) {
 	t.Helper()
 	get := func(token string) (int, string) {
 		req, _ := http.NewRequest(http.MethodGet, allocatorURL+"/v1/leases", nil)
@@ -143,10 +150,12 @@ func demoTokens(t *testing.T, allocatorURL, admin string, tenantEnv []string) {
 	if code != http.StatusOK || !strings.Contains(body, `"namespace":"ml"`) {
 		t.Errorf("GET /v1/leases with the admin token: %d, want 200 and ml's leases:\n%s", code, body)
 	}
-	if out, code := gpupool(t, tenantEnv, "pool", "status"); code != 0 || !strings.Contains(out, "sim-h100-0") {
-		t.Errorf("%s gpupool pool status: exit %d\n%s", strings.Join(tenantEnv, " "), code, out)
+	printed := exec.Command("sh", "-c", tenantLine)
+	printed.Dir = "../.."
+	if out, err := printed.CombinedOutput(); err != nil || !strings.Contains(string(out), "sim-h100-0") {
+		t.Errorf("%s: %v\n%s", tenantLine, err, out)
 	}
-	out, code := gpupool(t, tenantEnv, "leases")
+	out, code := gpupool(t, strings.Fields(tenantLine)[:3], "leases")
 	if code != 0 || !strings.Contains(out, "tf-training-0") || strings.Contains(out, "team-b") {
 		t.Errorf("gpupool leases with namespace ml's token: exit %d, want ml's leases only:\n%s", code, out)
 	}
