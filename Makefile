@@ -15,11 +15,12 @@ help: ## list the targets
 # into users' pods, so it is built without cgo and runs on any Linux image;
 # gpupool-server needs cgo for NVML, the others are built as it is.
 RELEASE_FLAGS := -trimpath -ldflags='-s -w'
+BUILD_CLIENT   = CGO_ENABLED=0 $(GO) build $(RELEASE_FLAGS) -o bin/ ./cmd/gpupool
 COMMANDS = $(shell $(GO) list ./cmd/...)
 
 .PHONY: build
 build: ## build the stripped release binaries into bin/ and print their sizes
-	CGO_ENABLED=0 $(GO) build $(RELEASE_FLAGS) -o bin/ ./cmd/gpupool
+	$(BUILD_CLIENT)
 	$(GO) build $(RELEASE_FLAGS) -o bin/ $(filter-out %/cmd/gpupool,$(COMMANDS))
 	@cd bin && stat -c '%s %n' $(notdir $(COMMANDS)) | awk '{ printf "  bin/%-18s %5.1f MB\n", $$2, $$1 / 1e6 }'
 
@@ -32,7 +33,8 @@ DEMO_FLAGS ?= --duration=60s
 .PHONY: demo
 demo: ## the whole pool on this machine for 60s (allocator, simulated GPU servers, workload; Ctrl-C stops early)
 	@echo "building the demo and the gpupool client into bin/ (about 30 s the first time) ..."
-	$(GO) build -o bin/ ./cmd/gpupool-demo ./cmd/gpupool
+	$(BUILD_CLIENT)
+	$(GO) build $(RELEASE_FLAGS) -o bin/ ./cmd/gpupool-demo
 	@set -m 2>/dev/null; bin/gpupool-demo $(DEMO_FLAGS)
 
 .PHONY: simulate
