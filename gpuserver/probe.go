@@ -73,6 +73,7 @@ func ServeProbes(ctx context.Context, ln net.Listener, server string, interval t
 					delete(perAddr, addr)
 				}
 			}()
+			// A socket's deadline is real time, whatever the daemon's clock.
 			_ = conn.SetReadDeadline(time.Now().Add(time.Duration(helloTimeout.Load())))
 			node, err := gpuapi.ReadProbeHello(conn)
 			if err != nil {
