@@ -128,7 +128,7 @@ func (h *Host) Serve(ctx context.Context, ls Listeners) error {
 		servers = append(servers, srv)
 		wg.Go(func() {
 			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				once.Do(func() { failed = err })
+				once.Do(func() { failed = fmt.Errorf("serving on %s: %w", ln.Addr(), err) })
 				stop()
 			}
 		})
