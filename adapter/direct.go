@@ -147,7 +147,7 @@ func (d *Direct) readPool(ctx context.Context) (*poolView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing leases from the allocator: %w", err)
 	}
-	v := &poolView{at: at, pool: pool, leases: leases, usage: map[string]*api.Usage{}}
+	v := &poolView{at: at, pool: pool, leases: allocapi.CoreLeases(leases), usage: map[string]*api.Usage{}}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for _, s := range pool.Servers {

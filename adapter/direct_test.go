@@ -133,11 +133,12 @@ func (p *testPool) follows(t *testing.T, l allocator.Lease) {
 // then samples a round.
 func (p *testPool) acquire(t *testing.T, pod, app string, load, percent int) allocator.Lease {
 	t.Helper()
-	l, err := p.client.Acquire(context.Background(), allocapi.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: percent,
-		Owner: allocator.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": app, "load": string(rune('0' + load))}}})
+	granted, err := p.client.Acquire(context.Background(), allocapi.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: percent,
+		Owner: allocapi.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": app, "load": string(rune('0' + load))}}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := granted.Core()
 	p.follows(t, l)
 	p.sampler.Round(context.Background())
 	return l
@@ -227,7 +228,7 @@ func TestDirectBackendLeavesNewLeasesOut(t *testing.T) {
 	// Leases granted straight at the allocator, unknown to the daemon's
 	// last round: the view is as if the daemon had not caught up.
 	unreported, err := p.client.Acquire(context.Background(), allocapi.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: 50,
-		Owner: allocator.Owner{Pod: "tf-1", UID: "uid-tf-1", Labels: map[string]string{"app": "tf-training", "load": "2"}}})
+		Owner: allocapi.Owner{Pod: "tf-1", UID: "uid-tf-1", Labels: map[string]string{"app": "tf-training", "load": "2"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

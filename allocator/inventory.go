@@ -9,24 +9,24 @@ import (
 
 // Server is a GPU host as it registers with the pool.
 type Server struct {
-	Name   string            `json:"name"`
-	Labels map[string]string `json:"labels,omitempty"`
+	Name   string
+	Labels map[string]string
 	// CPUMilli and MemoryBytes are what the host offers to the workloads
 	// placed on it; zero means the host does not account for them.
-	CPUMilli    int64 `json:"cpuMilli,omitempty"`
-	MemoryBytes int64 `json:"memoryBytes,omitempty"`
-	GPUs        []GPU `json:"gpus"`
+	CPUMilli    int64
+	MemoryBytes int64
+	GPUs        []GPU
 }
 
 // GPU is one device of a server.
 type GPU struct {
-	Index       int    `json:"index"`
-	UUID        string `json:"uuid"`
-	Model       string `json:"model"`
-	MemoryBytes int64  `json:"memoryBytes"`
+	Index       int
+	UUID        string
+	Model       string
+	MemoryBytes int64
 	// Healthy is false when the daemon reports the device broken or gone;
 	// an unhealthy GPU keeps its leases but takes no new ones.
-	Healthy bool `json:"healthy"`
+	Healthy bool
 }
 
 // validate checks a server as it registers: a Kubernetes object name (the

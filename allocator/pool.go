@@ -442,7 +442,8 @@ func cloneServer(s *Server) Server {
 }
 
 // cloneRequest also makes empty lists and maps nil, so that a request and
-// its JSON round trip (which drops them) compare equal for idempotency.
+// its round trip through the API or a store (which drop them) compare
+// equal for idempotency.
 func cloneRequest(r *Request) Request {
 	c := *r
 	c.Models = nil

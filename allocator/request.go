@@ -14,34 +14,34 @@ import (
 // Request asks the pool for GPUs in the Bitfusion vocabulary. It is the
 // validated, typed form of what a pod or `gpupool run` sends.
 type Request struct {
-	Namespace string `json:"namespace"`
+	Namespace string
 	// GPUs is bitfusion.io/gpu-amount: how many GPUs, all on one server.
-	GPUs int `json:"gpuAmount"`
+	GPUs int
 	// Percent is bitfusion.io/gpu-percent, the share of each GPU (1..100).
 	// GPUMemoryBytes is bitfusion.io/gpu-memory, converted to the share of
 	// the GPU the lease lands on. Neither set means whole GPUs.
-	Percent        int   `json:"gpuPercent,omitempty"`
-	GPUMemoryBytes int64 `json:"gpuMemoryBytes,omitempty"`
+	Percent        int
+	GPUMemoryBytes int64
 	// CPUMilli and MemoryBytes are the host resources the workload needs,
 	// as a pod asks for them.
-	CPUMilli    int64 `json:"cpuMilli,omitempty"`
-	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	CPUMilli    int64
+	MemoryBytes int64
 	// Models restricts placement to these GPU models; empty means any.
-	Models []string `json:"models,omitempty"`
-	Owner  Owner    `json:"owner"`
+	Models []string
+	Owner  Owner
 	// IdempotencyKey makes a retried request return the lease the first
 	// attempt granted instead of allocating twice.
-	IdempotencyKey string `json:"idempotencyKey,omitempty"`
+	IdempotencyKey string
 	// TTL is how long the lease lives without renewal; zero takes the
 	// pool's default.
-	TTL time.Duration `json:"ttl,omitempty"`
+	TTL time.Duration
 }
 
 // Owner identifies who holds a lease, so usage can be attributed to a pod.
 type Owner struct {
-	Pod    string            `json:"pod,omitempty"`
-	UID    string            `json:"uid,omitempty"`
-	Labels map[string]string `json:"labels,omitempty"`
+	Pod    string
+	UID    string
+	Labels map[string]string
 }
 
 // Limits on what one request or one server may state. They keep every

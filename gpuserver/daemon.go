@@ -270,7 +270,7 @@ func (d *Daemon) register(ctx context.Context) bool {
 			inv.GPUs[i].Healthy = h
 		}
 	}
-	if err := d.cfg.Client.RegisterServer(ctx, inv); err != nil {
+	if err := d.cfg.Client.RegisterServer(ctx, api.NewServer(inv)); err != nil {
 		d.cfg.Log.Warn("registering with the allocator", "server", inv.Name, "err", err)
 		return false
 	}
@@ -337,7 +337,7 @@ func (d *Daemon) refreshLeases(ctx context.Context) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.setLeases(leases)
+	d.setLeases(api.CoreLeases(leases))
 	maps.DeleteFunc(d.pids, func(_ int, e pidEntry) bool { return !live[e.lease] && e.at.Before(fetched) })
 	d.pods = nil
 }

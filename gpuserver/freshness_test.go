@@ -23,7 +23,11 @@ func leasesServer(t *testing.T, leases ...allocator.Lease) *client.Client {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(api.LeaseList{Leases: leases})
+		list := api.LeaseList{}
+		for _, l := range leases {
+			list.Leases = append(list.Leases, api.NewLease(l))
+		}
+		_ = json.NewEncoder(w).Encode(list)
 	}))
 	t.Cleanup(srv.Close)
 	c, err := client.New([]string{srv.URL}, "")

@@ -61,7 +61,7 @@ func (f *leaseAllocator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if id, ok := strings.CutPrefix(r.URL.Path, "/v1/leases/"); ok {
 		for _, l := range visible {
 			if l.ID == id {
-				_ = json.NewEncoder(w).Encode(l)
+				_ = json.NewEncoder(w).Encode(api.NewLease(l))
 				return
 			}
 		}
@@ -71,7 +71,7 @@ func (f *leaseAllocator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var out api.LeaseList
 	for _, l := range visible {
 		if s := r.URL.Query().Get("server"); s == "" || l.Server == s {
-			out.Leases = append(out.Leases, l)
+			out.Leases = append(out.Leases, api.NewLease(l))
 		}
 	}
 	_ = json.NewEncoder(w).Encode(out)

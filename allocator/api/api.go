@@ -1,6 +1,9 @@
 // Package api holds the allocator's HTTP wire types, shared by the server
-// (allocator/service) and the typed client (allocator/client). All paths
-// are under /v1; bodies are JSON.
+// (allocator/service) and the typed client (allocator/client), and their
+// conversions to and from the allocator's own types (New..., Core). All
+// paths are under /v1; bodies are JSON. A GPU share is a number of percent
+// of one GPU in a field whose name ends in Percent (or "percent"),
+// durations are Go duration strings ("30s"), times RFC 3339.
 //
 //	PUT    /v1/servers/{name}            register or update a GPU server (Server)
 //	POST   /v1/servers/{name}/heartbeat  heartbeat with GPU health (Heartbeat)
@@ -36,11 +39,11 @@ type AcquireRequest struct {
 	GPUPercent int    `json:"gpuPercent,omitempty"`
 	GPUMemory  string `json:"gpuMemory,omitempty"`
 	// CPU and Memory are quantities as in a pod's requests ("500m", "4Gi").
-	CPU            string          `json:"cpu,omitempty"`
-	Memory         string          `json:"memory,omitempty"`
-	Models         []string        `json:"models,omitempty"`
-	Owner          allocator.Owner `json:"owner"`
-	IdempotencyKey string          `json:"idempotencyKey,omitempty"`
+	CPU            string   `json:"cpu,omitempty"`
+	Memory         string   `json:"memory,omitempty"`
+	Models         []string `json:"models,omitempty"`
+	Owner          Owner    `json:"owner"`
+	IdempotencyKey string   `json:"idempotencyKey,omitempty"`
 	// TTL is how long the lease lives unrenewed ("30s"); empty takes the
 	// allocator's default. Wait queues the request up to that long when
 	// there is no capacity or quota, instead of failing at once.
@@ -80,7 +83,7 @@ const MaxWait = time.Hour
 func (a *AcquireRequest) Parse() (allocator.Request, time.Duration, error) {
 	r := allocator.Request{
 		Namespace: a.Namespace, GPUs: a.GPUAmount, Percent: a.GPUPercent, Models: a.Models,
-		Owner: a.Owner, IdempotencyKey: a.IdempotencyKey,
+		Owner: a.Owner.Core(), IdempotencyKey: a.IdempotencyKey,
 	}
 	var err error
 	if a.GPUMemory != "" {
@@ -97,10 +100,10 @@ func (a *AcquireRequest) Parse() (allocator.Request, time.Duration, error) {
 	if r.MemoryBytes, err = quantity("memory", a.Memory, allocator.MaxMemoryBytes, false); err != nil {
 		return r, 0, err
 	}
-	if r.TTL, err = Duration("ttl", a.TTL, 0); err != nil {
+	if r.TTL, err = ParseDuration("ttl", a.TTL, 0); err != nil {
 		return r, 0, err
 	}
-	wait, err := Duration("wait", a.Wait, MaxWait)
+	wait, err := ParseDuration("wait", a.Wait, MaxWait)
 	if err != nil {
 		return r, 0, err
 	}
@@ -119,9 +122,9 @@ func quantity(field, s string, max int64, milli bool) (int64, error) {
 	return allocator.ParseQuantity(field, s, 0, max, milli)
 }
 
-// Duration parses a Go duration such as "30s" within 0..limit (no limit
-// when limit is 0).
-func Duration(field, s string, limit time.Duration) (time.Duration, error) {
+// ParseDuration parses a Go duration such as "30s" within 0..limit (no
+// limit when limit is 0); a bad one is a *allocator.FieldError.
+func ParseDuration(field, s string, limit time.Duration) (time.Duration, error) {
 	if s == "" {
 		return 0, nil
 	}
@@ -161,12 +164,12 @@ type PoolStatus struct {
 
 // PendingRequest is a lease request waiting for capacity or quota.
 type PendingRequest struct {
-	Namespace      string          `json:"namespace"`
-	Owner          allocator.Owner `json:"owner"`
-	GPUs           int             `json:"gpus"`
-	Percent        int             `json:"percent,omitempty"`
-	GPUMemoryBytes int64           `json:"gpuMemoryBytes,omitempty"`
-	Since          time.Time       `json:"since"`
+	Namespace      string    `json:"namespace"`
+	Owner          Owner     `json:"owner"`
+	GPUs           int       `json:"gpus"`
+	Percent        int       `json:"percent,omitempty"`
+	GPUMemoryBytes int64     `json:"gpuMemoryBytes,omitempty"`
+	Since          time.Time `json:"since"`
 }
 
 // ServerStatus is one server and what is leased on it.
@@ -194,12 +197,7 @@ type GPUStatus struct {
 }
 
 // Allocated is the share leases hold.
-func (g *GPUStatus) Allocated() allocator.Share { return allocator.SharePercent(g.AllocatedPercent) }
-
-// LeaseList is the answer to GET /v1/leases.
-type LeaseList struct {
-	Leases []allocator.Lease `json:"leases"`
-}
+func (g GPUStatus) Allocated() allocator.Share { return allocator.SharePercent(g.AllocatedPercent) }
 
 // QuotaList is the answer to GET /v1/quotas.
 type QuotaList struct {
@@ -223,7 +221,7 @@ func NewQuotaStatus(q allocator.QuotaStatus) QuotaStatus {
 }
 
 // Core is q as the allocator holds it.
-func (q *QuotaStatus) Core() allocator.QuotaStatus {
+func (q QuotaStatus) Core() allocator.QuotaStatus {
 	return allocator.QuotaStatus{Namespace: q.Namespace, Limited: q.Limited,
 		Hard: allocator.SharePercent(q.HardPercent), Used: allocator.SharePercent(q.UsedPercent)}
 }

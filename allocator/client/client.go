@@ -16,7 +16,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 )
 
@@ -59,7 +58,7 @@ func New(endpoints []string, token string) (*Client, error) {
 }
 
 // RegisterServer registers or updates a GPU server.
-func (c *Client) RegisterServer(ctx context.Context, s allocator.Server) error {
+func (c *Client) RegisterServer(ctx context.Context, s api.Server) error {
 	return c.do(ctx, http.MethodPut, "/v1/servers/"+url.PathEscape(s.Name), s, nil)
 }
 
@@ -70,33 +69,33 @@ func (c *Client) Heartbeat(ctx context.Context, server string, hb api.Heartbeat)
 
 // Acquire asks for a lease. Without an idempotency key it makes one, so
 // that retries through a failover never allocate twice.
-func (c *Client) Acquire(ctx context.Context, r api.AcquireRequest) (allocator.Lease, error) {
+func (c *Client) Acquire(ctx context.Context, r api.AcquireRequest) (api.Lease, error) {
 	if r.IdempotencyKey == "" {
 		b := make([]byte, 16)
 		if _, err := rand.Read(b); err != nil {
-			return allocator.Lease{}, err
+			return api.Lease{}, err
 		}
 		r.IdempotencyKey = hex.EncodeToString(b)
 	}
-	if wait, err := api.Duration("wait", r.Wait, api.MaxWait); err == nil && wait > 0 {
+	if wait, err := api.ParseDuration("wait", r.Wait, api.MaxWait); err == nil && wait > 0 {
 		if _, has := ctx.Deadline(); !has {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, wait+c.Timeout)
 			defer cancel()
 		}
 	}
-	var l allocator.Lease
+	var l api.Lease
 	err := c.do(ctx, http.MethodPost, "/v1/leases", r, &l)
 	return l, err
 }
 
 // Renew extends a lease by ttl (its own TTL when 0).
-func (c *Client) Renew(ctx context.Context, id string, ttl time.Duration) (allocator.Lease, error) {
+func (c *Client) Renew(ctx context.Context, id string, ttl time.Duration) (api.Lease, error) {
 	var in api.RenewRequest
 	if ttl > 0 {
 		in.TTL = ttl.String()
 	}
-	var l allocator.Lease
+	var l api.Lease
 	err := c.do(ctx, http.MethodPost, "/v1/leases/"+url.PathEscape(id)+"/renew", in, &l)
 	return l, err
 }
@@ -112,8 +111,8 @@ func (c *Client) Release(ctx context.Context, id string) error {
 }
 
 // Lease returns one lease.
-func (c *Client) Lease(ctx context.Context, id string) (allocator.Lease, error) {
-	var l allocator.Lease
+func (c *Client) Lease(ctx context.Context, id string) (api.Lease, error) {
+	var l api.Lease
 	err := c.do(ctx, http.MethodGet, "/v1/leases/"+url.PathEscape(id), nil, &l)
 	return l, err
 }
@@ -125,7 +124,7 @@ type LeaseFilter struct {
 }
 
 // Leases lists live leases.
-func (c *Client) Leases(ctx context.Context, f LeaseFilter) ([]allocator.Lease, error) {
+func (c *Client) Leases(ctx context.Context, f LeaseFilter) ([]api.Lease, error) {
 	q := url.Values{}
 	for k, v := range map[string]string{"namespace": f.Namespace, "server": f.Server, "selector": f.Selector} {
 		if v != "" {

@@ -32,7 +32,7 @@ func TestServerTokensReadTheirServersLeases(t *testing.T) {
 	if err := shared.RegisterServer(ctx, gpuServer("s2", 1)); err != nil {
 		t.Fatal(err)
 	}
-	var onS1, onS2 allocator.Lease
+	var onS1, onS2 api.Lease
 	for _, ns := range []string{"team-a", "team-b"} {
 		for range 2 {
 			l, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: ns, GPUAmount: 1, GPUPercent: 25})
@@ -115,7 +115,7 @@ func TestPoolHidesOtherNamespacesPending(t *testing.T) {
 	waiting := make(chan error, 1)
 	go func() {
 		_, err := teamA.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, Wait: "10s",
-			Owner: allocator.Owner{Pod: "secret-pod", UID: "uid-1", Labels: map[string]string{"app": "secret"}}})
+			Owner: api.Owner{Pod: "secret-pod", UID: "uid-1", Labels: map[string]string{"app": "secret"}}})
 		waiting <- err
 	}()
 	pending := func(token string) int {
@@ -184,7 +184,7 @@ func TestRegistrationRefusesBadServers(t *testing.T) {
 	badLabel := gpuServer("labelled", 1)
 	badLabel.Labels = map[string]string{"not a key": "x"}
 	for _, tc := range []struct {
-		srv   allocator.Server
+		srv   api.Server
 		field string
 	}{
 		{gpuServer("GPU_1", 1), "server.name"},
@@ -266,7 +266,7 @@ func TestStoredServerFromBeforeNameChecksStillStarts(t *testing.T) {
 	legacy := gpuServer("GPU_Node1", 1)
 	lease := allocator.Lease{ID: "lease-000001", Namespace: "team-a", Server: legacy.Name, TTL: time.Hour, ExpiresAt: clock.Now().Add(time.Hour),
 		GPUs: []allocator.LeaseGPU{{UUID: legacy.GPUs[0].UUID, Model: "A100", Share: 500, MemoryBytes: 40 << 30}}}
-	if err := st.Apply(context.Background(), []store.Change{{Servers: []allocator.Server{legacy}, Leases: []allocator.Lease{lease}, NextID: 1}}); err != nil {
+	if err := st.Apply(context.Background(), []store.Change{{Servers: []allocator.Server{legacy.Core()}, Leases: []allocator.Lease{lease}, NextID: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Close(); err != nil {

@@ -107,7 +107,7 @@ func (h *handler) registerServer(w http.ResponseWriter, r *http.Request) {
 	if !h.serverPrincipal(w, r) {
 		return
 	}
-	var srv allocator.Server
+	var srv api.Server
 	if !decode(w, r, &srv) {
 		return
 	}
@@ -115,7 +115,7 @@ func (h *handler) registerServer(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, &allocator.FieldError{Field: "name", Value: srv.Name, Limit: "must equal the name in the path, " + name})
 		return
 	}
-	h.reply(w, http.StatusOK, srv, h.s.RegisterServer(r.Context(), srv))
+	h.reply(w, http.StatusOK, srv, h.s.RegisterServer(r.Context(), srv.Core()))
 }
 
 func (h *handler) heartbeat(w http.ResponseWriter, r *http.Request) {
@@ -153,7 +153,7 @@ func (h *handler) acquire(w http.ResponseWriter, r *http.Request) {
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + time.Minute))
 	}
 	l, err := h.s.Acquire(r.Context(), req, wait)
-	h.reply(w, http.StatusCreated, l, err)
+	h.reply(w, http.StatusCreated, api.NewLease(l), err)
 }
 
 func (h *handler) listLeases(w http.ResponseWriter, r *http.Request) {
@@ -196,17 +196,17 @@ func (h *handler) listLeases(w http.ResponseWriter, r *http.Request) {
 		}
 		f.Selector = func(l map[string]string) bool { return parsed.Matches(labels.Set(l)) }
 	}
-	leases := h.s.Leases(f)
-	if leases == nil {
-		leases = []allocator.Lease{}
+	list := api.LeaseList{Leases: []api.Lease{}}
+	for _, l := range h.s.Leases(f) {
+		list.Leases = append(list.Leases, api.NewLease(l))
 	}
-	h.reply(w, http.StatusOK, api.LeaseList{Leases: leases}, nil)
+	h.reply(w, http.StatusOK, list, nil)
 }
 
 func (h *handler) getLease(w http.ResponseWriter, r *http.Request) {
 	if p, ok := h.principal(w, r); ok {
 		l, err := h.s.Lease(p, r.PathValue("id"))
-		h.reply(w, http.StatusOK, l, err)
+		h.reply(w, http.StatusOK, api.NewLease(l), err)
 	}
 }
 
@@ -219,19 +219,19 @@ func (h *handler) renew(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &in) {
 		return
 	}
-	ttl, err := api.Duration("ttl", in.TTL, 0)
+	ttl, err := api.ParseDuration("ttl", in.TTL, 0)
 	if err != nil {
 		h.fail(w, err)
 		return
 	}
 	l, err := h.s.Renew(r.Context(), p, r.PathValue("id"), ttl)
-	h.reply(w, http.StatusOK, l, err)
+	h.reply(w, http.StatusOK, api.NewLease(l), err)
 }
 
 func (h *handler) release(w http.ResponseWriter, r *http.Request) {
 	if p, ok := h.principal(w, r); ok {
 		l, err := h.s.Release(r.Context(), p, r.PathValue("id"))
-		h.reply(w, http.StatusOK, l, err)
+		h.reply(w, http.StatusOK, api.NewLease(l), err)
 	}
 }
 

@@ -666,7 +666,7 @@ func (s *Service) Status() api.PoolStatus {
 		st.Servers = append(st.Servers, ss)
 	}
 	for r, since := range s.waiting {
-		st.Pending = append(st.Pending, api.PendingRequest{Namespace: r.Namespace, Owner: r.Owner, GPUs: r.GPUs,
+		st.Pending = append(st.Pending, api.PendingRequest{Namespace: r.Namespace, Owner: api.NewOwner(r.Owner), GPUs: r.GPUs,
 			Percent: r.Percent, GPUMemoryBytes: r.GPUMemoryBytes, Since: since})
 	}
 	slices.SortFunc(st.Pending, func(a, b api.PendingRequest) int { return a.Since.Compare(b.Since) })

@@ -95,10 +95,10 @@ func (a *testAllocator) client(t testing.TB, token string) *client.Client {
 	return c
 }
 
-func gpuServer(name string, gpus int) allocator.Server {
-	s := allocator.Server{Name: name, CPUMilli: 64000, MemoryBytes: 256 << 30}
+func gpuServer(name string, gpus int) api.Server {
+	s := api.Server{Name: name, CPUMilli: 64000, MemoryBytes: 256 << 30}
 	for i := range gpus {
-		s.GPUs = append(s.GPUs, allocator.GPU{Index: i, UUID: name + "-gpu" + string(rune('0'+i)), Model: "A100", MemoryBytes: 80 << 30, Healthy: true})
+		s.GPUs = append(s.GPUs, api.GPU{Index: i, UUID: name + "-gpu" + string(rune('0'+i)), Model: "A100", MemoryBytes: 80 << 30, Healthy: true})
 	}
 	return s
 }
@@ -297,8 +297,8 @@ func TestSilentServerTakesNoNewLeases(t *testing.T) {
 	}
 }
 
-func podOwner(pod string) allocator.Owner {
-	return allocator.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "tf-training"}}
+func podOwner(pod string) api.Owner {
+	return api.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "tf-training"}}
 }
 
 // failingStore fails every Apply once told to, and records what it wrote.
@@ -337,7 +337,7 @@ func TestStoreFailureStopsEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := svc.RegisterServer(ctx, gpuServer("s1", 2)); err != nil {
+	if err := svc.RegisterServer(ctx, gpuServer("s1", 2).Core()); err != nil {
 		t.Fatal(err)
 	}
 	st.mu.Lock()
@@ -354,7 +354,7 @@ func TestStoreFailureStopsEverything(t *testing.T) {
 	st.mu.Lock()
 	st.failing, st.written = false, 0 // the disk comes back: still nothing may be written
 	st.mu.Unlock()
-	if err := svc.RegisterServer(ctx, gpuServer("s2", 2)); !errors.Is(err, errUnavailable) {
+	if err := svc.RegisterServer(ctx, gpuServer("s2", 2).Core()); !errors.Is(err, errUnavailable) {
 		t.Errorf("register after the failure: %v, want unavailable", err)
 	}
 	if _, err := svc.Acquire(ctx, allocator.Request{Namespace: "ml", GPUs: 1}, 0); !errors.Is(err, errUnavailable) {

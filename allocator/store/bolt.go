@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,8 +13,6 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
-
-	"github.com/gpupool/gpupool/allocator"
 )
 
 var (
@@ -167,8 +164,8 @@ func (b *Bolt) Load(context.Context) (State, error) {
 			}
 		}
 		err := tx.Bucket(serversBucket).ForEach(func(k, v []byte) error {
-			var s allocator.Server
-			if err := json.Unmarshal(v, &s); err != nil {
+			s, err := decodeServer(v)
+			if err != nil {
 				return fmt.Errorf("server %s: %w", k, err)
 			}
 			st.Servers = append(st.Servers, s)
@@ -178,8 +175,8 @@ func (b *Bolt) Load(context.Context) (State, error) {
 			return err
 		}
 		err = tx.Bucket(leasesBucket).ForEach(func(k, v []byte) error {
-			var l allocator.Lease
-			if err := json.Unmarshal(v, &l); err != nil {
+			l, err := decodeLease(v)
+			if err != nil {
 				return fmt.Errorf("lease %s: %w", k, err)
 			}
 			st.Leases = append(st.Leases, l)
@@ -201,13 +198,21 @@ func (b *Bolt) Apply(_ context.Context, changes []Change) error {
 	return b.db.Update(func(tx *bolt.Tx) error {
 		servers, leases, meta := tx.Bucket(serversBucket), tx.Bucket(leasesBucket), tx.Bucket(metaBucket)
 		for _, c := range changes {
-			for _, s := range c.Servers {
-				if err := putJSON(servers, s.Name, s); err != nil {
+			for i := range c.Servers {
+				data, err := encodeServer(&c.Servers[i])
+				if err != nil {
+					return err
+				}
+				if err := servers.Put([]byte(c.Servers[i].Name), data); err != nil {
 					return err
 				}
 			}
-			for _, l := range c.Leases {
-				if err := putJSON(leases, l.ID, l); err != nil {
+			for i := range c.Leases {
+				data, err := encodeLease(&c.Leases[i])
+				if err != nil {
+					return err
+				}
+				if err := leases.Put([]byte(c.Leases[i].ID), data); err != nil {
 					return err
 				}
 			}
@@ -224,14 +229,6 @@ func (b *Bolt) Apply(_ context.Context, changes []Change) error {
 		}
 		return nil
 	})
-}
-
-func putJSON(b *bolt.Bucket, key string, v any) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return b.Put([]byte(key), data)
 }
 
 // Close implements Store.

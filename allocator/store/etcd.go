@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -11,8 +10,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-
-	"github.com/gpupool/gpupool/allocator"
 )
 
 // maxTxnOps stays under etcd's default --max-txn-ops (128).
@@ -73,14 +70,14 @@ func (e *Etcd) Load(ctx context.Context) (State, error) {
 		key := strings.TrimPrefix(string(kv.Key), e.prefix)
 		switch {
 		case strings.HasPrefix(key, "servers/"):
-			var s allocator.Server
-			if err := json.Unmarshal(kv.Value, &s); err != nil {
+			s, err := decodeServer(kv.Value)
+			if err != nil {
 				return st, fmt.Errorf("%s: %w", kv.Key, err)
 			}
 			st.Servers = append(st.Servers, s)
 		case strings.HasPrefix(key, "leases/"):
-			var l allocator.Lease
-			if err := json.Unmarshal(kv.Value, &l); err != nil {
+			l, err := decodeLease(kv.Value)
+			if err != nil {
 				return st, fmt.Errorf("%s: %w", kv.Key, err)
 			}
 			st.Leases = append(st.Leases, l)
@@ -113,20 +110,20 @@ func (e *Etcd) Apply(ctx context.Context, changes []Change) error {
 		last[key] = op
 	}
 	for _, c := range changes {
-		for _, s := range c.Servers {
-			data, err := json.Marshal(s)
+		for i := range c.Servers {
+			data, err := encodeServer(&c.Servers[i])
 			if err != nil {
 				return err
 			}
-			key := e.prefix + "servers/" + s.Name
+			key := e.prefix + "servers/" + c.Servers[i].Name
 			set(key, clientv3.OpPut(key, string(data)))
 		}
-		for _, l := range c.Leases {
-			data, err := json.Marshal(l)
+		for i := range c.Leases {
+			data, err := encodeLease(&c.Leases[i])
 			if err != nil {
 				return err
 			}
-			key := e.prefix + "leases/" + l.ID
+			key := e.prefix + "leases/" + c.Leases[i].ID
 			set(key, clientv3.OpPut(key, string(data)))
 		}
 		for _, id := range c.Ended {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpupool/gpupool/adapter"
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/gpuserver"
@@ -44,7 +45,8 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 	if err != nil {
 		return
 	}
-	leases, _ := d.client.Leases(ctx, client.LeaseFilter{})
+	listed, _ := d.client.Leases(ctx, client.LeaseFilter{})
+	leases := api.CoreLeases(listed)
 	quotas, _ := d.client.Quotas(ctx)
 	gpuUse := map[string]collector.GPU{}
 	leaseUse := map[string]*gpuserver.LeaseUse{}

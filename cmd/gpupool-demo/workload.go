@@ -92,13 +92,13 @@ func (w *workload) step(ctx context.Context) {
 		pod := fmt.Sprint("tf-training-", i)
 		if !slices.ContainsFunc(w.held, func(h heldLease) bool { return h.pod == pod }) {
 			w.acquire(ctx, api.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: 50, TTL: "30s",
-				Owner: allocator.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "tf-training"}}}, forever)
+				Owner: api.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "tf-training"}}}, forever)
 		}
 	}
 	if w.rng.IntN(2) == 0 {
 		pod := fmt.Sprint("job-", n)
 		r := api.AcquireRequest{Namespace: "team-b", GPUAmount: 1, TTL: "30s",
-			Owner: allocator.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "batch"}}}
+			Owner: api.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "batch"}}}
 		switch w.rng.IntN(3) {
 		case 0:
 			r.GPUPercent = 25
@@ -112,7 +112,7 @@ func (w *workload) step(ctx context.Context) {
 	if w.rng.IntN(4) == 0 {
 		pod := fmt.Sprint("notebook-", n)
 		w.acquire(ctx, api.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: 10, TTL: "30s",
-			Owner: allocator.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "notebook"}}}, n+20)
+			Owner: api.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "notebook"}}}, n+20)
 	}
 }
 

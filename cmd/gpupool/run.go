@@ -82,7 +82,7 @@ Flags:
 	}
 	req := api.AcquireRequest{
 		Namespace: *namespace, GPUAmount: *amount, GPUPercent: *percent, GPUMemory: *memory,
-		TTL: ttl.String(), Owner: allocator.Owner{Pod: *pod, UID: *podUID, Labels: podLabels},
+		TTL: ttl.String(), Owner: api.Owner{Pod: *pod, UID: *podUID, Labels: podLabels},
 	}
 	if *model != "" {
 		req.Models = strings.Split(*model, "|")
@@ -113,7 +113,7 @@ Flags:
 	if err != nil {
 		return allocatorFailed(stderr, "run", err)
 	}
-	return runLeased(ctx, cl, cf.token, lease, *ttl, *pushURL, command, stdout, stderr)
+	return runLeased(ctx, cl, cf.token, lease.Core(), *ttl, *pushURL, command, stdout, stderr)
 }
 
 // requestFlags names the flag of `gpupool run` behind each field of a

@@ -11,7 +11,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 )
@@ -106,7 +105,7 @@ func leasesCmd(args []string, stdout, stderr io.Writer) int {
 		func(ctx context.Context, cl *client.Client) (any, error) { return cl.Leases(ctx, f) },
 		func(tw *tabwriter.Writer, v any) {
 			fmt.Fprintln(tw, "LEASE\tNAMESPACE\tPOD\tSERVER\tGPUS\tEXPIRES")
-			for _, l := range v.([]allocator.Lease) {
+			for _, l := range api.CoreLeases(v.([]api.Lease)) {
 				var gpus []string
 				for _, g := range l.GPUs {
 					gpus = append(gpus, fmt.Sprintf("%d:%s", g.Index, g.Share))

@@ -30,7 +30,7 @@ func TestStatusTablesSayTheirUnits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := allocator.Server{Name: "gpu-a", GPUs: []allocator.GPU{{UUID: "GPU-a0", Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}
+	srv := api.Server{Name: "gpu-a", GPUs: []api.GPU{{UUID: "GPU-a0", Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}
 	if err := cl.RegisterServer(ctx, srv); err != nil {
 		t.Fatal(err)
 	}

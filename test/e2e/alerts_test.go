@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/internal/metricstest"
 )
@@ -168,7 +167,7 @@ receivers:
 	var leases []string
 	for i := range 2 {
 		l, err := ml.Acquire(context.Background(), api.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: 100, TTL: "10m",
-			Owner: allocator.Owner{Pod: fmt.Sprint("trainer-", i)}})
+			Owner: api.Owner{Pod: fmt.Sprint("trainer-", i)}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -108,8 +108,8 @@ func writeLoadConfig(t *testing.T) *poolConfig {
 }
 
 // loadServers are the GPU servers the crash tests load: 4 of 8 GPUs.
-func loadServers() []allocator.Server {
-	var servers []allocator.Server
+func loadServers() []api.Server {
+	var servers []api.Server
 	for i := range 4 {
 		servers = append(servers, gpuServer(fmt.Sprint("s", i), 8))
 	}
@@ -126,7 +126,7 @@ func crashUnderLoad(t *testing.T, c *client.Client, crash func(), recover func()
 
 	type outcome struct {
 		req       api.AcquireRequest
-		lease     allocator.Lease
+		lease     api.Lease
 		acked     bool // the acquire was answered
 		releasing bool // a release was sent: it may have landed unanswered
 		released  bool // a release was answered
@@ -186,7 +186,7 @@ func crashUnderLoad(t *testing.T, c *client.Client, crash func(), recover func()
 	if err != nil {
 		t.Fatal(err)
 	}
-	live := map[string]allocator.Lease{}
+	live := map[string]api.Lease{}
 	for _, l := range leases {
 		live[l.ID] = l
 	}
@@ -222,10 +222,10 @@ func crashUnderLoad(t *testing.T, c *client.Client, crash func(), recover func()
 	leases, _ = c.Leases(context.Background(), client.LeaseFilter{})
 	byKey := map[string]string{}
 	for _, l := range leases {
-		if other, dup := byKey[l.Request.IdempotencyKey]; dup {
-			t.Errorf("key %s granted twice: %s and %s", l.Request.IdempotencyKey, other, l.ID)
+		if other, dup := byKey[l.IdempotencyKey]; dup {
+			t.Errorf("key %s granted twice: %s and %s", l.IdempotencyKey, other, l.ID)
 		}
-		byKey[l.Request.IdempotencyKey] = l.ID
+		byKey[l.IdempotencyKey] = l.ID
 	}
 	checkBooks(t, c, leases)
 	t.Logf("%d requests: %d acknowledged leases kept, %d acknowledged releases, %d leases live after recovery and retries",
@@ -237,7 +237,7 @@ func crashUnderLoad(t *testing.T, c *client.Client, crash func(), recover func()
 
 // checkBooks: per GPU, leased share <= 100% and equal to the sum of the
 // leases on it; quota use equals the sum of the namespace's leases.
-func checkBooks(t *testing.T, c *client.Client, leases []allocator.Lease) {
+func checkBooks(t *testing.T, c *client.Client, listed []api.Lease) {
 	t.Helper()
 	ctx := context.Background()
 	pool, err := c.Pool(ctx)
@@ -246,7 +246,7 @@ func checkBooks(t *testing.T, c *client.Client, leases []allocator.Lease) {
 	}
 	held := map[string]allocator.Share{}
 	perNS := map[string]allocator.Share{}
-	for _, l := range leases {
+	for _, l := range api.CoreLeases(listed) {
 		for _, g := range l.GPUs {
 			held[fmt.Sprint(l.Server, "/", g.Index)] += g.Share
 		}

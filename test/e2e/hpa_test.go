@@ -319,7 +319,7 @@ func (r *hpaRig) followReplicas(ctx context.Context) {
 				continue
 			}
 			l, err := r.client.Acquire(ctx, api.AcquireRequest{Namespace: hpaNamespace, GPUAmount: 1, GPUPercent: replicaPercent, TTL: "1h",
-				IdempotencyKey: uid, Owner: allocator.Owner{Pod: p.Name, UID: uid, Labels: p.Labels}})
+				IdempotencyKey: uid, Owner: api.Owner{Pod: p.Name, UID: uid, Labels: p.Labels}})
 			if err == nil {
 				held[uid] = l.ID
 			}

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 )
 
@@ -151,15 +151,15 @@ func newClient(t testing.TB, url, token string) *client.Client {
 	return c
 }
 
-func gpuServer(name string, gpus int) allocator.Server {
-	s := allocator.Server{Name: name, CPUMilli: 96000, MemoryBytes: 512 << 30}
+func gpuServer(name string, gpus int) api.Server {
+	s := api.Server{Name: name, CPUMilli: 96000, MemoryBytes: 512 << 30}
 	for i := range gpus {
-		s.GPUs = append(s.GPUs, allocator.GPU{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", name, i), Model: "H100", MemoryBytes: 80 << 30, Healthy: true})
+		s.GPUs = append(s.GPUs, api.GPU{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", name, i), Model: "H100", MemoryBytes: 80 << 30, Healthy: true})
 	}
 	return s
 }
 
-func register(t testing.TB, c *client.Client, servers ...allocator.Server) {
+func register(t testing.TB, c *client.Client, servers ...api.Server) {
 	t.Helper()
 	for _, s := range servers {
 		if err := c.RegisterServer(context.Background(), s); err != nil {

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 )
@@ -53,7 +52,7 @@ func TestDaemonWithServersTokenSeesItsLeases(t *testing.T) {
 	ml := newClient(t, a.URL, config.Tenant["ml"])
 	waitFor(t, func() bool { p, err := ml.Pool(context.Background()); return err == nil && len(p.Servers) == 1 })
 	lease, err := ml.Acquire(context.Background(), api.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: 50, TTL: "10m",
-		Owner: allocator.Owner{Pod: "tf-training-0", UID: "uid-tf-training-0", Labels: map[string]string{"app": "tf-training"}}})
+		Owner: api.Owner{Pod: "tf-training-0", UID: "uid-tf-training-0", Labels: map[string]string{"app": "tf-training"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,12 @@
-package allocator
+package api
 
 import (
 	"encoding/json"
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/gpupool/gpupool/allocator"
 )
 
 // FuzzRegisterServer registers arbitrary server bodies, as the allocator
@@ -27,21 +29,23 @@ func FuzzRegisterServer(f *testing.F) {
 	// Once a GPU of 2^62 bytes and a request of as much gave milli -1.
 	f.Add([]byte(`{"name":"huge","gpus":[{"index":0,"uuid":"u","model":"A100","memoryBytes":4611686018427387904,"healthy":true}]}`), int64(1<<62))
 	f.Fuzz(func(t *testing.T, body []byte, askBytes int64) {
-		var s Server
-		if json.Unmarshal(body, &s) != nil {
+		var wire Server
+		if json.Unmarshal(body, &wire) != nil {
 			return
 		}
-		pol, _ := NewPolicy("best-fit", PolicyOptions{})
-		p, _ := NewPool(PoolConfig{Policy: pol, DefaultTTL: time.Minute, MaxTTL: time.Hour})
+		s := wire.Core()
+		pol, _ := allocator.NewPolicy("best-fit", allocator.PolicyOptions{})
+		p, _ := allocator.NewPool(allocator.PoolConfig{Policy: pol, DefaultTTL: time.Minute, MaxTTL: time.Hour})
 		now := time.Unix(1e9, 0)
-		if err := p.RegisterServer(Server{Name: "held", GPUs: []GPU{{UUID: "GPU-h", Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}); err != nil {
+		held := allocator.Server{Name: "held", GPUs: []allocator.GPU{{UUID: "GPU-h", Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}
+		if err := p.RegisterServer(held); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := p.Acquire(now, Request{Namespace: "ml", GPUs: 1, Percent: 50}); err != nil {
+		if _, err := p.Acquire(now, allocator.Request{Namespace: "ml", GPUs: 1, Percent: 50}); err != nil {
 			t.Fatal(err)
 		}
 		if err := p.RegisterServer(s); err != nil {
-			var field *FieldError
+			var field *allocator.FieldError
 			if !errors.As(err, &field) || field.Field == "" || field.Limit == "" {
 				t.Fatalf("refusal %v is not a FieldError naming the field and the limit", err)
 			}
@@ -50,12 +54,12 @@ func FuzzRegisterServer(f *testing.F) {
 		if err := p.CheckInvariants(); err != nil {
 			t.Fatalf("registering %s broke the books: %v", body, err)
 		}
-		l, err := p.Acquire(now, Request{Namespace: "ml", GPUs: 1, GPUMemoryBytes: askBytes, Models: modelsOf(&s)})
+		l, err := p.Acquire(now, allocator.Request{Namespace: "ml", GPUs: 1, GPUMemoryBytes: askBytes, Models: modelsOf(&s)})
 		if err != nil {
 			return
 		}
 		for _, g := range l.GPUs {
-			if g.Share <= 0 || g.Share > WholeGPU || g.MemoryBytes < 0 {
+			if g.Share <= 0 || g.Share > allocator.WholeGPU || g.MemoryBytes < 0 {
 				t.Fatalf("a %d-byte request on %s got share %s (%d bytes)", askBytes, body, g.Share, g.MemoryBytes)
 			}
 		}
@@ -65,7 +69,7 @@ func FuzzRegisterServer(f *testing.F) {
 	})
 }
 
-func modelsOf(s *Server) []string {
+func modelsOf(s *allocator.Server) []string {
 	var out []string
 	for _, g := range s.GPUs {
 		out = append(out, g.Model)
