@@ -85,10 +85,11 @@ bench: deps build ## placement decisions/s per policy, a whole replay timed, dur
 	bin/gpupool simulate --seeds 42-51 --policies all
 
 .PHONY: fuzz
-fuzz: ## fuzz the pool's operation stream, server registration, request and process-report decoding and quantity parsing (60s each)
+fuzz: ## fuzz the pool's operation stream, server registration, request and process-report decoding, leases on the wire and quantity parsing (60s each)
 	$(GO) test ./allocator -run '^$$' -fuzz FuzzPool -fuzztime 60s
-	$(GO) test ./allocator -run '^$$' -fuzz FuzzRegisterServer -fuzztime 60s
+	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzRegisterServer -fuzztime 60s
 	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzAcquireRequest -fuzztime 60s
+	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzLeaseWire -fuzztime 60s
 	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzParseGPUMemory -fuzztime 60s
 	$(GO) test ./gpuserver -run '^$$' -fuzz FuzzProcessReport -fuzztime 60s
 
