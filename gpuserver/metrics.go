@@ -33,6 +33,8 @@ var (
 		"Processes on the GPU that belong to no lease on this server.")
 )
 
+// leaseGauge is a per-lease row: a series per lease and GPU, with the
+// pod's allowlisted labels.
 func leaseGauge(name, unit, help string) *metricdef.Family {
 	f := metricdef.Gauge(name, unit, metricdef.Labels{"server", "gpu", "lease", "namespace", "pod"}, help)
 	f.LabelPrefix = "label_"
