@@ -43,13 +43,11 @@ const (
 // MetricNames lists the metric names served, in documentation order.
 var MetricNames = []string{GPUUtilization, MemoryPressure, RDMALatency, PoolUnallocatedGPUs, PendingRequests}
 
-// LatencyQuantile and LatencyWindow are the rule for RDMALatency: the
-// tail the Bitfusion budget (50 us) is about, over a window long enough
-// to hold a few hundred probes per client at one per second.
-const (
-	LatencyQuantile = 0.99
-	LatencyWindow   = 5 * time.Minute
-)
+// LatencyQuantile is RDMALatency's quantile, both backends': the tail the
+// Bitfusion budget (50 us) is about. Its window is the daemon's
+// (gpuserver.LatencyWindow) for the direct backend and a recording rule's
+// for the Prometheus one; alerts/alerts_test.go pins that they agree.
+const LatencyQuantile = 0.99
 
 // Query asks a backend for one metric.
 type Query struct {

@@ -117,7 +117,8 @@ func expand(t *template.Template, q Query) (string, error) {
 		return "", err
 	}
 	var b bytes.Buffer
-	err = t.Execute(&b, map[string]string{"LeaseMatchers": sel, "SelectorMatchers": raw, "Namespace": q.Namespace})
+	err = t.Execute(&b, map[string]string{"LeaseMatchers": sel, "SelectorMatchers": raw, "Namespace": q.Namespace,
+		"LatencyQuantile": strconv.FormatFloat(LatencyQuantile, 'g', -1, 64)})
 	return b.String(), err
 }
 

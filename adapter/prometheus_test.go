@@ -13,15 +13,28 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	cmprovider "sigs.k8s.io/custom-metrics-apiserver/pkg/provider"
 
+	"github.com/gpupool/gpupool/gpuserver/api"
 	"github.com/gpupool/gpupool/internal/metricstest"
 )
 
+// tsdbs run the built-in queries against each TSDB evaluating the
+// recording rules they read.
 var tsdbs = []struct {
 	name  string
-	start func(t testing.TB, interval time.Duration, targets ...string) string
+	start func(t testing.TB, c metricstest.PrometheusConfig, targets ...string) string
 }{
-	{"prometheus", metricstest.StartPrometheus},
-	{"victoria-metrics", metricstest.StartVictoriaMetrics},
+	{"prometheus", metricstest.StartPrometheusWith},
+	{"victoria-metrics", metricstest.StartVictoriaMetricsWith},
+}
+
+func startTSDB(t *testing.T, start func(testing.TB, metricstest.PrometheusConfig, ...string) string, targets ...string) *Prometheus {
+	t.Helper()
+	c := metricstest.PrometheusConfig{Interval: time.Second, RuleFiles: []string{metricstest.GpupoolRules(t)}}
+	prom, err := NewPrometheus(start(t, c, targets...), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return prom
 }
 
 // TestPrometheusBackendAgreesWithDirect: a real Prometheus and a real
@@ -36,10 +49,7 @@ func TestPrometheusBackendAgreesWithDirect(t *testing.T) {
 			p.acquire(t, "tf-0", "tf-training", 6, 50)
 			p.acquire(t, "tf-1", "tf-training", 8, 50)
 			p.acquire(t, "web-0", "web", 2, 25)
-			prom, err := NewPrometheus(tsdb.start(t, time.Second, p.allocator.URL, p.daemonSrv.URL), "")
-			if err != nil {
-				t.Fatal(err)
-			}
+			prom := startTSDB(t, tsdb.start, p.allocator.URL, p.daemonSrv.URL)
 			direct := NewDirect(p.client, 0, quietLog())
 			for _, c := range []struct{ metric, selector string }{
 				{GPUUtilization, "app=tf-training"},
@@ -62,6 +72,19 @@ func TestPrometheusBackendAgreesWithDirect(t *testing.T) {
 				if len(got) > 0 && time.Since(got[0].Time) > 10*time.Second {
 					t.Errorf("%s{%s}: dated %s, %s ago, scraped every second", c.metric, c.selector, got[0].Time, time.Since(got[0].Time))
 				}
+			}
+			// Round trips probed once the TSDB scrapes the daemon, so that its
+			// rate sees them: one p99, for tcp, through the recorded window.
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			_ = api.DialProbe(ctx, p.probeAddr, "client-0", 10*time.Millisecond, func(time.Duration) {})
+			cancel()
+			var latency []Value
+			for deadline := time.Now().Add(30 * time.Second); len(latency) == 0 && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+				latency = query(t, prom, RDMALatency, "app=tf-training")
+			}
+			if len(latency) != 1 || latency[0].Labels["transport"] != api.TransportTCP || latency[0].Value <= 0 || latency[0].Value > 0.08 ||
+				time.Since(latency[0].Time) > 10*time.Second {
+				t.Errorf("latency = %+v, want one fresh tcp p99 in (0, 80ms]", latency)
 			}
 			if v := query(t, prom, GPUUtilization, "app=nobody"); len(v) != 0 {
 				t.Errorf("utilization of no leases = %+v, want no data", v)
@@ -115,10 +138,7 @@ bitfusion_lease_memory_granted_bytes{server="gpu-0",gpu="2",lease="lease-3",name
 				_, _ = fmt.Fprint(w, exposition)
 			}))
 			t.Cleanup(target.Close)
-			prom, err := NewPrometheus(tsdb.start(t, time.Second, target.URL), "")
-			if err != nil {
-				t.Fatal(err)
-			}
+			prom := startTSDB(t, tsdb.start, target.URL)
 			var got []Value
 			for deadline := time.Now().Add(30 * time.Second); len(got) == 0 && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 				got = query(t, prom, GPUUtilization, "app=tf-training")
@@ -127,7 +147,7 @@ bitfusion_lease_memory_granted_bytes{server="gpu-0",gpu="2",lease="lease-3",name
 				t.Fatalf("utilization = %+v, want 0.6 dated %s (lease-1's samples)", got, old)
 			}
 			provider := NewProvider(prom, 30*time.Second, NewMetrics(prometheus.NewRegistry()), nil, quietLog())
-			_, err = provider.GetExternalMetric(context.Background(), "ml", labels.SelectorFromSet(labels.Set{"app": "tf-training"}),
+			_, err := provider.GetExternalMetric(context.Background(), "ml", labels.SelectorFromSet(labels.Set{"app": "tf-training"}),
 				cmprovider.ExternalMetricInfo{Metric: GPUUtilization})
 			if !apierrors.IsServiceUnavailable(err) {
 				t.Errorf("the HPA's answer from a two-minute-old sample: %v, want 503 ServiceUnavailable", err)

@@ -1,16 +1,26 @@
 // Package alerts holds gpupool's Prometheus rules (gpupool-rules.yaml) and
-// their promtool unit tests (tests/); this test runs promtool on them and
-// checks every alert's annotations, runbook section and tests.
+// their promtool unit tests (tests/); this test runs promtool on them,
+// checks every alert's annotations, runbook section and tests, and that
+// every recording rule is pinned by a test and queried.
 package alerts
 
 import (
+	"maps"
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/common/model"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gpupool/gpupool/adapter"
+	"github.com/gpupool/gpupool/dashboards"
+	"github.com/gpupool/gpupool/gpuserver"
 )
 
 type ruleFile struct {
@@ -19,6 +29,7 @@ type ruleFile struct {
 		Rules []struct {
 			Alert       string            `json:"alert"`
 			Record      string            `json:"record"`
+			Expr        string            `json:"expr"`
 			Labels      map[string]string `json:"labels"`
 			Annotations map[string]string `json:"annotations"`
 		} `json:"rules"`
@@ -31,8 +42,17 @@ type testFile struct {
 			Alertname string `json:"alertname"`
 			ExpAlerts []any  `json:"exp_alerts"`
 		} `json:"alert_rule_test"`
+		PromQLExprTest []struct {
+			Expr string `json:"expr"`
+		} `json:"promql_expr_test"`
 	} `json:"tests"`
 }
+
+// The promtool tests: the alerts', and the recording rules' values.
+const (
+	alertTests = "tests/alerts_test.yaml"
+	ruleTests  = "tests/rules_test.yaml"
+)
 
 func promtool(t *testing.T, args ...string) {
 	t.Helper()
@@ -50,18 +70,141 @@ func TestRulesCheck(t *testing.T) {
 	promtool(t, "check", "rules", "gpupool-rules.yaml")
 }
 
-func TestAlertsUnitTests(t *testing.T) {
-	promtool(t, "test", "rules", "tests/alerts_test.yaml")
+func TestRulesUnitTests(t *testing.T) {
+	promtool(t, "test", "rules", alertTests, ruleTests)
+}
+
+// TestEveryRecordingRuleIsPinnedAndQueried: each recording rule's value
+// is pinned by tests/rules_test.yaml, and a dashboard, the adapter's
+// Prometheus backend or an alert queries it.
+func TestEveryRecordingRuleIsPinnedAndQueried(t *testing.T) {
+	var rules ruleFile
+	readYAML(t, "gpupool-rules.yaml", &rules)
+	var tests testFile
+	readYAML(t, ruleTests, &tests)
+	pinned := map[string]bool{}
+	for _, tc := range tests.Tests {
+		for _, e := range tc.PromQLExprTest {
+			pinned[e.Expr] = true
+		}
+	}
+	queriers := map[string][]string{} // who -> the PromQL it runs
+	for _, d := range dashboards.All() {
+		for _, r := range d.Rows {
+			for _, p := range r.Panels {
+				for _, tg := range p.Targets {
+					queriers["dashboard "+d.Name] = append(queriers["dashboard "+d.Name], tg.Expr)
+				}
+			}
+		}
+	}
+	var templates struct {
+		Queries map[string]string `json:"queries"`
+	}
+	readYAML(t, "../adapter/prometheus.yaml", &templates)
+	queriers["the adapter"] = slices.Collect(maps.Values(templates.Queries))
+	records := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "" {
+				queriers["the alerts"] = append(queriers["the alerts"], r.Expr)
+			}
+		}
+	}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Record == "" {
+				continue
+			}
+			records++
+			if !pinned[r.Record] {
+				t.Errorf("%s: %s has no promql_expr_test of its value", r.Record, ruleTests)
+			}
+			name := regexp.MustCompile(`(^|[^a-zA-Z0-9_:])` + regexp.QuoteMeta(r.Record) + `($|[^a-zA-Z0-9_:])`)
+			var by []string
+			for who, exprs := range queriers {
+				if slices.ContainsFunc(exprs, name.MatchString) {
+					by = append(by, who)
+				}
+			}
+			if len(by) == 0 {
+				t.Errorf("%s: no dashboard, adapter query or alert queries it", r.Record)
+			}
+		}
+	}
+	if records == 0 {
+		t.Fatal("no recording rule read")
+	}
+}
+
+// TestRecordingRulesDocumented: the table of docs/metrics.md's "Recording
+// rules" section lists exactly the recording rules.
+func TestRecordingRulesDocumented(t *testing.T) {
+	var rules ruleFile
+	readYAML(t, "gpupool-rules.yaml", &rules)
+	var records []string
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Record != "" {
+				records = append(records, r.Record)
+			}
+		}
+	}
+	doc, err := os.ReadFile("../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, _ := strings.Cut(string(doc), "\n## Recording rules\n")
+	section, _, _ = strings.Cut(section, "\n## ")
+	var documented []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z_:0-9]+)` \\|").FindAllStringSubmatch(section, -1) {
+		documented = append(documented, m[1])
+	}
+	slices.Sort(records)
+	slices.Sort(documented)
+	if !slices.Equal(records, documented) {
+		t.Errorf("docs/metrics.md lists the recording rules %v, gpupool-rules.yaml has %v", documented, records)
+	}
+}
+
+// TestLatencyRulesAgreeWithTheDirectBackend: the recorded round-trip
+// window is the daemon's, and the recorded quantile the adapter's, so
+// that both adapter backends and the alert serve one p99.
+func TestLatencyRulesAgreeWithTheDirectBackend(t *testing.T) {
+	var rules ruleFile
+	readYAML(t, "gpupool-rules.yaml", &rules)
+	exprs := map[string]string{}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			exprs[r.Record] = r.Expr
+		}
+	}
+	const window, p99 = "server_transport_le:bitfusion_rdma_latency_seconds_bucket:rate5m", "server_transport:bitfusion_rdma_latency_seconds:p99_5m"
+	m := regexp.MustCompile(`\[(\w+)\]`).FindStringSubmatch(exprs[window])
+	if m == nil {
+		t.Fatalf("%s: no range in %q", window, exprs[window])
+	}
+	if d, err := model.ParseDuration(m[1]); err != nil || time.Duration(d) != gpuserver.LatencyWindow {
+		t.Errorf("%s: range %s (%v), the daemon's window (gpuserver.LatencyWindow) is %v", window, m[1], err, gpuserver.LatencyWindow)
+	}
+	m = regexp.MustCompile(`histogram_quantile\(([0-9.]+),`).FindStringSubmatch(exprs[p99])
+	if m == nil {
+		t.Fatalf("%s: no histogram_quantile in %q", p99, exprs[p99])
+	}
+	if q, err := strconv.ParseFloat(m[1], 64); err != nil || q != adapter.LatencyQuantile {
+		t.Errorf("%s: quantile %s (%v), the adapter's (adapter.LatencyQuantile) is %v", p99, m[1], err, adapter.LatencyQuantile)
+	}
 }
 
 // TestEveryAlertIsComplete: each alert has a severity, a summary, a
 // description and a runbook link to its own section of docs/runbook.md,
-// and its tests see it fire and not fire.
+// and its tests see it fire and not fire; each section of the runbook is
+// an alert's.
 func TestEveryAlertIsComplete(t *testing.T) {
 	var rules ruleFile
 	readYAML(t, "gpupool-rules.yaml", &rules)
 	var tests testFile
-	readYAML(t, "tests/alerts_test.yaml", &tests)
+	readYAML(t, alertTests, &tests)
 	fires, quiet := map[string]bool{}, map[string]bool{}
 	for _, tc := range tests.Tests {
 		for _, a := range tc.AlertRuleTest {
@@ -80,13 +223,11 @@ func TestEveryAlertIsComplete(t *testing.T) {
 	for _, m := range regexp.MustCompile(`(?m)^## (\S+)$`).FindAllStringSubmatch(string(runbook), -1) {
 		sections[strings.ToLower(m[1])] = true
 	}
-	alerts := 0
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
 			if r.Alert == "" {
 				continue
 			}
-			alerts++
 			if s := r.Labels["severity"]; s != "critical" && s != "warning" {
 				t.Errorf("%s: severity %q, want critical or warning", r.Alert, s)
 			}
@@ -102,13 +243,14 @@ func TestEveryAlertIsComplete(t *testing.T) {
 			if !sections[anchor] {
 				t.Errorf("%s has no section in docs/runbook.md", r.Alert)
 			}
+			delete(sections, anchor)
 			if !fires[r.Alert] || !quiet[r.Alert] {
-				t.Errorf("%s: tests/alerts_test.yaml must see it fire (%v) and not fire (%v)", r.Alert, fires[r.Alert], quiet[r.Alert])
+				t.Errorf("%s: %s must see it fire (%v) and not fire (%v)", r.Alert, alertTests, fires[r.Alert], quiet[r.Alert])
 			}
 		}
 	}
-	if alerts < 13 {
-		t.Errorf("%d alerts, want the 13 of the issue", alerts)
+	for anchor := range sections {
+		t.Errorf("docs/runbook.md has a section %s for no alert", anchor)
 	}
 }
 

@@ -110,8 +110,9 @@ func TestQueriesParse(t *testing.T) {
 }
 
 // TestQueriesHaveDataInDemo runs `gpupool-demo` and a real Prometheus
-// scraping it, and expects every query to return data there, except those
-// marked MayBeEmpty, which it lists with their reason.
+// scraping it and evaluating gpupool's recording rules, and expects every
+// query to return data there, except those marked MayBeEmpty, which it
+// lists with their reason.
 func TestQueriesHaveDataInDemo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the demo and Prometheus (about 40 s); left out of the -short race pass")
@@ -125,7 +126,8 @@ func TestQueriesHaveDataInDemo(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/gpupool-demo: %v\n%s", err, out)
 	}
-	prom := metricstest.StartPrometheus(t, time.Second, startDemo(t, filepath.Join(dir, "gpupool-demo"))...)
+	prom := metricstest.StartPrometheusWith(t, metricstest.PrometheusConfig{Interval: time.Second, RuleFiles: []string{metricstest.GpupoolRules(t)}},
+		startDemo(t, filepath.Join(dir, "gpupool-demo"))...)
 
 	var pending, allowed []query
 	for _, q := range queries() {

@@ -4,10 +4,13 @@
 // sidecar. `go run ./dashboards/gen` writes the files; `-check` (and `make
 // verify-generated`) fails when the committed ones differ.
 //
-// Queries are PromQL with two placeholders, expanded by a Config:
+// Queries are PromQL with three placeholders, expanded by a Config:
 // `<sel>` in every selector of gpupool's own series and `<ksm>` in every
-// selector of kube-state-metrics' series. Both expand to the cluster
-// matcher plus the configured selector, so no query hard-codes a job.
+// selector of kube-state-metrics' series expand to the cluster matcher
+// plus the configured selector, so no query hard-codes a job; `<rule>` in
+// every selector of a series that alerts/gpupool-rules.yaml records
+// expands to the cluster matcher alone: the rules read every series the
+// Prometheus holds, as the alerts do, and some aggregate the job away.
 package dashboards
 
 import (
@@ -32,7 +35,8 @@ const clusterMatcher = `cluster=~"$cluster"`
 
 // expand replaces the placeholders of a query with the matchers.
 func (c Config) expand(query string) string {
-	return strings.NewReplacer("<sel>", withCluster(c.Selector), "<ksm>", withCluster(c.KubeStateMetricsSelector)).Replace(query)
+	return strings.NewReplacer("<sel>", withCluster(c.Selector), "<ksm>", withCluster(c.KubeStateMetricsSelector),
+		"<rule>", clusterMatcher).Replace(query)
 }
 
 func withCluster(selector string) string {

@@ -82,9 +82,9 @@ func poolOverview() Dashboard {
 			}, {
 				Kind: BarGauge, Title: "Quota use by namespace", Unit: "percentunit", Max: 1,
 				Steps:       []Step{{0.8, "orange"}, {1, "red"}},
-				Description: "GPU share the namespace's leases hold over its quota (namespaces with a quota).",
+				Description: "GPU share the namespace's leases hold over its quota (namespaces with a quota); GPUPoolQuotaNearlyExhausted fires above 90%.",
 				Targets: []Target{{
-					Expr:   `sum by (cluster, namespace) (bitfusion_namespace_allocated_gpus{<sel>}) / sum by (cluster, namespace) (bitfusion_namespace_quota_gpus{<sel>})`,
+					Expr:   `namespace:bitfusion_quota_used:ratio{<rule>}`,
 					Legend: "{{namespace}}",
 				}},
 			}, {

@@ -15,18 +15,12 @@ func tenants() Dashboard {
 				Kind: Timeseries, Title: "GPUs held and busy by app", Unit: "short",
 				Description: "GPU share the app's leases hold, and the part of it running the leases' kernels, in GPUs. " +
 					"Busy over held is what the autoscaling adapter serves as bitfusion_gpu_utilization. " +
-					"Leases whose daemon cannot attribute kernels count as held only.",
+					"A lease counts once its daemon has measured its use: leases whose kernels the daemon cannot attribute are left out of both.",
 				Targets: []Target{{
-					Expr: `sum by (namespace, label_app) (
-  sum by (cluster, namespace, lease) (bitfusion_lease_allocated_gpus{<sel>, namespace=~"$namespace"})
-  * on (cluster, lease) group_left (label_app) group by (cluster, lease, label_app) (bitfusion_lease_memory_granted_bytes{<sel>})
-)`,
+					Expr:   `sum by (namespace, label_app) (lease:bitfusion_lease_held_gpus{<rule>, namespace=~"$namespace"})`,
 					Legend: "{{namespace}}/{{label_app}} held",
 				}, {
-					Expr: `sum by (namespace, label_app) (
-  avg by (cluster, namespace, label_app, lease) (bitfusion_lease_gpu_utilization{<sel>, namespace=~"$namespace"})
-  * on (cluster, lease) sum by (cluster, lease) (bitfusion_lease_allocated_gpus{<sel>})
-)`,
+					Expr:   `sum by (namespace, label_app) (lease:bitfusion_lease_busy_gpus{<rule>, namespace=~"$namespace"})`,
 					Legend: "{{namespace}}/{{label_app}} busy",
 				}},
 			}, {

@@ -21,7 +21,8 @@ func StartPrometheus(t testing.TB, interval time.Duration, targets ...string) st
 	return StartPrometheusWith(t, PrometheusConfig{Interval: interval}, targets...)
 }
 
-// PrometheusConfig is what StartPrometheusWith sets beyond the targets.
+// PrometheusConfig is what StartPrometheusWith and StartVictoriaMetricsWith
+// set beyond the targets.
 type PrometheusConfig struct {
 	// Interval is the scrape and rule evaluation interval.
 	Interval time.Duration
@@ -30,12 +31,33 @@ type PrometheusConfig struct {
 	Alertmanager string
 }
 
+// GpupoolRules is the path of alerts/gpupool-rules.yaml, whose recording
+// rules the dashboards and the adapter's Prometheus backend query.
+func GpupoolRules(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return filepath.Join(dir, "alerts", "gpupool-rules.yaml")
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no go.mod above the test's directory")
+		}
+		dir = parent
+	}
+}
+
 // StartPrometheusWith is StartPrometheus with rules and an Alertmanager.
 func StartPrometheusWith(t testing.TB, c PrometheusConfig, targets ...string) string {
 	t.Helper()
 	cfg := scrapeConfig(t, c.Interval, targets, ", evaluation_interval: "+c.Interval.String())
 	if len(c.RuleFiles) > 0 || c.Alertmanager != "" {
-		extra := fmt.Sprintf("rule_files: [%s]\n", quoteAll(c.RuleFiles))
+		// Prometheus reads them relative to its config file, in a temp dir.
+		extra := fmt.Sprintf("rule_files: [%s]\n", quoteAll(absolute(t, c.RuleFiles)))
 		if c.Alertmanager != "" {
 			extra += fmt.Sprintf("alerting:\n  alertmanagers:\n  - static_configs:\n    - targets: [%q]\n", c.Alertmanager)
 		}
@@ -44,6 +66,18 @@ func StartPrometheusWith(t testing.TB, c PrometheusConfig, targets ...string) st
 	addr := freeAddr(t)
 	return startTSDB(t, addr, "prometheus", "--config.file="+cfg,
 		"--storage.tsdb.path="+t.TempDir(), "--web.listen-address="+addr)
+}
+
+func absolute(t testing.TB, paths []string) []string {
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = abs
+	}
+	return out
 }
 
 func quoteAll(ss []string) string {
@@ -65,13 +99,26 @@ func appendFile(t testing.TB, path, text string) {
 	}
 }
 
-// StartVictoriaMetrics is StartPrometheus with the Debian-packaged
-// single-node VictoriaMetrics, which serves the same query API.
-func StartVictoriaMetrics(t testing.TB, interval time.Duration, targets ...string) string {
+// StartVictoriaMetricsWith is StartPrometheusWith with the Debian-packaged
+// single-node VictoriaMetrics, which serves the same query API, and vmalert
+// evaluating the rules into it; the alerts go nowhere (no Alertmanager).
+func StartVictoriaMetricsWith(t testing.TB, c PrometheusConfig, targets ...string) string {
 	t.Helper()
 	addr := freeAddr(t)
-	return startTSDB(t, addr, "victoria-metrics", "-promscrape.config="+scrapeConfig(t, interval, targets, ""),
+	base := startTSDB(t, addr, "victoria-metrics", "-promscrape.config="+scrapeConfig(t, c.Interval, targets, ""),
 		"-storageDataPath="+t.TempDir(), "-httpListenAddr="+addr, "-search.latencyOffset=0s", "-search.disableCache")
+	if len(c.RuleFiles) == 0 {
+		return base
+	}
+	// vmalert refuses to start without an Alertmanager when the rules
+	// hold alerts: it gets a port nothing listens on.
+	args := []string{"-datasource.url=" + base, "-remoteWrite.url=" + base, "-notifier.url=http://" + freeAddr(t),
+		"-evaluationInterval=" + c.Interval.String(), "-httpListenAddr=" + freeAddr(t)}
+	for _, f := range absolute(t, c.RuleFiles) {
+		args = append(args, "-rule="+f)
+	}
+	start(t, "vmalert", args...)
+	return base
 }
 
 func freeAddr(t testing.TB) string {
@@ -105,21 +152,7 @@ func scrapeConfig(t testing.TB, interval time.Duration, targets []string, global
 
 func startTSDB(t testing.TB, addr, name string, args ...string) string {
 	t.Helper()
-	bin, err := exec.LookPath(name)
-	if err != nil {
-		t.Fatalf("%s is not installed (make deps installs it): %v", name, err)
-	}
-	log := filepath.Join(t.TempDir(), name+".log")
-	f, err := os.Create(log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = f.Close() })
+	log := start(t, name, args...)
 	base := "http://" + addr
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		resp, err := http.Get(base + "/api/v1/query?query=1")
@@ -134,4 +167,26 @@ func startTSDB(t testing.TB, addr, name string, args ...string) string {
 			t.Fatalf("%s did not start: %v\n%s", name, err, out)
 		}
 	}
+}
+
+// start runs the Debian-packaged name until the test ends, its output in
+// the file it returns.
+func start(t testing.TB, name string, args ...string) (log string) {
+	t.Helper()
+	bin, err := exec.LookPath(name)
+	if err != nil {
+		t.Fatalf("%s is not installed (make deps installs it): %v", name, err)
+	}
+	log = filepath.Join(t.TempDir(), name+".log")
+	f, err := os.Create(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = f.Close() })
+	return log
 }
