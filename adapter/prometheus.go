@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	_ "embed"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"math"
@@ -18,6 +17,9 @@ import (
 	"text/template"
 	"time"
 
+	promapi "github.com/prometheus/client_golang/api"
+	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
+	"github.com/prometheus/common/model"
 	"k8s.io/apimachinery/pkg/selection"
 	"sigs.k8s.io/yaml"
 
@@ -43,10 +45,14 @@ var defaultQueries []byte
 // evaluation.
 type Prometheus struct {
 	url       string
-	http      *http.Client
+	api       promv1.API
 	queries   map[string]*template.Template
 	sampledAt map[string]*template.Template
 }
+
+// queryTimeout bounds a query: Prometheus gives up evaluating it, and the
+// adapter waiting for the answer, after it.
+const queryTimeout = 10 * time.Second
 
 // NewPrometheus queries the server at baseURL with the templates in
 // queriesFile (the embedded defaults when empty).
@@ -69,7 +75,11 @@ func NewPrometheus(baseURL, queriesFile string) (*Prometheus, error) {
 	if err := yaml.UnmarshalStrict(src, &cfg); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	p := &Prometheus{url: strings.TrimRight(baseURL, "/"), http: &http.Client{Timeout: 10 * time.Second},
+	client, err := promapi.NewClient(promapi.Config{Address: baseURL, Client: &http.Client{Timeout: queryTimeout}})
+	if err != nil {
+		return nil, fmt.Errorf("--prometheus-url %q: %w", baseURL, err)
+	}
+	p := &Prometheus{url: strings.TrimRight(baseURL, "/"), api: promv1.NewAPI(client),
 		queries: map[string]*template.Template{}, sampledAt: map[string]*template.Template{}}
 	for _, part := range []struct {
 		key       string
@@ -162,54 +172,37 @@ func sampledTime(v Value, sampled []Value) time.Time {
 	return time.Time{}
 }
 
-// instant runs an instant query; each sample of the answer is a Value
-// dated at evaluation, NaN and infinities left out (0/0 where nothing
-// matched: no data).
+// instant runs an instant query at the server's now; each sample of the
+// answer is a Value dated at evaluation, NaN and infinities left out (0/0
+// where nothing matched: no data). An answer with warnings is refused:
+// Prometheus warns when part of the data did not answer (a remote store)
+// or a histogram's buckets are malformed, and the adapter serves no value
+// it cannot vouch for.
 func (p *Prometheus) instant(ctx context.Context, metric, promql string) ([]Value, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url+"/api/v1/query",
-		strings.NewReader(url.Values{"query": {promql}}.Encode()))
+	result, warnings, _, err := p.api.Query(ctx, promql, time.Time{}, promv1.WithTimeout(queryTimeout))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w (query: %s)", p.url, err, promql)
 	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	resp, err := p.http.Do(req)
-	if err != nil {
-		return nil, err
+	if len(warnings) > 0 {
+		return nil, fmt.Errorf("%s warns: %s (query: %s)", p.url, strings.Join(warnings, "; "), promql)
 	}
-	defer resp.Body.Close()
-	var body struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			ResultType string `json:"resultType"`
-			Result     []struct {
-				Metric map[string]string `json:"metric"`
-				Value  [2]any            `json:"value"`
-			} `json:"result"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return nil, fmt.Errorf("%s answered %s, not a query result: %w", p.url, resp.Status, err)
-	}
-	if body.Status != "success" {
-		return nil, fmt.Errorf("%s: %s (query: %s)", p.url, body.Error, promql)
-	}
-	if body.Data.ResultType != "vector" {
-		return nil, fmt.Errorf("%s: query for %s gives a %s, want a vector", p.url, metric, body.Data.ResultType)
+	vector, ok := result.(model.Vector)
+	if !ok {
+		return nil, fmt.Errorf("%s: query for %s gives a %s, want a vector", p.url, metric, result.Type())
 	}
 	var out []Value
-	for _, r := range body.Data.Result {
-		ts, ok := r.Value[0].(float64)
-		s, ok2 := r.Value[1].(string)
-		if !ok || !ok2 {
-			return nil, fmt.Errorf("%s: malformed sample %v", p.url, r.Value)
-		}
-		v, err := strconv.ParseFloat(s, 64)
-		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+	for _, s := range vector {
+		v := float64(s.Value)
+		if math.IsNaN(v) || math.IsInf(v, 0) {
 			continue
 		}
-		delete(r.Metric, "__name__")
-		out = append(out, Value{Labels: r.Metric, Value: v, Time: unixTime(ts)})
+		labels := map[string]string{}
+		for name, value := range s.Metric {
+			if name != model.MetricNameLabel {
+				labels[string(name)] = string(value)
+			}
+		}
+		out = append(out, Value{Labels: labels, Value: v, Time: s.Timestamp.Time()})
 	}
 	return out, nil
 }

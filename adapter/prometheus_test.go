@@ -3,8 +3,11 @@ package adapter
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -154,6 +157,60 @@ bitfusion_lease_memory_granted_bytes{server="gpu-0",gpu="2",lease="lease-3",name
 			}
 			if got := query(t, prom, MemoryPressure, "app=tf-training"); len(got) != 1 || !near(got[0].Value, 0.25) || time.Since(got[0].Time) > 10*time.Second {
 				t.Errorf("memory pressure = %+v, want lease-2's 0.25 (lease-3 unmeasured), fresh", got)
+			}
+		})
+	}
+}
+
+// TestPrometheusBackendReadsTheQueryAPI, against a server answering as
+// Prometheus's query API may: each query carries the evaluation timeout;
+// a vector's samples become values, NaN left out; an error, a warning (a
+// partial answer) or a result that is not a vector fails the query,
+// which the HPA gets as a backend error.
+func TestPrometheusBackendReadsTheQueryAPI(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		answer string
+		want   []Value
+		// wantErr is in the error, when the query fails.
+		wantErr string
+	}{
+		{"vector", http.StatusOK, `{"status":"success","data":{"resultType":"vector","result":[
+			{"metric":{"__name__":"x","model":"H100"},"value":[1700000000.5,"0.75"]},
+			{"metric":{"model":"A100"},"value":[1700000000.5,"NaN"]}]}}`,
+			[]Value{{Labels: map[string]string{"model": "H100"}, Value: 0.75, Time: time.UnixMilli(1700000000500)}}, ""},
+		{"error", http.StatusBadRequest, `{"status":"error","errorType":"bad_data","error":"parse error at char 3"}`, nil, "bad_data: parse error at char 3"},
+		{"warning", http.StatusOK, `{"status":"success","warnings":["store eu-1 did not answer"],"data":{"resultType":"vector","result":[]}}`,
+			nil, "warns: store eu-1 did not answer"},
+		{"matrix", http.StatusOK, `{"status":"success","data":{"resultType":"matrix","result":[]}}`, nil, "gives a matrix, want a vector"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var timeout string
+			server := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_ = r.ParseForm()
+				timeout = r.Form.Get("timeout")
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(tc.status)
+				_, _ = io.WriteString(w, tc.answer)
+			}))
+			t.Cleanup(server.Close)
+			prom, err := NewPrometheus(server.URL, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := prom.instant(context.Background(), PoolUnallocatedGPUs, "x")
+			if timeout != queryTimeout.String() {
+				t.Errorf("timeout %q, want %s", timeout, queryTimeout)
+			}
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Errorf("error %v, want one with %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got %+v (%v), want %+v", got, err, tc.want)
 			}
 		})
 	}
