@@ -6,6 +6,7 @@ require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/VictoriaMetrics/metrics v1.35.1
 	github.com/cockroachdb/datadriven v1.0.3
+	github.com/grafana/grafana-foundation-sdk/go v0.0.18
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0

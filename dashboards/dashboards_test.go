@@ -70,6 +70,32 @@ func TestGeneratedFilesUpToDate(t *testing.T) {
 	}
 }
 
+// TestPanelsFitTheGrid: every panel lies within Grafana's 24 columns. The
+// SDK lays panels out left to right and starts a new line only once a line
+// is full, so a panel that does not fit would be placed past the edge.
+func TestPanelsFitTheGrid(t *testing.T) {
+	for _, d := range All() {
+		b, err := Config{}.JSON(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out struct {
+			Panels []struct {
+				Title   string             `json:"title"`
+				GridPos struct{ X, W int } `json:"gridPos"`
+			} `json:"panels"`
+		}
+		if err := json.Unmarshal(b, &out); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range out.Panels {
+			if p.GridPos.X+p.GridPos.W > 24 {
+				t.Errorf("%s, panel %q: columns %d to %d, past the grid's 24", d.Name, p.Title, p.GridPos.X, p.GridPos.X+p.GridPos.W)
+			}
+		}
+	}
+}
+
 // TestQueriesParse writes every query as a recording rule and has
 // promtool check them.
 func TestQueriesParse(t *testing.T) {

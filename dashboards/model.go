@@ -1,7 +1,8 @@
-// Package dashboards defines gpupool's Grafana dashboards as data and
-// renders them as Grafana JSON (schema 39, Grafana 10 and later) plus a
-// kustomization that ships each one as a ConfigMap for the Grafana
-// sidecar. `go run ./dashboards/gen` writes the files; `-check` (and `make
+// Package dashboards defines gpupool's Grafana dashboards as data (what
+// each panel shows, and why a query may be empty against the demo, which
+// the tests read) and renders them with grafana-foundation-sdk's builders
+// as Grafana JSON, plus a kustomization that ships each one as a
+// ConfigMap for the Grafana sidecar. `go run ./dashboards/gen` writes the files; `-check` (and `make
 // verify-generated`) fails when the committed ones differ.
 //
 // Queries are PromQL with three placeholders, expanded by a Config:
