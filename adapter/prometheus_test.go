@@ -162,6 +162,46 @@ bitfusion_lease_memory_granted_bytes{server="gpu-0",gpu="2",lease="lease-3",name
 	}
 }
 
+// TestPrometheusBackendDatesByTheRuleEvaluation: a recorded series whose
+// rule stopped evaluating (an evaluation that fails leaves no staleness
+// marker) is returned from its last sample for the lookback delta, beside
+// fresh samples of the series it was computed from; the value is dated by
+// that last evaluation, so the freshness guard refuses it.
+func TestPrometheusBackendDatesByTheRuleEvaluation(t *testing.T) {
+	for _, tsdb := range tsdbs {
+		t.Run(tsdb.name, func(t *testing.T) {
+			old := time.Now().Add(-2 * time.Minute).Truncate(time.Millisecond)
+			// The recorded series, two minutes old, as the TSDB would hold
+			// them; no rules are evaluated.
+			exposition := fmt.Sprintf(`# TYPE bitfusion_lease_gpu_utilization gauge
+bitfusion_lease_gpu_utilization{server="gpu-0",gpu="0",lease="lease-1",namespace="ml",pod="tf-0",label_app="tf-training"} 0.4
+# TYPE bitfusion_lease_allocated_gpus gauge
+bitfusion_lease_allocated_gpus{lease="lease-1",namespace="ml",server="gpu-0"} 0.5
+# TYPE lease:bitfusion_lease_busy_gpus gauge
+lease:bitfusion_lease_busy_gpus{server="gpu-0",lease="lease-1",namespace="ml",pod="tf-0",label_app="tf-training"} 0.2 %[1]d
+# TYPE lease:bitfusion_lease_held_gpus gauge
+lease:bitfusion_lease_held_gpus{server="gpu-0",lease="lease-1",namespace="ml",pod="tf-0",label_app="tf-training"} 0.5 %[1]d
+`, old.UnixMilli())
+			target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+				_, _ = fmt.Fprint(w, exposition)
+			}))
+			t.Cleanup(target.Close)
+			prom, err := NewPrometheus(tsdb.start(t, metricstest.PrometheusConfig{Interval: time.Second}, target.URL), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []Value
+			for deadline := time.Now().Add(30 * time.Second); len(got) == 0 && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+				got = query(t, prom, GPUUtilization, "app=tf-training")
+			}
+			if len(got) != 1 || !near(got[0].Value, 0.4) || !got[0].Time.Equal(old) {
+				t.Errorf("utilization = %+v, want 0.4 dated %s (the rule's last evaluation)", got, old)
+			}
+		})
+	}
+}
+
 // TestPrometheusBackendReadsTheQueryAPI, against a server answering as
 // Prometheus's query API may: each query carries the evaluation timeout;
 // a vector's samples become values, NaN left out; an error, a warning (a
