@@ -1,10 +1,8 @@
 package service
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -46,13 +44,25 @@ func Handler(s *Service, auth *Authenticator, gatherer prometheus.Gatherer, log 
 			_, _ = io.WriteString(w, "ok\n")
 		}
 	})
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { notFound(mux, w, r) })
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { h.fail(w, noRoute(mux, w, r)) })
 	return mux
 }
 
-// notFound answers a path no route serves, or a method its routes do not
-// take, with the API's JSON error rather than the mux's plain text.
-func notFound(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
+// StandbyHandler serves a replica that does not lead: metrics and health,
+// and 503 for the API so that clients try another replica.
+func StandbyHandler(gatherer prometheus.Gatherer, log *slog.Logger) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "standby\n") })
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { writeError(w, errStandby, log) })
+	return mux
+}
+
+// noRoute is the error of a request no route serves: a method its path
+// does not take (the Allow header then lists those it does), or a path the
+// API does not serve at all. The API answers it in JSON rather than the
+// mux's plain text.
+func noRoute(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) error {
 	var allow []string
 	for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodPost, http.MethodDelete} {
 		other := r.Clone(r.Context())
@@ -63,11 +73,9 @@ func notFound(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
 	}
 	if len(allow) > 0 {
 		w.Header().Set("Allow", strings.Join(allow, ", "))
-		api.WriteError(w, http.StatusMethodNotAllowed, &api.Error{Reason: api.ReasonMethodNotAllowed,
-			Message: r.Method + " is not allowed on " + r.URL.Path + "; allowed: " + strings.Join(allow, ", ")})
-		return
+		return &methodError{method: r.Method, path: r.URL.Path, allowed: allow}
 	}
-	api.WriteError(w, http.StatusNotFound, &api.Error{Reason: api.ReasonNotFound, Message: "no such path " + r.URL.Path + " (the API is under /v1, see docs/allocator.md)"})
+	return &noRouteError{path: r.URL.Path}
 }
 
 type handler struct {
@@ -88,7 +96,7 @@ func (h *handler) principal(w http.ResponseWriter, r *http.Request) (Principal, 
 		}
 	}
 	w.Header().Set("WWW-Authenticate", `Bearer realm="gpupool"`)
-	api.WriteError(w, http.StatusUnauthorized, &api.Error{Reason: api.ReasonUnauthorized, Message: "missing or unknown bearer token"})
+	h.fail(w, errUnauthorized)
 	return Principal{}, false
 }
 
@@ -108,7 +116,7 @@ func (h *handler) registerServer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var srv api.Server
-	if !decode(w, r, &srv) {
+	if !h.decode(w, r, &srv) {
 		return
 	}
 	if name := r.PathValue("name"); srv.Name != name {
@@ -123,7 +131,7 @@ func (h *handler) heartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var hb api.Heartbeat
-	if !decode(w, r, &hb) {
+	if !h.decode(w, r, &hb) {
 		return
 	}
 	h.reply(w, http.StatusNoContent, nil, h.s.Heartbeat(r.Context(), r.PathValue("name"), hb))
@@ -136,7 +144,7 @@ func (h *handler) acquire(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var in api.AcquireRequest
-	if !decode(w, r, &in) {
+	if !h.decode(w, r, &in) {
 		return
 	}
 	req, wait, err := in.Parse()
@@ -144,7 +152,7 @@ func (h *handler) acquire(w http.ResponseWriter, r *http.Request) {
 		err = &ForbiddenError{Namespace: req.Namespace}
 	}
 	if err != nil {
-		h.s.metrics.acquired(start, reason(err))
+		h.s.metrics.acquired(start, err)
 		h.fail(w, err)
 		return
 	}
@@ -216,7 +224,7 @@ func (h *handler) renew(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var in api.RenewRequest
-	if !decode(w, r, &in) {
+	if !h.decode(w, r, &in) {
 		return
 	}
 	ttl, err := api.ParseDuration("ttl", in.TTL, 0)
@@ -263,8 +271,8 @@ func (h *handler) quotas(w http.ResponseWriter, r *http.Request) {
 	h.reply(w, http.StatusOK, api.QuotaList{Quotas: out}, nil)
 }
 
-// decode reads a JSON body, answering 400 itself when it cannot.
-func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+// decode reads a JSON body, answering 400 or 413 itself when it cannot.
+func (h *handler) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
@@ -273,16 +281,14 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 			err = errors.New("more than one JSON value (or trailing data) in the body")
 		}
 	}
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			api.WriteError(w, http.StatusRequestEntityTooLarge, &api.Error{Reason: api.ReasonRequestTooLarge, Message: fmt.Sprintf("body larger than %d bytes", maxBody)})
-			return false
-		}
-		api.WriteError(w, http.StatusBadRequest, &api.Error{Reason: api.ReasonInvalid, Message: "body is not valid JSON for this request: " + err.Error()})
-		return false
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		h.fail(w, &tooLargeError{limit: tooLarge.Limit})
+	case err != nil:
+		h.fail(w, &bodyError{err})
 	}
-	return true
+	return err == nil
 }
 
 func (h *handler) reply(w http.ResponseWriter, status int, v any, err error) {
@@ -299,42 +305,5 @@ func (h *handler) reply(w http.ResponseWriter, status int, v any, err error) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// fail maps an error to its status and body; causes of 5xx are logged,
-// not sent.
-func (h *handler) fail(w http.ResponseWriter, err error) {
-	var (
-		field     *allocator.FieldError
-		quota     *allocator.QuotaExceededError
-		capacity  *allocator.NoCapacityError
-		notFound  *allocator.LeaseNotFoundError
-		noServer  *allocator.ServerNotFoundError
-		conflict  *allocator.IdempotencyConflictError
-		forbidden *ForbiddenError
-	)
-	e := &api.Error{Message: err.Error()}
-	status := http.StatusInternalServerError
-	switch {
-	case errors.As(err, &field):
-		status, e.Reason, e.Field, e.Value, e.Limit = http.StatusBadRequest, api.ReasonInvalid, field.Field, field.Value, field.Limit
-	case errors.As(err, &forbidden):
-		status, e.Reason = http.StatusForbidden, api.ReasonForbidden
-	case errors.As(err, &quota):
-		status, e.Reason = http.StatusForbidden, api.ReasonQuotaExceeded
-	case errors.As(err, &notFound), errors.As(err, &noServer):
-		status, e.Reason = http.StatusNotFound, api.ReasonNotFound
-	case errors.As(err, &capacity):
-		status, e.Reason = http.StatusConflict, api.ReasonNoCapacity
-	case errors.As(err, &conflict):
-		status, e.Reason = http.StatusConflict, api.ReasonConflict
-	case errors.Is(err, errUnavailable):
-		status, e.Reason = http.StatusServiceUnavailable, api.ReasonUnavailable
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		// The client gave up (or its deadline passed) before the write was
-		// durable: not a server fault; the change may still land.
-		status, e.Reason, e.Message = http.StatusServiceUnavailable, api.ReasonUnavailable, "request canceled before it was durable; retry with the same idempotency key"
-	default:
-		h.log.Error("request failed", "err", err)
-		e.Reason, e.Message = api.ReasonInternal, "internal error"
-	}
-	api.WriteError(w, status, e)
-}
+// fail answers a failed request as its kind says.
+func (h *handler) fail(w http.ResponseWriter, err error) { writeError(w, err, h.log) }

@@ -1,7 +1,7 @@
 package service
 
 import (
-	"errors"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -53,13 +53,13 @@ func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
 			ConstLabels: storeLabel,
 		}),
 	}
-	// Zero the outcomes a dashboard or alert rates, so they exist from the start.
-	for _, r := range []string{"", "no_capacity", "quota_exceeded", "invalid", "forbidden", "conflict"} {
-		outcome := "rejected"
-		if r == "" {
-			outcome = "granted"
+	// Zero the outcomes a dashboard or alert rates, so they exist from the
+	// start: the grants, and the rejections a client causes (4xx).
+	m.acquisitions.WithLabelValues("granted", "")
+	for _, k := range errorKinds {
+		if k.label != "" && k.status < http.StatusInternalServerError {
+			m.acquisitions.WithLabelValues("rejected", k.label)
 		}
-		m.acquisitions.WithLabelValues(outcome, r)
 	}
 	for _, c := range []prometheus.Collector{m.acquisitions, m.acquireTime, m.releases, m.expirations, m.storeApply, m.storeErrors, &poolCollector{s: s}} {
 		if err := reg.Register(c); err != nil {
@@ -69,35 +69,18 @@ func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) acquired(start time.Time, reason string) {
-	outcome := "granted"
-	if reason != "" {
-		outcome = "rejected"
+// acquired counts an answered lease request: granted when err is nil,
+// else rejected with the label of err's kind.
+func (m *metrics) acquired(start time.Time, err error) {
+	outcome, reason := "granted", ""
+	if err != nil {
+		outcome, reason = "rejected", kindOf(err).label
+		if reason == "" { // a kind no acquisition should meet
+			reason = internalError.label
+		}
 	}
 	m.acquisitions.WithLabelValues(outcome, reason).Inc()
 	m.acquireTime.Observe(time.Since(start).Seconds())
-}
-
-// reason names a rejection for the acquisitions counter.
-func reason(err error) string {
-	var capacity *allocator.NoCapacityError
-	var quota *allocator.QuotaExceededError
-	var field *allocator.FieldError
-	var forbidden *ForbiddenError
-	var conflict *allocator.IdempotencyConflictError
-	switch {
-	case errors.As(err, &capacity):
-		return "no_capacity"
-	case errors.As(err, &quota):
-		return "quota_exceeded"
-	case errors.As(err, &field):
-		return "invalid"
-	case errors.As(err, &forbidden):
-		return "forbidden"
-	case errors.As(err, &conflict):
-		return "conflict"
-	}
-	return "error"
 }
 
 var (

@@ -260,9 +260,6 @@ func (s *Service) fail(err error) {
 	})
 }
 
-// errUnavailable answers every operation once the store has failed.
-var errUnavailable = errors.New("allocator store failed; restarting")
-
 // queue hands a change to the committer; it must be called with s.mu held
 // so that changes reach the store in the order they were made. It never
 // blocks.
@@ -291,91 +288,102 @@ func durable(ctx context.Context, done chan error) error {
 	}
 }
 
-// endedIDs lists leases for a change.
-func endedIDs(ls []allocator.Lease) []string {
-	ids := make([]string, len(ls))
-	for i := range ls {
-		ids[i] = ls[i].ID
-	}
-	return ids
-}
-
 // wakeLocked wakes the waiting requests after share or quota freed up.
 func (s *Service) wakeLocked() {
 	close(s.freed)
 	s.freed = make(chan struct{})
 }
 
+// write is the one way a change reaches the pool: under the lock, unless
+// the store has failed, it runs op with the time, ends the leases due by
+// then, and queues what op changed (nothing when op fails) with those
+// endings for the committer; then, unlocked, it waits until that is
+// durable. It returns op's error, or why the change is not durable.
+func (s *Service) write(ctx context.Context, op func(now time.Time) (store.Change, error)) error {
+	done, err := s.apply(op)
+	if done != nil {
+		if derr := durable(ctx, done); derr != nil {
+			return derr
+		}
+	}
+	return err
+}
+
+// apply is write's part under the lock; done is nil when there is nothing
+// to wait for.
+func (s *Service) apply(op func(now time.Time) (store.Change, error)) (done chan error, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.broken.Load() {
+		return nil, errUnavailable
+	}
+	now := s.clock()
+	c, err := op(now)
+	if err != nil {
+		c = store.Change{}
+	}
+	if expired := s.pool.Expire(now); len(expired) > 0 {
+		for _, l := range expired {
+			c.Ended = append(c.Ended, l.ID)
+			s.log.Info("lease expired", "lease", l.ID, "namespace", l.Namespace, "pod", l.Owner.Pod, "server", l.Server)
+		}
+		s.metrics.expirations.Add(float64(len(expired)))
+		s.wakeLocked()
+	}
+	// An answer that a lease is gone may rest on a change not yet durable
+	// (a retried release racing the first): it waits for the writes queued
+	// before it, as a change does.
+	var gone *allocator.LeaseNotFoundError
+	if len(c.Servers) > 0 || len(c.Leases) > 0 || len(c.Ended) > 0 || c.NextID > 0 || errors.As(err, &gone) {
+		done = s.queue(c)
+	}
+	return done, err
+}
+
 // Acquire grants a lease, waiting up to wait for capacity or quota.
 func (s *Service) Acquire(ctx context.Context, r allocator.Request, wait time.Duration) (allocator.Lease, error) {
 	start := time.Now()
 	deadline := start.Add(wait)
+	if wait > 0 {
+		defer s.notWaiting(&r)
+	}
 	for {
-		s.mu.Lock()
-		if s.broken.Load() {
-			s.mu.Unlock()
-			return allocator.Lease{}, errUnavailable
-		}
-		now := s.clock()
-		before := s.pool.NextID()
-		l, err := s.pool.Acquire(now, r)
-		replay := err == nil && s.pool.NextID() == before // an idempotent retry
-		expired := s.pool.Expire(now)
-		var done chan error
-		if err == nil || len(expired) > 0 {
-			c := store.Change{Ended: endedIDs(expired)}
-			if err == nil {
-				c.Leases, c.NextID = []allocator.Lease{l}, s.pool.NextID()
-				if !replay {
-					s.remember(&l)
+		var l allocator.Lease
+		var replay bool
+		var freed chan struct{}
+		err := s.write(ctx, func(now time.Time) (store.Change, error) {
+			before := s.pool.NextID()
+			var err error
+			l, err = s.pool.Acquire(now, r)
+			freed = s.freed
+			if err != nil {
+				if wait > 0 && kindOf(err).waitable {
+					s.waiting[&r] = start
 				}
+				return store.Change{}, err
 			}
-			done = s.queue(c)
-		}
-		if len(expired) > 0 {
-			s.metrics.expirations.Add(float64(len(expired)))
-			s.wakeLocked()
-		}
-		freed := s.freed
-		s.mu.Unlock()
-		if done != nil {
-			if derr := durable(ctx, done); derr != nil {
-				return allocator.Lease{}, derr
+			// An idempotent retry is written again too: its answer waits
+			// until the first grant is durable.
+			if replay = s.pool.NextID() == before; !replay {
+				s.remember(&l)
 			}
-		}
+			return store.Change{Leases: []allocator.Lease{l}, NextID: s.pool.NextID()}, nil
+		})
 		if err == nil {
 			if !replay {
-				s.metrics.acquired(start, "")
+				s.metrics.acquired(start, nil)
 			}
 			return l, nil
 		}
-		if !waitable(err) || !time.Now().Before(deadline) {
-			s.metrics.acquired(start, reason(err))
-			return allocator.Lease{}, err
-		}
-		if werr := s.waitForFreed(ctx, &r, start, freed, deadline); werr != nil {
-			s.metrics.acquired(start, reason(err))
+		if !kindOf(err).waitable || !time.Now().Before(deadline) || waitForFreed(ctx, freed, deadline) != nil {
+			s.metrics.acquired(start, err)
 			return allocator.Lease{}, err
 		}
 	}
 }
 
-// waitable reports whether capacity or quota may free up for err.
-func waitable(err error) bool {
-	var capacity *allocator.NoCapacityError
-	var quota *allocator.QuotaExceededError
-	return errors.As(err, &capacity) || errors.As(err, &quota)
-}
-
-func (s *Service) waitForFreed(ctx context.Context, r *allocator.Request, since time.Time, freed chan struct{}, deadline time.Time) error {
-	s.mu.Lock()
-	s.waiting[r] = since
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.waiting, r)
-		s.mu.Unlock()
-	}()
+// waitForFreed waits until freed is closed, the deadline passes or ctx ends.
+func waitForFreed(ctx context.Context, freed chan struct{}, deadline time.Time) error {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
@@ -386,6 +394,13 @@ func (s *Service) waitForFreed(ctx context.Context, r *allocator.Request, since 
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// notWaiting takes a request off the queue that Status shows.
+func (s *Service) notWaiting(r *allocator.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.waiting, r)
 }
 
 // remember records a granted lease's shape for the expected workload (a
@@ -420,20 +435,30 @@ func (s *Service) refreshPolicyLocked() {
 
 // Renew extends a lease.
 func (s *Service) Renew(ctx context.Context, p Principal, id string, ttl time.Duration) (allocator.Lease, error) {
-	return s.onLease(ctx, p, id, func(now time.Time) (allocator.Lease, store.Change, error) {
-		l, err := s.pool.Renew(now, id, ttl)
-		return l, store.Change{Leases: []allocator.Lease{l}}, err
+	var l allocator.Lease
+	err := s.write(ctx, func(now time.Time) (store.Change, error) {
+		err := s.mayUseLocked(p, id, now)
+		if err == nil {
+			l, err = s.pool.Renew(now, id, ttl)
+		}
+		return store.Change{Leases: []allocator.Lease{l}}, err
 	})
+	return l, err
 }
 
 // Release ends a lease.
 func (s *Service) Release(ctx context.Context, p Principal, id string) (allocator.Lease, error) {
-	l, err := s.onLease(ctx, p, id, func(now time.Time) (allocator.Lease, store.Change, error) {
-		l, err := s.pool.Release(now, id)
+	var l allocator.Lease
+	err := s.write(ctx, func(now time.Time) (store.Change, error) {
+		err := s.mayUseLocked(p, id, now)
 		if err == nil {
-			s.wakeLocked()
+			l, err = s.pool.Release(now, id)
 		}
-		return l, store.Change{Ended: []string{id}}, err
+		if err != nil {
+			return store.Change{}, err
+		}
+		s.wakeLocked()
+		return store.Change{Ended: []string{id}}, nil
 	})
 	if err == nil {
 		s.metrics.releases.Inc()
@@ -456,59 +481,14 @@ func (s *Service) Lease(p Principal, id string) (allocator.Lease, error) {
 	return l, nil
 }
 
-// onLease runs op on a lease the principal may use and makes it durable.
-func (s *Service) onLease(ctx context.Context, p Principal, id string, op func(now time.Time) (allocator.Lease, store.Change, error)) (allocator.Lease, error) {
-	s.mu.Lock()
-	if s.broken.Load() {
-		s.mu.Unlock()
-		return allocator.Lease{}, errUnavailable
-	}
-	now := s.clock()
+// mayUseLocked checks that a live lease is one the principal may renew or
+// release; another namespace's is not found, as for Lease.
+func (s *Service) mayUseLocked(p Principal, id string, now time.Time) error {
 	l, err := s.pool.Lease(now, id)
 	if err == nil && !p.mayUse(l.Namespace) {
 		err = &allocator.LeaseNotFoundError{ID: id}
 	}
-	var c store.Change
-	if err == nil {
-		l, c, err = op(now)
-	}
-	expired := s.pool.Expire(now)
-	if err != nil {
-		c = store.Change{}
-	}
-	c.Ended = append(c.Ended, endedIDs(expired)...)
-	// A lease already gone may be gone by a change not yet durable (a
-	// retried release racing the first): the answer waits for it too.
-	var notFound *allocator.LeaseNotFoundError
-	var done chan error
-	if err == nil || len(c.Ended) > 0 || errors.As(err, &notFound) {
-		done = s.queue(c)
-	}
-	if len(expired) > 0 {
-		s.metrics.expirations.Add(float64(len(expired)))
-		s.wakeLocked()
-	}
-	s.mu.Unlock()
-	if done != nil {
-		if derr := durable(ctx, done); derr != nil {
-			return allocator.Lease{}, derr
-		}
-	}
-	return l, err
-}
-
-// ForbiddenError refuses an operation on another namespace, or as a GPU
-// server the token may not speak for.
-type ForbiddenError struct {
-	Namespace string
-	Server    string
-}
-
-func (e *ForbiddenError) Error() string {
-	if e.Server != "" {
-		return "this token may not act as server " + e.Server
-	}
-	return "this token may not act in namespace " + e.Namespace
+	return err
 }
 
 // LeaseFilter selects leases to list.
@@ -542,65 +522,48 @@ func (s *Service) Quotas() []allocator.QuotaStatus {
 
 // RegisterServer adds or updates a GPU server; it counts as a heartbeat.
 func (s *Service) RegisterServer(ctx context.Context, srv allocator.Server) error {
-	s.mu.Lock()
-	if s.broken.Load() {
-		s.mu.Unlock()
-		return errUnavailable
-	}
-	if err := s.pool.RegisterServer(srv); err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	s.lastSeen[srv.Name] = s.clock()
-	_, _ = s.pool.SetSchedulable(srv.Name, true)
-	s.wakeLocked()
-	done := s.queue(store.Change{Servers: []allocator.Server{srv}})
-	s.mu.Unlock()
-	return durable(ctx, done)
+	return s.write(ctx, func(now time.Time) (store.Change, error) {
+		if err := s.pool.RegisterServer(srv); err != nil {
+			return store.Change{}, err
+		}
+		s.lastSeen[srv.Name] = now
+		_, _ = s.pool.SetSchedulable(srv.Name, true)
+		s.wakeLocked()
+		return store.Change{Servers: []allocator.Server{srv}}, nil
+	})
 }
 
 // Heartbeat records that a server is alive and updates its GPUs' health.
 func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) error {
-	s.mu.Lock()
-	if s.broken.Load() {
-		s.mu.Unlock()
-		return errUnavailable
-	}
-	srv, known := s.pool.Server(name)
-	if !known {
-		s.mu.Unlock()
-		return &allocator.ServerNotFoundError{Name: name}
-	}
-	changed := false
-	for _, g := range hb.GPUs {
-		if g.Index < 0 || g.Index >= len(srv.GPUs) {
-			s.mu.Unlock()
-			return &allocator.FieldError{Field: "gpus.index", Value: fmt.Sprint(g.Index), Limit: fmt.Sprintf("out of range 0..%d", len(srv.GPUs)-1)}
+	return s.write(ctx, func(now time.Time) (store.Change, error) {
+		srv, known := s.pool.Server(name)
+		if !known {
+			return store.Change{}, &allocator.ServerNotFoundError{Name: name}
 		}
-		if srv.GPUs[g.Index].Healthy != g.Healthy {
-			srv.GPUs[g.Index].Healthy, changed = g.Healthy, true
+		changed := false
+		for _, g := range hb.GPUs {
+			if g.Index < 0 || g.Index >= len(srv.GPUs) {
+				return store.Change{}, &allocator.FieldError{Field: "gpus.index", Value: fmt.Sprint(g.Index), Limit: fmt.Sprintf("out of range 0..%d", len(srv.GPUs)-1)}
+			}
+			if srv.GPUs[g.Index].Healthy != g.Healthy {
+				srv.GPUs[g.Index].Healthy, changed = g.Healthy, true
+			}
 		}
-	}
-	s.lastSeen[name] = s.clock()
-	if back, _ := s.pool.SetSchedulable(name, true); back {
-		s.wakeLocked() // back after silence: queued requests may fit now
-	}
-	var done chan error
-	if changed {
+		s.lastSeen[name] = now
+		if back, _ := s.pool.SetSchedulable(name, true); back {
+			s.wakeLocked() // back after silence: queued requests may fit now
+		}
+		if !changed {
+			return store.Change{}, nil
+		}
 		for i, g := range srv.GPUs {
 			if err := s.pool.SetGPUHealth(name, i, g.Healthy); err != nil {
-				s.mu.Unlock()
-				return err
+				return store.Change{}, err
 			}
 		}
 		s.wakeLocked()
-		done = s.queue(store.Change{Servers: []allocator.Server{srv}})
-	}
-	s.mu.Unlock()
-	if done != nil {
-		return durable(ctx, done)
-	}
-	return nil
+		return store.Change{Servers: []allocator.Server{srv}}, nil
+	})
 }
 
 // Run expires leases and marks silent servers until ctx ends.
@@ -617,28 +580,17 @@ func (s *Service) Run(ctx context.Context, every time.Duration) {
 	}
 }
 
+// tick marks the servers silent for longer than the heartbeat timeout;
+// the write ends the leases whose time ran out.
 func (s *Service) tick() {
-	s.mu.Lock()
-	now := s.clock()
-	for name, seen := range s.lastSeen {
-		if now.Sub(seen) > s.cfg.HeartbeatTimeout {
-			_, _ = s.pool.SetSchedulable(name, false)
+	_ = s.write(context.Background(), func(now time.Time) (store.Change, error) {
+		for name, seen := range s.lastSeen {
+			if now.Sub(seen) > s.cfg.HeartbeatTimeout {
+				_, _ = s.pool.SetSchedulable(name, false)
+			}
 		}
-	}
-	expired := s.pool.Expire(now)
-	var done chan error
-	if len(expired) > 0 && !s.broken.Load() {
-		s.metrics.expirations.Add(float64(len(expired)))
-		s.wakeLocked()
-		done = s.queue(store.Change{Ended: endedIDs(expired)})
-		for _, l := range expired {
-			s.log.Info("lease expired", "lease", l.ID, "namespace", l.Namespace, "pod", l.Owner.Pod, "server", l.Server)
-		}
-	}
-	s.mu.Unlock()
-	if done != nil {
-		_ = durable(context.Background(), done)
-	}
+		return store.Change{}, nil
+	})
 }
 
 // Status reports the pool for `gpupool pool status`.

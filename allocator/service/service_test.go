@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
@@ -362,5 +363,36 @@ func TestStoreFailureStopsEverything(t *testing.T) {
 	}
 	if st.written != 0 {
 		t.Errorf("%d changes written after the store failed", st.written)
+	}
+	if n := testutil.ToFloat64(svc.metrics.acquisitions.WithLabelValues("rejected", "unavailable")); n != 2 {
+		t.Errorf("%v acquisitions counted unavailable, want the 2 answered so", n)
+	}
+}
+
+// TestEveryWriteEndsTheLeasesDue: a heartbeat, like every write, ends the
+// leases whose time ran out and makes their end durable, before any tick.
+func TestEveryWriteEndsTheLeasesDue(t *testing.T) {
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, nil)
+	ctx := context.Background()
+	admin := a.client(t, adminToken)
+	if err := admin.RegisterServer(ctx, gpuServer("s1", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, TTL: "10s"}); err != nil {
+		t.Fatal(err)
+	}
+	a.clock.Add(11 * time.Second)
+	if err := admin.Heartbeat(ctx, "s1", api.Heartbeat{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := a.store.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Leases) != 0 {
+		t.Errorf("the store still holds %d leases whose time ran out before the heartbeat", len(st.Leases))
+	}
+	if n := testutil.ToFloat64(a.svc.metrics.expirations); n != 1 {
+		t.Errorf("%v expirations counted, want 1", n)
 	}
 }

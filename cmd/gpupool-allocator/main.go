@@ -19,10 +19,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/gpupool/gpupool/allocator"
-	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/service"
 	"github.com/gpupool/gpupool/allocator/store"
 	"github.com/gpupool/gpupool/internal/httpserver"
@@ -101,7 +99,7 @@ Flags:
 
 	// Until this replica leads, it answers 503 so clients try the others.
 	var current atomic.Pointer[http.Handler]
-	standby := standbyHandler(reg)
+	standby := service.StandbyHandler(reg, log)
 	current.Store(&standby)
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -187,18 +185,6 @@ Flags:
 	_ = srv.Shutdown(shutdown)
 	_ = st.Close()
 	return code
-}
-
-// standbyHandler serves a replica that does not lead: metrics and health,
-// and 503 for the API so that clients try another replica.
-func standbyHandler(reg *prometheus.Registry) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "standby\n") })
-	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
-		api.WriteError(w, http.StatusServiceUnavailable, &api.Error{Reason: api.ReasonUnavailable, Message: "this allocator replica is standing by; ask the leader"})
-	})
-	return mux
 }
 
 // checkStore loads a store without changing it, restores what it holds
