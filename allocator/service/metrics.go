@@ -2,57 +2,102 @@ package service
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/internal/metricdef"
 )
+
+// The allocator's table: the service builds its series from these rows,
+// the binary its leader gauge, and docs/metrics.md's allocator section is
+// checked against them.
+var (
+	serverLabels    = metricdef.Labels{"server"}
+	namespaceLabels = metricdef.Labels{"namespace"}
+	storeLabels     = metricdef.Labels{"store"}
+
+	acquisitionsTotal = metricdef.Counter("bitfusion_lease_acquisitions_total", "requests", metricdef.Labels{"outcome", "reason"},
+		"Lease requests answered, by outcome (granted, rejected) and the reason for a rejection.")
+	acquisitionDuration = metricdef.Histogram("bitfusion_lease_acquisition_duration_seconds", "seconds", nil,
+		"Time to answer a lease request, durable write and any queueing included.", prometheus.ExponentialBuckets(0.0005, 2, 16))
+	releasesTotal = metricdef.Counter("bitfusion_lease_releases_total", "leases", nil,
+		"Leases released by their holders.")
+	expirationsTotal = metricdef.Counter("bitfusion_lease_expirations_total", "leases", nil,
+		"Leases ended because their holder stopped renewing them.")
+	storeApplyDuration = metricdef.Histogram("bitfusion_store_apply_duration_seconds", "seconds", storeLabels,
+		"Time to make one batch of changes durable.", prometheus.ExponentialBuckets(0.0001, 2, 16))
+	storeErrorsTotal = metricdef.Counter("bitfusion_store_errors_total", "batches", storeLabels,
+		"Batches the store failed to make durable; the allocator restarts after one.")
+
+	gpuInfo = metricdef.Gauge("bitfusion_gpu_info", "1", metricdef.GPULabels.With("uuid"),
+		"GPUs in the pool; 1 per GPU, with its UUID.")
+	gpuAllocated = metricdef.Gauge("bitfusion_gpu_allocated_ratio", "ratio 0..1", metricdef.GPULabels,
+		"Share of the GPU held by leases (0..1).")
+	gpuMemory = metricdef.Gauge("bitfusion_gpu_memory_bytes", "bytes", metricdef.GPULabels,
+		"Memory of the GPU.")
+	gpuMemoryAllocated = metricdef.Gauge("bitfusion_gpu_memory_allocated_bytes", "bytes", metricdef.GPULabels,
+		"GPU memory held by leases.")
+	gpuHealthy = metricdef.Gauge("bitfusion_gpu_healthy", "0/1", metricdef.GPULabels,
+		"1 when the GPU-server daemon reports the GPU healthy.")
+	serverSchedulable = metricdef.Gauge("bitfusion_server_schedulable", "0/1", serverLabels,
+		"1 while the server heart-beats and takes new leases.")
+	serverHeartbeat = metricdef.Gauge("bitfusion_server_last_heartbeat_timestamp_seconds", "seconds since epoch", serverLabels,
+		"When the server last checked in.")
+	poolFreeGPUs = metricdef.Gauge("bitfusion_pool_free_gpus", "GPUs", metricdef.Labels{"min_free"},
+		"Healthy GPUs on schedulable servers with at least min_free of the GPU unleased.")
+	poolFragmentation = metricdef.Gauge("bitfusion_pool_fragmentation_ratio", "ratio 0..1", nil,
+		"Share of the free GPU share that the recent workload cannot use (FGD's measure, 0..1).")
+	namespaceQuota = metricdef.Gauge("bitfusion_namespace_quota_gpus", "GPUs", namespaceLabels,
+		"GPU quota of the namespace, in GPUs (requests.bitfusion.io/gpu / 100).")
+	namespaceAllocated = metricdef.Gauge("bitfusion_namespace_allocated_gpus", "GPUs", namespaceLabels,
+		"GPU share held by the namespace's leases, in GPUs.")
+	leaseInfo = metricdef.Gauge("bitfusion_lease_info", "1", metricdef.Labels{"lease", "namespace", "pod", "server"},
+		"Live leases; 1 per lease, with its owner.")
+	leaseAllocated = metricdef.Gauge("bitfusion_lease_allocated_gpus", "GPUs", metricdef.Labels{"lease", "namespace", "server"},
+		"GPU share the lease holds, in GPUs (summed over its GPUs).")
+	leaseExpiry = metricdef.Gauge("bitfusion_lease_expiry_timestamp_seconds", "seconds since epoch", metricdef.Labels{"lease", "namespace"},
+		"When the lease expires unless renewed.")
+	leasePending = metricdef.Gauge("bitfusion_lease_pending_requests", "requests", namespaceLabels,
+		"Lease requests queued for capacity or quota, by namespace.")
+
+	// LeaderFamily is the binary's gauge, not the service's: a replica
+	// reports it while it stands by, before any service exists.
+	LeaderFamily = metricdef.Gauge("bitfusion_allocator_leader", "0/1", nil,
+		"1 while this allocator replica leads and serves; 0 while it stands by.")
+)
+
+// poolFamilies are what poolCollector exports.
+var poolFamilies = []*metricdef.Family{gpuInfo, gpuAllocated, gpuMemory, gpuMemoryAllocated, gpuHealthy,
+	serverSchedulable, serverHeartbeat, poolFreeGPUs, poolFragmentation, namespaceQuota, namespaceAllocated,
+	leaseInfo, leaseAllocated, leaseExpiry, leasePending}
+
+// MetricFamilies is the table of the allocator binary's metrics.
+var MetricFamilies = slices.Concat([]*metricdef.Family{acquisitionsTotal, acquisitionDuration, releasesTotal, expirationsTotal,
+	storeApplyDuration, storeErrorsTotal, LeaderFamily}, poolFamilies)
 
 // metrics are the allocator's own: events counted as they happen, and the
 // pool's state read from one consistent snapshot per scrape (poolCollector).
 type metrics struct {
 	acquisitions *prometheus.CounterVec
-	acquireTime  prometheus.Histogram
+	acquireTime  prometheus.Observer
 	releases     prometheus.Counter
 	expirations  prometheus.Counter
-	storeApply   prometheus.Histogram
+	storeApply   prometheus.Observer
 	storeErrors  prometheus.Counter
 }
 
 func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
-	storeLabel := prometheus.Labels{"store": s.cfg.Store.Name()}
-	m := &metrics{
-		acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bitfusion_lease_acquisitions_total",
-			Help: "Lease requests answered, by outcome (granted, rejected) and the reason for a rejection.",
-		}, []string{"outcome", "reason"}),
-		acquireTime: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "bitfusion_lease_acquisition_duration_seconds",
-			Help:    "Time to answer a lease request, durable write and any queueing included.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}),
-		releases: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "bitfusion_lease_releases_total",
-			Help: "Leases released by their holders.",
-		}),
-		expirations: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "bitfusion_lease_expirations_total",
-			Help: "Leases ended because their holder stopped renewing them.",
-		}),
-		storeApply: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:        "bitfusion_store_apply_duration_seconds",
-			Help:        "Time to make one batch of changes durable.",
-			Buckets:     prometheus.ExponentialBuckets(0.0001, 2, 16),
-			ConstLabels: storeLabel,
-		}),
-		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name:        "bitfusion_store_errors_total",
-			Help:        "Batches the store failed to make durable; the allocator restarts after one.",
-			ConstLabels: storeLabel,
-		}),
-	}
+	acquisitions, acquireTime := acquisitionsTotal.NewCounterVec(), acquisitionDuration.NewHistogramVec()
+	releases, expirations := releasesTotal.NewCounterVec(), expirationsTotal.NewCounterVec()
+	storeApply, storeErrors := storeApplyDuration.NewHistogramVec(), storeErrorsTotal.NewCounterVec()
+	store := s.cfg.Store.Name()
+	m := &metrics{acquisitions: acquisitions, acquireTime: acquireTime.WithLabelValues(),
+		releases: releases.WithLabelValues(), expirations: expirations.WithLabelValues(),
+		storeApply: storeApply.WithLabelValues(store), storeErrors: storeErrors.WithLabelValues(store)}
 	// Zero the outcomes a dashboard or alert rates, so they exist from the
 	// start: the grants, and the rejections a client causes (4xx).
 	m.acquisitions.WithLabelValues("granted", "")
@@ -61,7 +106,7 @@ func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
 			m.acquisitions.WithLabelValues("rejected", k.label)
 		}
 	}
-	for _, c := range []prometheus.Collector{m.acquisitions, m.acquireTime, m.releases, m.expirations, m.storeApply, m.storeErrors, &poolCollector{s: s}} {
+	for _, c := range []prometheus.Collector{acquisitions, acquireTime, releases, expirations, storeApply, storeErrors, &poolCollector{s: s}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -83,25 +128,6 @@ func (m *metrics) acquired(start time.Time, err error) {
 	m.acquireTime.Observe(time.Since(start).Seconds())
 }
 
-var (
-	gpuLabels         = []string{"server", "gpu", "model"}
-	descGPUInfo       = prometheus.NewDesc("bitfusion_gpu_info", "GPUs in the pool; 1 per GPU, with its UUID.", []string{"server", "gpu", "model", "uuid"}, nil)
-	descGPUAllocated  = prometheus.NewDesc("bitfusion_gpu_allocated_ratio", "Share of the GPU held by leases (0..1).", gpuLabels, nil)
-	descGPUMemory     = prometheus.NewDesc("bitfusion_gpu_memory_bytes", "Memory of the GPU.", gpuLabels, nil)
-	descGPUMemoryHeld = prometheus.NewDesc("bitfusion_gpu_memory_allocated_bytes", "GPU memory held by leases.", gpuLabels, nil)
-	descGPUHealthy    = prometheus.NewDesc("bitfusion_gpu_healthy", "1 when the GPU-server daemon reports the GPU healthy.", gpuLabels, nil)
-	descSchedulable   = prometheus.NewDesc("bitfusion_server_schedulable", "1 while the server heart-beats and takes new leases.", []string{"server"}, nil)
-	descHeartbeat     = prometheus.NewDesc("bitfusion_server_last_heartbeat_timestamp_seconds", "When the server last checked in.", []string{"server"}, nil)
-	descFreeGPUs      = prometheus.NewDesc("bitfusion_pool_free_gpus", "Healthy GPUs on schedulable servers with at least min_free of the GPU unleased.", []string{"min_free"}, nil)
-	descFragmentation = prometheus.NewDesc("bitfusion_pool_fragmentation_ratio", "Share of the free GPU share that the recent workload cannot use (FGD's measure, 0..1).", nil, nil)
-	descQuota         = prometheus.NewDesc("bitfusion_namespace_quota_gpus", "GPU quota of the namespace, in GPUs (requests.bitfusion.io/gpu / 100).", []string{"namespace"}, nil)
-	descNSAllocated   = prometheus.NewDesc("bitfusion_namespace_allocated_gpus", "GPU share held by the namespace's leases, in GPUs.", []string{"namespace"}, nil)
-	descLeaseInfo     = prometheus.NewDesc("bitfusion_lease_info", "Live leases; 1 per lease, with its owner.", []string{"lease", "namespace", "pod", "server"}, nil)
-	descLeaseGPUs     = prometheus.NewDesc("bitfusion_lease_allocated_gpus", "GPU share the lease holds, in GPUs (summed over its GPUs).", []string{"lease", "namespace", "server"}, nil)
-	descLeaseExpiry   = prometheus.NewDesc("bitfusion_lease_expiry_timestamp_seconds", "When the lease expires unless renewed.", []string{"lease", "namespace"}, nil)
-	descPending       = prometheus.NewDesc("bitfusion_lease_pending_requests", "Lease requests queued for capacity or quota, by namespace.", []string{"namespace"}, nil)
-)
-
 // freeClasses are the min_free values of bitfusion_pool_free_gpus.
 var freeClasses = []struct {
 	label string
@@ -112,10 +138,8 @@ var freeClasses = []struct {
 type poolCollector struct{ s *Service }
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGPUInfo, descGPUAllocated, descGPUMemory, descGPUMemoryHeld, descGPUHealthy,
-		descSchedulable, descHeartbeat, descFreeGPUs, descFragmentation, descQuota, descNSAllocated,
-		descLeaseInfo, descLeaseGPUs, descLeaseExpiry, descPending} {
-		ch <- d
+	for _, f := range poolFamilies {
+		ch <- f.Desc()
 	}
 }
 
@@ -135,24 +159,22 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	s.mu.Unlock()
 
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
+	gauge := func(f *metricdef.Family, v float64, labels ...string) { ch <- f.Metric(v, labels...) }
 	free := make([]int, len(freeClasses))
 	var fragmented, idle float64
 	for i := range servers {
 		srv, n := &servers[i].Server, &servers[i].Node
-		gauge(descSchedulable, boolValue(n.Schedulable), srv.Name)
+		gauge(serverSchedulable, boolValue(n.Schedulable), srv.Name)
 		if t, ok := lastSeen[srv.Name]; ok {
-			gauge(descHeartbeat, float64(t.UnixNano())/1e9, srv.Name)
+			gauge(serverHeartbeat, float64(t.UnixNano())/1e9, srv.Name)
 		}
 		for gi, g := range srv.GPUs {
 			ng, idx := &n.GPUs[gi], strconv.Itoa(g.Index)
-			gauge(descGPUInfo, 1, srv.Name, idx, g.Model, g.UUID)
-			gauge(descGPUAllocated, (allocator.WholeGPU - ng.Free).GPUs(), srv.Name, idx, g.Model)
-			gauge(descGPUMemory, float64(g.MemoryBytes), srv.Name, idx, g.Model)
-			gauge(descGPUMemoryHeld, float64(g.MemoryBytes-ng.FreeBytes), srv.Name, idx, g.Model)
-			gauge(descGPUHealthy, boolValue(ng.Healthy), srv.Name, idx, g.Model)
+			gauge(gpuInfo, 1, srv.Name, idx, g.Model, g.UUID)
+			gauge(gpuAllocated, (allocator.WholeGPU - ng.Free).GPUs(), srv.Name, idx, g.Model)
+			gauge(gpuMemory, float64(g.MemoryBytes), srv.Name, idx, g.Model)
+			gauge(gpuMemoryAllocated, float64(g.MemoryBytes-ng.FreeBytes), srv.Name, idx, g.Model)
+			gauge(gpuHealthy, boolValue(ng.Healthy), srv.Name, idx, g.Model)
 			for k, fc := range freeClasses {
 				if n.Schedulable && ng.Healthy && ng.Free >= fc.share {
 					free[k]++
@@ -165,27 +187,27 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for k, fc := range freeClasses {
-		gauge(descFreeGPUs, float64(free[k]), fc.label)
+		gauge(poolFreeGPUs, float64(free[k]), fc.label)
 	}
 	if idle > 0 {
-		gauge(descFragmentation, fragmented/idle)
+		gauge(poolFragmentation, fragmented/idle)
 	} else {
-		gauge(descFragmentation, 0)
+		gauge(poolFragmentation, 0)
 	}
 	for _, q := range quotas {
 		pending[q.Namespace] += 0
 		if q.Limited {
-			gauge(descQuota, q.Hard.GPUs(), q.Namespace)
+			gauge(namespaceQuota, q.Hard.GPUs(), q.Namespace)
 		}
-		gauge(descNSAllocated, q.Used.GPUs(), q.Namespace)
+		gauge(namespaceAllocated, q.Used.GPUs(), q.Namespace)
 	}
 	for _, l := range leases {
-		gauge(descLeaseInfo, 1, l.ID, l.Namespace, l.Owner.Pod, l.Server)
-		gauge(descLeaseGPUs, l.Share().GPUs(), l.ID, l.Namespace, l.Server)
-		gauge(descLeaseExpiry, float64(l.ExpiresAt.UnixNano())/1e9, l.ID, l.Namespace)
+		gauge(leaseInfo, 1, l.ID, l.Namespace, l.Owner.Pod, l.Server)
+		gauge(leaseAllocated, l.Share().GPUs(), l.ID, l.Namespace, l.Server)
+		gauge(leaseExpiry, float64(l.ExpiresAt.UnixNano())/1e9, l.ID, l.Namespace)
 	}
 	for ns, n := range pending {
-		gauge(descPending, float64(n), ns)
+		gauge(leasePending, float64(n), ns)
 	}
 }
 

@@ -92,10 +92,9 @@ Flags:
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reg := prometheus.NewRegistry()
-	leader := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "bitfusion_allocator_leader", Help: "1 while this allocator replica leads and serves; 0 while it stands by.",
-	})
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), leader)
+	leaders := service.LeaderFamily.NewGaugeVec()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), leaders)
+	leader := leaders.WithLabelValues()
 
 	// Until this replica leads, it answers 503 so clients try the others.
 	var current atomic.Pointer[http.Handler]

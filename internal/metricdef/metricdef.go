@@ -89,6 +89,11 @@ func (f *Family) NewCounterVec() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: f.Name, Help: f.Help}, f.Labels)
 }
 
+// NewGaugeVec is a gauge family set as things happen.
+func (f *Family) NewGaugeVec() *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: f.Name, Help: f.Help}, f.Labels)
+}
+
 // NewHistogramVec is a histogram family observed as things happen.
 func (f *Family) NewHistogramVec() *prometheus.HistogramVec {
 	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: f.Name, Help: f.Help, Buckets: f.Buckets}, f.Labels)

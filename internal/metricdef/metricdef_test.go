@@ -58,13 +58,15 @@ test_lease_processes{label_app="tf-training",lease="lease-1"} 2
 	}
 }
 
-// TestVecsFromRows: counters and histograms observed as things happen
-// take their name, help, labels and buckets from the row.
+// TestVecsFromRows: counters, gauges and histograms updated as things
+// happen take their name, help, labels and buckets from the row.
 func TestVecsFromRows(t *testing.T) {
 	requests := Counter("test_requests_total", "requests", Labels{"outcome"}, "Requests by outcome.").NewCounterVec()
 	requests.WithLabelValues("served").Inc()
 	latency := Histogram("test_latency_seconds", "seconds", Labels{"transport"}, "Round trips.", []float64{0.1, 1}).NewHistogramVec()
 	latency.WithLabelValues("tcp").Observe(0.5)
+	leader := Gauge("test_leader", "0/1", nil, "1 while leading.").NewGaugeVec()
+	leader.WithLabelValues().Set(1)
 	want := `
 # HELP test_latency_seconds Round trips.
 # TYPE test_latency_seconds histogram
@@ -73,12 +75,15 @@ test_latency_seconds_bucket{transport="tcp",le="1"} 1
 test_latency_seconds_bucket{transport="tcp",le="+Inf"} 1
 test_latency_seconds_sum{transport="tcp"} 0.5
 test_latency_seconds_count{transport="tcp"} 1
+# HELP test_leader 1 while leading.
+# TYPE test_leader gauge
+test_leader 1
 # HELP test_requests_total Requests by outcome.
 # TYPE test_requests_total counter
 test_requests_total{outcome="served"} 1
 `
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(requests, latency)
+	reg.MustRegister(requests, latency, leader)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
 		t.Error(err)
 	}

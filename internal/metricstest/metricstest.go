@@ -208,46 +208,6 @@ func section(doc, heading string) (map[string]row, error) {
 	return out, nil
 }
 
-// Section returns the metrics of the table under the "## <heading>"
-// section of the file: name -> type.
-func Section(path, heading string) (map[string]string, error) {
-	rows, err := section(path, heading)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]string, len(rows))
-	for name, r := range rows {
-		out[name] = r.typ
-	}
-	return out, nil
-}
-
-// Diff lists how the exported families and the documented metrics differ;
-// extra names may be documented without being exported by these families
-// (metrics another part of the binary registers).
-func Diff(families []*dto.MetricFamily, documented map[string]string, extra ...string) []string {
-	var problems []string
-	exported := map[string]bool{}
-	for _, f := range families {
-		exported[f.GetName()] = true
-		typ := strings.ToLower(f.GetType().String())
-		if got, ok := documented[f.GetName()]; !ok {
-			problems = append(problems, fmt.Sprintf("%s (%s) is exported but not documented", f.GetName(), typ))
-		} else if got != typ {
-			problems = append(problems, fmt.Sprintf("%s is a %s, the doc says %s", f.GetName(), typ, got))
-		}
-	}
-	for _, e := range extra {
-		exported[e] = true
-	}
-	for name := range documented {
-		if !exported[name] {
-			problems = append(problems, fmt.Sprintf("%s is documented but not exported", name))
-		}
-	}
-	return problems
-}
-
 // Promtool runs `promtool check metrics` on the families; ok is false when
 // promtool is not installed (`make deps` installs it).
 func Promtool(families []*dto.MetricFamily) (ok bool, err error) {
