@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -25,16 +24,16 @@ import (
 
 	"github.com/gpupool/gpupool/adapter"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/httpserver"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string, stderr io.Writer) int {
+func run(args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("gpupool-adapter", pflag.ContinueOnError)
-	fs.SetOutput(stderr)
 	backend := fs.String("backend", "direct", "where values come from: direct (the allocator and the GPU-server daemons; no Prometheus) or prometheus (PromQL)")
 	allocatorURL := fs.String("allocator", "http://127.0.0.1:8470", "allocator address(es), comma-separated (--backend direct)")
 	tokenFile := fs.String("allocator-token-file", "", "file holding an allocator admin token: the adapter reads every namespace's leases (--backend direct)")
@@ -48,7 +47,7 @@ func run(args []string, stderr io.Writer) int {
 	opts := options.NewCustomMetricsAdapterServerOptions()
 	opts.AddFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `Usage: gpupool-adapter [flags]
+		fmt.Fprint(fs.Output(), `Usage: gpupool-adapter [flags]
 
 Serves external.metrics.k8s.io/v1beta1 for the HorizontalPodAutoscaler, built
 on sigs.k8s.io/custom-metrics-apiserver. Metrics, each for a namespace and a
@@ -68,11 +67,8 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if exit, ok := cli.Parse(fs, args, stdout, stderr); !ok {
+		return exit
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	bad := func(format string, a ...any) int {

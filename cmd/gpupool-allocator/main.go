@@ -23,6 +23,7 @@ import (
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/service"
 	"github.com/gpupool/gpupool/allocator/store"
+	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/httpserver"
 )
 
@@ -32,7 +33,6 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpupool-allocator", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:8470", "address to serve the API and /metrics on")
 	storeKind := fs.String("store", "bolt", "where state lives: bolt (embedded, one file in --data-dir) or etcd (replicas with leader election)")
 	dataDir := fs.String("data-dir", "gpupool-data", "directory of the embedded store (one bbolt file)")
@@ -47,7 +47,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	tick := fs.Duration("tick", time.Second, "how often leases are expired and heartbeats checked")
 	check := fs.Bool("check", false, "verify the store (--store, --data-dir or --etcd-*) without changing it, print what it holds, and exit: 0 sound, 1 damaged or inconsistent")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `Usage: gpupool-allocator [flags]
+		fmt.Fprint(fs.Output(), `Usage: gpupool-allocator [flags]
 
 Serves the GPU pool's allocator: GPU servers register and heart-beat, clients
 acquire, renew and release leases on whole or fractional GPUs, within
@@ -65,11 +65,8 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if exit, ok := cli.Parse(fs, args, stdout, stderr); !ok {
+		return exit
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	if *check {

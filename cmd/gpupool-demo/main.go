@@ -17,6 +17,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/gpupool/gpupool/internal/cli"
 )
 
 func main() {
@@ -27,12 +29,11 @@ func main() {
 // its time or was stopped, 1 when it failed, 2 on bad usage.
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpupool-demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	duration := fs.Duration("duration", 0, "how long to run; 0 runs until Ctrl-C")
 	refresh := fs.Duration("refresh", time.Second, "time between views")
 	seed := fs.Uint64("seed", 1, "seed of the simulated GPUs and the workload")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `Usage: gpupool-demo [flags]
+		fmt.Fprint(fs.Output(), `Usage: gpupool-demo [flags]
 
 Runs the whole pool on this machine, no cluster and no GPU: the allocator
 (embedded store in a temp dir), simulated GPU servers with mixed models
@@ -48,11 +49,8 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if exit, ok := cli.Parse(fs, args, stdout, stderr); !ok {
+		return exit
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -3,7 +3,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -24,15 +23,15 @@ import (
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/gpuserver"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
+	"github.com/gpupool/gpupool/internal/cli"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string, stderr io.Writer) int {
+func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpupool-server", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	hostname, _ := os.Hostname()
 	name := fs.String("name", defaultName(hostname), "server name in the pool (default: the host name, lowercased, as the kubelet names nodes)")
 	allocatorURL := fs.String("allocator", envOr("GPUPOOL_ALLOCATOR", "http://127.0.0.1:8470"), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
@@ -52,11 +51,24 @@ func run(args []string, stderr io.Writer) int {
 	allowlist := fs.String("metric-labels-allowlist", "app", "pod labels copied onto per-lease series, comma-separated")
 	cpu := fs.Int64("cpu-milli", 0, "CPU the host offers to leases, in millicores (0: not accounted)")
 	sysPath := fs.String("sysfs", "/sys", "sysfs mount point, for InfiniBand/RoCE port counters (skipped when it has no class/infiniband)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: gpupool-server [flags]
+
+The GPU-server daemon, one per GPU host: it registers the host's GPUs with the
+allocator and heart-beats, samples them on its own loop (NVML, a
+dcgm-exporter, or simulated GPUs for a machine without one), attributes what
+each lease really uses from its processes, measures clients' round trips,
+and serves /metrics, /healthz and /v1/usage. Processes started by
+"gpupool run" on this host report themselves on --process-socket.
+
+  gpupool-server --source nvml --allocator http://allocator:8470
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if exit, ok := cli.Parse(fs, args, stdout, stderr); !ok {
+		return exit
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	allocatorURLs := []string{*allocatorURL}

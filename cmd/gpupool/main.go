@@ -2,12 +2,11 @@
 package main
 
 import (
-	"bytes"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/gpupool/gpupool/internal/cli"
 )
 
 const usage = `gpupool: a GPU pool with fractional GPUs, quotas and leases.
@@ -33,7 +32,7 @@ command's own.
 // that scripts can tell "fix the call" from "try later" from "not allowed".
 const (
 	exitFailed      = 1
-	exitUsage       = 2
+	exitUsage       = cli.ExitUsage
 	exitUnavailable = 69 // the allocator cannot be reached, or cannot serve
 	exitNoCapacity  = 75 // no capacity now: retry later or pass --wait
 	exitNoPermit    = 77 // quota exceeded, or the token may not act here
@@ -67,24 +66,4 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gpupool: unknown command %q\n\n%s", args[0], usage)
 		return exitUsage
 	}
-}
-
-// parseFlags parses a command's flags. Asked for with -h or --help, the
-// usage goes to stdout (it is what was asked for: `| less` shows it) and
-// the command ends with 0; after a bad flag, the error and the usage go to
-// stderr and it ends with exitUsage. ok is whether the command goes on.
-func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (exit int, ok bool) {
-	var out bytes.Buffer
-	fs.SetOutput(&out)
-	err := fs.Parse(args)
-	fs.SetOutput(stderr)
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		_, _ = out.WriteTo(stdout)
-		return 0, false
-	case err != nil:
-		_, _ = out.WriteTo(stderr)
-		return exitUsage, false
-	}
-	return 0, true
 }

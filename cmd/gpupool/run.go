@@ -24,6 +24,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
+	"github.com/gpupool/gpupool/internal/cli"
 )
 
 func runCmd(args []string, stdout, stderr io.Writer) int {
@@ -60,7 +61,7 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if exit, ok := parseFlags(fs, args, stdout, stderr); !ok {
+	if exit, ok := cli.Parse(fs, args, stdout, stderr); !ok {
 		return exit
 	}
 	command := fs.Args()

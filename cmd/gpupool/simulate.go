@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/simulate"
 )
 
@@ -37,7 +38,7 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if exit, ok := parseFlags(fs, args, stdout, stderr); !ok {
+	if exit, ok := cli.Parse(fs, args, stdout, stderr); !ok {
 		return exit
 	}
 	seeds, err := simulate.ParseSeeds(*seedList)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/cli"
 )
 
 // queryCmd is the shape of the read-only commands: flags, a client call,
@@ -30,7 +31,7 @@ func queryCmd(name, usage string, args []string, stdout, stderr io.Writer,
 		fmt.Fprintf(fs.Output(), "Usage: gpupool %s [flags]\n\n%s\n\nFlags:\n", name, usage)
 		fs.PrintDefaults()
 	}
-	if exit, ok := parseFlags(fs, args, stdout, stderr); !ok {
+	if exit, ok := cli.Parse(fs, args, stdout, stderr); !ok {
 		return exit
 	}
 	if *output != "table" && *output != "json" {

@@ -1,0 +1,48 @@
+// Package cli holds what gpupool's commands share in reading their command
+// line, so that every binary answers --help and a bad flag the same way.
+package cli
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/spf13/pflag"
+)
+
+// ExitUsage is the exit status of a bad command line, as the flag
+// package's own ExitOnError uses.
+const ExitUsage = 2
+
+// FlagSet is what both the standard library's flag.FlagSet and
+// spf13/pflag's (the adapter's, for custom-metrics-apiserver's flags) offer.
+type FlagSet interface {
+	SetOutput(io.Writer)
+	Parse(arguments []string) error
+}
+
+// Parse parses args into fs. Asked for with -h or --help, the usage goes to
+// stdout (it is what was asked for: `| less` shows it) and the command ends
+// with 0; after a bad flag, the error and the usage go to stderr and it ends
+// with ExitUsage. ok is whether the command goes on. A usage function must
+// write to the flag set's Output().
+func Parse(fs FlagSet, args []string, stdout, stderr io.Writer) (exit int, ok bool) {
+	var out bytes.Buffer
+	fs.SetOutput(&out)
+	err := fs.Parse(args)
+	fs.SetOutput(stderr)
+	switch {
+	case errors.Is(err, flag.ErrHelp) || errors.Is(err, pflag.ErrHelp):
+		_, _ = out.WriteTo(stdout)
+		return 0, false
+	case err != nil:
+		if out.Len() == 0 { // pflag, unlike flag, leaves the error to its caller
+			fmt.Fprintln(&out, err)
+		}
+		_, _ = out.WriteTo(stderr)
+		return ExitUsage, false
+	}
+	return 0, true
+}

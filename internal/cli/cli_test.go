@@ -1,0 +1,54 @@
+package cli
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+func TestParse(t *testing.T) {
+	newStd := func() FlagSet {
+		fs := flag.NewFlagSet("cmd", flag.ContinueOnError)
+		fs.Int("n", 1, "how many")
+		fs.Usage = func() { fmt.Fprintln(fs.Output(), "Usage: cmd [flags]") }
+		return fs
+	}
+	newPflag := func() FlagSet {
+		fs := pflag.NewFlagSet("cmd", pflag.ContinueOnError)
+		fs.Int("n", 1, "how many")
+		fs.Usage = func() { fmt.Fprintln(fs.Output(), "Usage: cmd [flags]") }
+		return fs
+	}
+	for _, tc := range []struct {
+		args           []string
+		exit           int
+		ok             bool
+		stdout, stderr string
+	}{
+		{args: []string{"--n=3"}, exit: 0, ok: true},
+		{args: []string{"--help"}, exit: 0, stdout: "Usage: cmd"},
+		{args: []string{"-h"}, exit: 0, stdout: "Usage: cmd"},
+		{args: []string{"--n=x"}, exit: ExitUsage, stderr: "invalid"},
+		{args: []string{"--nope"}, exit: ExitUsage, stderr: "nope"},
+	} {
+		for kind, newFlags := range map[string]func() FlagSet{"flag": newStd, "pflag": newPflag} {
+			var stdout, stderr bytes.Buffer
+			exit, ok := Parse(newFlags(), tc.args, &stdout, &stderr)
+			name := kind + " " + strings.Join(tc.args, " ")
+			if exit != tc.exit || ok != tc.ok {
+				t.Errorf("%s: exit %d ok %v, want %d %v", name, exit, ok, tc.exit, tc.ok)
+			}
+			for _, out := range []struct {
+				name, got, want string
+			}{{"stdout", stdout.String(), tc.stdout}, {"stderr", stderr.String(), tc.stderr}} {
+				if (out.want == "") != (out.got == "") || !strings.Contains(out.got, out.want) {
+					t.Errorf("%s: %s %q, want it to hold %q", name, out.name, out.got, out.want)
+				}
+			}
+		}
+	}
+}
