@@ -100,7 +100,9 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 	sel := labels.SelectorFromSet(labels.Set{"app": "tf-training"})
 	signal := "no value (the HPA would hold)"
 	if v, err := d.adapter.GetExternalMetric(ctx, "ml", sel, provider.ExternalMetricInfo{Metric: adapter.GPUUtilization}); err == nil && len(v.Items) > 0 {
-		signal = v.Items[0].Value.String()
+		// The HPA compares the quantity (934m); people read 0.934.
+		value := v.Items[0].Value
+		signal = fmt.Sprintf("%.3f (the HPA reads %s)", value.AsApproximateFloat64(), value.String())
 	}
 	fmt.Fprintf(w, "HPA signal: %s{namespace=ml, app=tf-training} = %s\n", adapter.GPUUtilization, signal)
 }
