@@ -1,7 +1,8 @@
 // Package alerts holds gpupool's Prometheus rules (gpupool-rules.yaml) and
 // their promtool unit tests (tests/); this test runs promtool on them,
 // checks every alert's annotations, runbook section and tests, and that
-// every recording rule is pinned by a test and queried.
+// every recording rule is pinned by a test and queried, and evaluated
+// more often than scraped.
 package alerts
 
 import (
@@ -25,8 +26,10 @@ import (
 
 type ruleFile struct {
 	Groups []struct {
-		Name  string `json:"name"`
-		Rules []struct {
+		Name string `json:"name"`
+		// Interval is the group's own; empty, the global one.
+		Interval string `json:"interval"`
+		Rules    []struct {
 			Alert       string            `json:"alert"`
 			Record      string            `json:"record"`
 			Expr        string            `json:"expr"`
@@ -37,7 +40,8 @@ type ruleFile struct {
 }
 
 type testFile struct {
-	Tests []struct {
+	GroupEvalOrder []string `json:"group_eval_order"`
+	Tests          []struct {
 		AlertRuleTest []struct {
 			Alertname string `json:"alertname"`
 			ExpAlerts []any  `json:"exp_alerts"`
@@ -135,6 +139,88 @@ func TestEveryRecordingRuleIsPinnedAndQueried(t *testing.T) {
 	if records == 0 {
 		t.Fatal("no recording rule read")
 	}
+}
+
+// TestRecordingRulesOutpaceTheScrape: the recording rules have groups of
+// their own, evaluated more often than deploy/'s ServiceMonitors scrape, so
+// that a scrape reaches the adapter and the dashboards without waiting for
+// the global evaluation interval; the alerts keep the global interval that
+// their `for` durations assume; and tests/alerts_test.yaml has promtool
+// evaluate the recording groups first, so that its alerts read the values
+// of the same step, as they would in Prometheus (promtool's order is
+// otherwise undefined).
+func TestRecordingRulesOutpaceTheScrape(t *testing.T) {
+	var rules ruleFile
+	readYAML(t, "gpupool-rules.yaml", &rules)
+	scrape := scrapeIntervals(t)
+	var recording, alerting []string
+	for _, g := range rules.Groups {
+		records := 0
+		for _, r := range g.Rules {
+			if r.Record != "" {
+				records++
+			}
+		}
+		switch records {
+		case 0:
+			alerting = append(alerting, g.Name)
+			if g.Interval != "" {
+				t.Errorf("group %s: interval %s, want the global one, which the alerts' for durations assume", g.Name, g.Interval)
+			}
+		case len(g.Rules):
+			recording = append(recording, g.Name)
+			d, err := model.ParseDuration(g.Interval)
+			if err != nil {
+				t.Errorf("group %s: interval %q (%v), want one shorter than the scrape's", g.Name, g.Interval, err)
+			}
+			for _, s := range scrape {
+				if time.Duration(d) >= s {
+					t.Errorf("group %s: interval %s, want it shorter than the ServiceMonitors' scrape interval %s", g.Name, g.Interval, s)
+				}
+			}
+		default:
+			t.Errorf("group %s holds recording rules and alerts: the recording rules want a shorter interval than the alerts", g.Name)
+		}
+	}
+	var tests testFile
+	readYAML(t, alertTests, &tests)
+	if want := append(recording, alerting...); !slices.Equal(tests.GroupEvalOrder, want) {
+		t.Errorf("%s: group_eval_order %v, want %v", alertTests, tests.GroupEvalOrder, want)
+	}
+}
+
+// scrapeIntervals are those of the ServiceMonitors deploy/ ships.
+func scrapeIntervals(t *testing.T) []time.Duration {
+	t.Helper()
+	const path = "../deploy/components/prometheus-operator/servicemonitors.yaml"
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var intervals []time.Duration
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		var monitor struct {
+			Spec struct {
+				Endpoints []struct {
+					Interval string `json:"interval"`
+				} `json:"endpoints"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &monitor); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		for _, e := range monitor.Spec.Endpoints {
+			d, err := model.ParseDuration(e.Interval)
+			if err != nil {
+				t.Fatalf("%s: interval %q: %v", path, e.Interval, err)
+			}
+			intervals = append(intervals, time.Duration(d))
+		}
+	}
+	if len(intervals) == 0 {
+		t.Fatalf("%s: no scrape interval read", path)
+	}
+	return intervals
 }
 
 // TestRecordingRulesDocumented: the table of docs/metrics.md's "Recording

@@ -24,7 +24,9 @@ func StartPrometheus(t testing.TB, interval time.Duration, targets ...string) st
 // PrometheusConfig is what StartPrometheusWith and StartVictoriaMetricsWith
 // set beyond the targets.
 type PrometheusConfig struct {
-	// Interval is the scrape and rule evaluation interval.
+	// Interval is the scrape interval and the rules' global evaluation
+	// interval; a group with an interval of its own keeps it (gpupool's
+	// recording rules: 5 s).
 	Interval time.Duration
 	// RuleFiles are evaluated; alerts go to Alertmanager (host:port).
 	RuleFiles    []string
@@ -111,9 +113,14 @@ func StartVictoriaMetricsWith(t testing.TB, c PrometheusConfig, targets ...strin
 		return base
 	}
 	// vmalert refuses to start without an Alertmanager when the rules
-	// hold alerts: it gets a port nothing listens on.
+	// hold alerts: it gets a port nothing listens on. By default it would
+	// date an evaluation by its time truncated to the group's interval and
+	// write the results every 5 s, each making a recorded value up to that
+	// much older than Prometheus's (docs/adapter.md): off, and every
+	// interval, so that both TSDBs answer as fresh.
 	args := []string{"-datasource.url=" + base, "-remoteWrite.url=" + base, "-notifier.url=http://" + freeAddr(t),
-		"-evaluationInterval=" + c.Interval.String(), "-httpListenAddr=" + freeAddr(t)}
+		"-evaluationInterval=" + c.Interval.String(), "-datasource.queryTimeAlignment=false",
+		"-remoteWrite.flushInterval=" + c.Interval.String(), "-httpListenAddr=" + freeAddr(t)}
 	for _, f := range absolute(t, c.RuleFiles) {
 		args = append(args, "-rule="+f)
 	}

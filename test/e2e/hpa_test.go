@@ -134,7 +134,8 @@ func startHPARig(t testing.TB, o rigOptions) *hpaRig {
 		"--authorization-kubeconfig", cp.Kubeconfig, "--max-age", maxAge.String(), "--metrics-listen", "127.0.0.1:0",
 		"--backend", o.backend, "--allocator", a.URL, "--allocator-token-file", r.config.adminTokenFile(t)}
 	if o.backend == "prometheus" {
-		// Its queries read gpupool's recording rules, evaluated as often as scraped.
+		// Its queries read gpupool's recording rules, which their group
+		// evaluates every 5 s whatever the scrape interval.
 		prom := metricstest.StartPrometheusWith(t, metricstest.PrometheusConfig{Interval: o.scrape, RuleFiles: []string{metricstest.GpupoolRules(t)}},
 			a.URL, "http://"+daemonAddr)
 		args = append(args, "--prometheus-url", prom)
