@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
-	cmprovider "sigs.k8s.io/custom-metrics-apiserver/pkg/provider"
 
 	"github.com/gpupool/gpupool/allocator"
 	allocapi "github.com/gpupool/gpupool/allocator/api"
@@ -266,10 +265,7 @@ func TestDirectBackendAfterDaemonRestart(t *testing.T) {
 			t.Errorf("%s after the restart, before the daemon fetched its leases = %+v, want no data", metric, v)
 		}
 	}
-	provider := NewProvider(d, 30*time.Second, NewMetrics(prometheus.NewRegistry()), nil, quietLog())
-	_, err := provider.GetExternalMetric(context.Background(), "ml", labels.SelectorFromSet(labels.Set{"app": "tf-training"}),
-		cmprovider.ExternalMetricInfo{Metric: GPUUtilization})
-	if !apierrors.IsNotFound(err) {
+	if err := askAsTheHPA(d); !apierrors.IsNotFound(err) {
 		t.Errorf("the HPA's answer after the restart: %v, want 404 NotFound", err)
 	}
 	p.follows(t, l)

@@ -11,10 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/labels"
-	cmprovider "sigs.k8s.io/custom-metrics-apiserver/pkg/provider"
 
 	"github.com/gpupool/gpupool/gpuserver/api"
 	"github.com/gpupool/gpupool/internal/metricstest"
@@ -149,10 +146,7 @@ bitfusion_lease_memory_granted_bytes{server="gpu-0",gpu="2",lease="lease-3",name
 			if len(got) != 1 || !near(got[0].Value, 0.6) || !got[0].Time.Equal(old) {
 				t.Fatalf("utilization = %+v, want 0.6 dated %s (lease-1's samples)", got, old)
 			}
-			provider := NewProvider(prom, 30*time.Second, NewMetrics(prometheus.NewRegistry()), nil, quietLog())
-			_, err := provider.GetExternalMetric(context.Background(), "ml", labels.SelectorFromSet(labels.Set{"app": "tf-training"}),
-				cmprovider.ExternalMetricInfo{Metric: GPUUtilization})
-			if !apierrors.IsServiceUnavailable(err) {
+			if err := askAsTheHPA(prom); !apierrors.IsServiceUnavailable(err) {
 				t.Errorf("the HPA's answer from a two-minute-old sample: %v, want 503 ServiceUnavailable", err)
 			}
 			if got := query(t, prom, MemoryPressure, "app=tf-training"); len(got) != 1 || !near(got[0].Value, 0.25) || time.Since(got[0].Time) > 10*time.Second {

@@ -35,6 +35,16 @@ func (f *fakeBackend) Query(_ context.Context, q Query) ([]Value, error) {
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// askAsTheHPA asks a provider over backend for tf-training's GPU
+// utilization in namespace ml, with the 30 s age limit the adapter runs
+// with, as the HPA would, and returns its error.
+func askAsTheHPA(backend Backend) error {
+	p := NewProvider(backend, 30*time.Second, NewMetrics(prometheus.NewRegistry()), nil, quietLog())
+	_, err := p.GetExternalMetric(context.Background(), "ml", labels.SelectorFromSet(labels.Set{"app": "tf-training"}),
+		provider.ExternalMetricInfo{Metric: GPUUtilization})
+	return err
+}
+
 // TestProviderNeverServesMadeUpValues: a value is served only when it is
 // there and fresh; otherwise the HPA gets an error that says why, with
 // the status it acts on, and the outcome is counted.
