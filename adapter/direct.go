@@ -298,7 +298,7 @@ func (v *poolView) freeGPUs(q Query) []Value {
 			}
 			free[g.Model] += 0
 			if s.Schedulable && g.Healthy {
-				free[g.Model] += (allocator.WholeGPU - allocator.SharePercent(g.AllocatedPercent)).GPUs()
+				free[g.Model] += (allocator.WholeGPU - g.Allocated()).GPUs()
 			}
 		}
 	}

@@ -205,7 +205,7 @@ func TestFabricFromSysfs(t *testing.T) {
 		}
 	}
 	s.Round(context.Background())
-	c.Render()
+	c.Render(s)
 	want := `
 # HELP bitfusion_rdma_port_info RDMA ports of the host; 1 per port, with its link layer (InfiniBand or Ethernet for RoCE).
 # TYPE bitfusion_rdma_port_info gauge

@@ -3,7 +3,7 @@ package collector
 import (
 	"math"
 	"strconv"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,34 +21,46 @@ var throttleReasons = []struct {
 }
 
 // GPUCollector exports the latest snapshots of a host's samplers: each
-// source's health, and the GPUs or ports it read. The series are rendered
-// once per sampling round (Render, from the samplers' AfterRound); a
-// scrape copies them and adds the snapshot ages.
+// source's health, and the GPUs or ports it read. Each sampler's series are
+// rendered once per round of that sampler (Render, from its AfterRound),
+// apart from the others', so that samplers on their own loops neither
+// render each other's series nor overwrite a newer part with an older one;
+// a scrape copies the parts and adds the snapshot ages.
 type GPUCollector struct {
 	Server   string
 	Samplers []*Sampler
 	Clock    func() time.Time
-	rendered atomic.Pointer[[]prometheus.Metric]
+
+	mu       sync.Mutex
+	rendered map[*Sampler][]prometheus.Metric
 }
 
-// Render builds the series of the samplers' latest snapshots.
-func (c *GPUCollector) Render() {
+// Render builds the series of s's latest snapshot.
+func (c *GPUCollector) Render(s *Sampler) {
+	out := c.render(s)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.rendered == nil {
+		c.rendered = map[*Sampler][]prometheus.Metric{}
+	}
+	c.rendered[s] = out
+}
+
+func (c *GPUCollector) render(s *Sampler) []prometheus.Metric {
 	var out []prometheus.Metric
 	emit := func(m prometheus.Metric) { out = append(out, m) }
-	for _, s := range c.Samplers {
-		snap, name := s.Latest(), s.Source().Name()
-		emit(sourceSuccess.Metric(boolValue(snap.Err == nil && !snap.Time.IsZero()), name))
-		if snap.Round > 0 { // no round, no duration
-			emit(sourceDuration.Metric(snap.Duration.Seconds(), name))
-		}
-		for i := range snap.GPUs {
-			c.renderGPU(emit, name, &snap.GPUs[i])
-		}
-		for i := range snap.Ports {
-			c.renderPort(emit, &snap.Ports[i])
-		}
+	snap, name := s.Latest(), s.Source().Name()
+	emit(sourceSuccess.Metric(boolValue(snap.Err == nil && !snap.Time.IsZero()), name))
+	if snap.Round > 0 { // no round, no duration
+		emit(sourceDuration.Metric(snap.Duration.Seconds(), name))
 	}
-	c.rendered.Store(&out)
+	for i := range snap.GPUs {
+		c.renderGPU(emit, name, &snap.GPUs[i])
+	}
+	for i := range snap.Ports {
+		c.renderPort(emit, &snap.Ports[i])
+	}
+	return out
 }
 
 // Describe implements prometheus.Collector.
@@ -64,13 +76,16 @@ func (c *GPUCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.Clock != nil {
 		now = c.Clock()
 	}
-	if c.rendered.Load() == nil {
-		c.Render()
-	}
-	for _, m := range *c.rendered.Load() {
-		ch <- m
-	}
 	for _, s := range c.Samplers {
+		c.mu.Lock()
+		part, ok := c.rendered[s]
+		c.mu.Unlock()
+		if !ok { // scraped before the sampler's first round ended
+			part = c.render(s)
+		}
+		for _, m := range part {
+			ch <- m
+		}
 		if snap := s.Latest(); !snap.Time.IsZero() {
 			ch <- snapshotAge.Metric(now.Sub(snap.Time).Seconds(), s.Source().Name())
 		}

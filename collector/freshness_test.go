@@ -45,7 +45,7 @@ func TestSimulatedBeforeLeasesAreKnown(t *testing.T) {
 	reg.MustRegister(c)
 
 	s.Round(context.Background())
-	c.Render()
+	c.Render(s)
 	g := s.Latest().GPUs[0]
 	if !g.Healthy || g.Err != nil || g.UUID == "" || g.Processes != nil || !math.IsNaN(g.Utilization) {
 		t.Errorf("GPU before the leases are known = %+v, want healthy, identified, no reading, no process list", g)
@@ -61,7 +61,7 @@ func TestSimulatedBeforeLeasesAreKnown(t *testing.T) {
 
 	leases = []allocator.Lease{} // fetched: none
 	s.Round(context.Background())
-	c.Render()
+	c.Render(s)
 	if got := s.Latest(); got.ProcessRound != 2 || got.GPUs[0].Processes == nil {
 		t.Errorf("round 2 read processes in round %d (%+v); want the round after the first list-less one to ask again", got.ProcessRound, got.GPUs[0].Processes)
 	}

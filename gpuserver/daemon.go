@@ -108,7 +108,7 @@ type pidEntry struct {
 // New returns a daemon; Run starts it.
 func New(cfg Config) *Daemon {
 	cfg.setDefaults()
-	latency := gpuapi.NewLatencyHistogram()
+	latency := gpuapi.LatencyFamily.NewHistogramVec()
 	return &Daemon{cfg: cfg, pids: map[int]pidEntry{}, latency: latency,
 		window: &latencyWindow{hist: latency, started: cfg.Clock()}}
 }

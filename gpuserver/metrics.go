@@ -280,7 +280,7 @@ func Registry(d *Daemon) *prometheus.Registry {
 		// Each round attributes once; the series and the usage report
 		// (GET /v1/usage) are built from it, and requests only copy them.
 		s.AfterRound = func() {
-			gpus.Render()
+			gpus.Render(s)
 			use, unattributed := d.Usage()
 			leases.renderFrom(use, unattributed)
 			d.window.mark(d.now())
@@ -289,7 +289,7 @@ func Registry(d *Daemon) *prometheus.Registry {
 		}
 	}
 	if d.cfg.Fabric != nil {
-		d.cfg.Fabric.AfterRound = gpus.Render
+		d.cfg.Fabric.AfterRound = func() { gpus.Render(d.cfg.Fabric) }
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(gpus, leases, d.latency)

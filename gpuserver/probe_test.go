@@ -28,9 +28,9 @@ func TestProbeMeasuresBothSides(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	server := gpuapi.NewLatencyHistogram()
+	server := gpuapi.LatencyFamily.NewHistogramVec()
 	go ServeProbes(ctx, ln, "gpu-a", 5*time.Millisecond, server, slog.Default())
-	client := gpuapi.NewLatencyHistogram()
+	client := gpuapi.LatencyFamily.NewHistogramVec()
 	obs := client.WithLabelValues("gpu-a", "node-7", gpuapi.TransportTCP)
 	go func() {
 		_ = gpuapi.DialProbe(ctx, ln.Addr().String(), "node-7", 5*time.Millisecond, func(d time.Duration) { obs.Observe(d.Seconds()) })
@@ -79,7 +79,7 @@ func TestServeProbesRefusesBadHellos(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go ServeProbes(ctx, ln, "gpu-a", time.Hour, gpuapi.NewLatencyHistogram(), slog.Default())
+	go ServeProbes(ctx, ln, "gpu-a", time.Hour, gpuapi.LatencyFamily.NewHistogramVec(), slog.Default())
 	for _, hello := range [][]byte{probeHello("\xff\xfe"), probeHello("a b"), []byte("GET / HTTP/1.1\r\n\r\n")} {
 		conn, err := net.Dial("tcp", ln.Addr().String())
 		if err != nil {
@@ -109,7 +109,7 @@ func TestProbeSlotsPerAddress(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go ServeProbes(ctx, ln, "gpu-a", 10*time.Millisecond, gpuapi.NewLatencyHistogram(), slog.New(slog.DiscardHandler))
+	go ServeProbes(ctx, ln, "gpu-a", 10*time.Millisecond, gpuapi.LatencyFamily.NewHistogramVec(), slog.New(slog.DiscardHandler))
 	dial := func(local string) net.Conn {
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
 		conn, err := d.Dial("tcp", ln.Addr().String())

@@ -245,7 +245,9 @@ func (c *Client) once(ctx context.Context, method, endpoint, path string, body [
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return true, &UnreachableError{Endpoints: []string{endpoint}, Err: fmt.Errorf("reading the answer to %s %s: %w", method, path, err)}
+		// The allocator was reached: a cut answer is worth a retry, not
+		// advice to start one.
+		return true, fmt.Errorf("reading the allocator's answer to %s %s from %s: %w", method, path, endpoint, err)
 	}
 	if resp.StatusCode >= 300 {
 		e := &api.Error{}

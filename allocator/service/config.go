@@ -113,13 +113,17 @@ func (c *FileConfig) validate() error {
 			if k != QuotaResource {
 				return &allocator.FieldError{Field: field, Value: q.String(), Limit: "is not a known resource (want " + QuotaResource + ")"}
 			}
-			if v, ok := q.AsInt64(); !ok || v < 0 {
-				return &allocator.FieldError{Field: field, Value: q.String(), Limit: "must be a whole number of percent of one GPU, at least 0"}
+			if v, ok := q.AsInt64(); !ok || v < 0 || v > maxQuotaPercent {
+				return &allocator.FieldError{Field: field, Value: q.String(), Limit: fmt.Sprintf("must be a whole number of percent of one GPU, 0..%d (a million GPUs)", maxQuotaPercent)}
 			}
 		}
 	}
 	return nil
 }
+
+// maxQuotaPercent bounds a namespace's quota far above any pool, so that
+// its share stays exact.
+const maxQuotaPercent = 100 * 1_000_000
 
 // Quotas returns each namespace's GPU quota.
 func (c *FileConfig) Quotas() map[string]allocator.Share {

@@ -543,7 +543,11 @@ func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) 
 		changed := false
 		for _, g := range hb.GPUs {
 			if g.Index < 0 || g.Index >= len(srv.GPUs) {
-				return store.Change{}, &allocator.FieldError{Field: "gpus.index", Value: fmt.Sprint(g.Index), Limit: fmt.Sprintf("out of range 0..%d", len(srv.GPUs)-1)}
+				limit := fmt.Sprintf("out of range 0..%d", len(srv.GPUs)-1)
+				if len(srv.GPUs) == 0 {
+					limit = "names a GPU, but server " + srv.Name + " registered none"
+				}
+				return store.Change{}, &allocator.FieldError{Field: "gpus.index", Value: fmt.Sprint(g.Index), Limit: limit}
 			}
 			if srv.GPUs[g.Index].Healthy != g.Healthy {
 				srv.GPUs[g.Index].Healthy, changed = g.Healthy, true

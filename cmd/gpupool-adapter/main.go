@@ -73,7 +73,7 @@ Flags:
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	bad := func(format string, a ...any) int {
 		log.Error("bad flag", "err", fmt.Sprintf(format, a...))
-		return 2
+		return cli.ExitUsage
 	}
 	if *maxAge <= 0 {
 		return bad("--max-age=%s must be above 0", *maxAge)

@@ -79,7 +79,7 @@ Flags:
 		cfg, err := service.LoadConfig(*configFile)
 		if err != nil {
 			log.Error("bad config", "err", err)
-			return 2
+			return cli.ExitUsage
 		}
 		auth, quotas = service.NewAuthenticator(cfg), cfg.Quotas()
 	} else {
@@ -146,7 +146,7 @@ Flags:
 		log.Info("leading")
 	default:
 		log.Error("bad flag", "err", fmt.Sprintf("--store %q is not one of bolt, etcd", *storeKind))
-		return 2
+		return cli.ExitUsage
 	}
 	svc, err := service.New(ctx, service.Config{
 		Store: st, Policy: *policy, DefaultTTL: *defaultTTL, MaxTTL: *maxTTL,
@@ -206,7 +206,7 @@ func checkStore(kind, dataDir string, endpoints []string, prefix string, session
 		}
 	default:
 		fmt.Fprintf(stderr, "gpupool-allocator: --store %q is not one of bolt, etcd\n", kind)
-		return 2
+		return cli.ExitUsage
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "gpupool-allocator: store %s: %v\n", where, err)

@@ -252,7 +252,11 @@ func (d *demo) startAdapter(ctx context.Context, dir string, reg prometheus.Regi
 	if err != nil {
 		return err
 	}
-	go func() { _ = srv.GenericAPIServer.PrepareRun().RunWithContext(ctx) }()
+	d.running.Go(func() {
+		if err := srv.GenericAPIServer.PrepareRun().RunWithContext(ctx); err != nil {
+			d.log.Error("adapter", "err", err)
+		}
+	})
 	d.adapterURL = "https://" + ln.Addr().String() + "/apis/external.metrics.k8s.io/v1beta1"
 	return nil
 }

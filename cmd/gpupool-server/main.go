@@ -75,7 +75,7 @@ Flags:
 	cl, err := client.New(allocatorURLs, *token)
 	if err != nil {
 		log.Error("bad flag", "err", err)
-		return 2
+		return cli.ExitUsage
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -92,13 +92,13 @@ Flags:
 		gpus, err := collector.ParseSimulatedGPUs(*simulate)
 		if err != nil {
 			log.Error("bad flag", "err", err)
-			return 2
+			return cli.ExitUsage
 		}
 		sim := &collector.Simulated{Server: *name, Seed: *seed, GPUs: gpus}
 		if *workload != "" {
 			if _, _, err := collector.ReadWorkloads(*workload); err != nil {
 				log.Error("bad flag", "err", fmt.Sprintf("--simulated-workload: %v", err))
-				return 2
+				return cli.ExitUsage
 			}
 			sim.Demand = (&collector.WorkloadFile{Path: *workload}).Demand
 		}
@@ -135,7 +135,7 @@ Flags:
 		src = dc
 	default:
 		log.Error("bad flag", "err", fmt.Sprintf("--source %q is not one of simulated, nvml, dcgm", *source))
-		return 2
+		return cli.ExitUsage
 	}
 	probeLn, err := net.Listen("tcp", *probeListen)
 	if err != nil {

@@ -263,7 +263,7 @@ func attach(ctx context.Context, wg *sync.WaitGroup, cl *client.Client, token st
 		return
 	}
 	node := envOr("NODE_NAME", hostname())
-	hist := gpuapi.NewLatencyHistogram()
+	hist := gpuapi.LatencyFamily.NewHistogramVec()
 	obs := hist.WithLabelValues(lease.Server, node, gpuapi.TransportTCP)
 	go func() {
 		_ = gpuapi.DialProbe(ctx, addr, node, time.Second, func(d time.Duration) { obs.Observe(d.Seconds()) })

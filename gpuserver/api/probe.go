@@ -33,9 +33,6 @@ var LatencyFamily = metricdef.Histogram("bitfusion_rdma_latency_seconds", "secon
 	// 5 us .. 80 ms: Bitfusion asks for 50 us on RDMA.
 	prometheus.ExponentialBuckets(5e-6, 2, 15))
 
-// NewLatencyHistogram is a fresh bitfusion_rdma_latency_seconds.
-func NewLatencyHistogram() *prometheus.HistogramVec { return LatencyFamily.NewHistogramVec() }
-
 // Probe frames are 9 bytes: a kind and 8 bytes of payload. A ping carries
 // the sender's clock; the other side echoes it back unchanged, so each side
 // measures its own round trips. A connection opens with a hello naming the
