@@ -69,7 +69,7 @@ Flags:
 	}
 	defer d.close()
 	w := newWorkload(d.tenants, *seed, d.log)
-	d.running.Go(func() { w.run(ctx, time.Second) })
+	d.startWorkload(w, time.Second)
 	self, _ := os.Executable()
 	wd, _ := os.Getwd()
 	gpupool := clientCommand(self, wd)

@@ -60,11 +60,17 @@ type demo struct {
 	adapter   *adapter.Provider
 	log       *slog.Logger
 	logWriter io.Writer
-	// stop ends the parts' loops, running, which close waits for before
-	// it closes what they use.
+	// stop ends the parts' loops, running on parts, which close waits
+	// for before it closes what they use.
+	parts   context.Context
 	stop    context.CancelFunc
 	running sync.WaitGroup
 	closers []func()
+}
+
+// startWorkload takes a step of w every interval until the demo closes.
+func (d *demo) startWorkload(w *workload, interval time.Duration) {
+	d.running.Go(func() { w.run(d.parts, interval) })
 }
 
 // close stops the demo and removes its files, the log aside.
@@ -95,11 +101,12 @@ func (d *demo) serve(h http.Handler) (string, error) {
 
 // startDemo starts the allocator, the GPU servers and the adapter, which
 // run until ctx ends or the demo closes; the workload is the caller's to
-// start. The servers register one after the other, so that the pool
+// start (startWorkload). The servers register one after the other, so that the pool
 // orders them alike on every run: placement breaks ties by that order.
 func startDemo(ctx context.Context, seed uint64) (_ *demo, err error) {
 	d := &demo{}
-	ctx, d.stop = context.WithCancel(ctx)
+	d.parts, d.stop = context.WithCancel(ctx)
+	ctx = d.parts
 	defer func() {
 		if err != nil {
 			d.close()
