@@ -51,43 +51,95 @@ const fragLevel = 90
 // nothing departs. As in the paper, a pod that cannot be placed still
 // counts as arrived.
 func Replay(tr *Trace, policy string, seed uint64) (Result, error) {
-	c := allocator.NewCluster()
-	var capacity allocator.Share
-	for i := range tr.Servers {
-		if _, err := c.AddNode(&tr.Servers[i]); err != nil {
-			return Result{}, fmt.Errorf("server %s: %w", tr.Servers[i].Name, err)
-		}
-		capacity += allocator.ShareGPUs(len(tr.Servers[i].GPUs))
-	}
-	if capacity == 0 {
-		return Result{}, fmt.Errorf("trace has no GPUs")
-	}
-	demands := make([]allocator.Demand, len(tr.Pods))
-	for i := range tr.Pods {
-		demands[i] = demandOf(c, &tr.Pods[i])
-	}
-	work := allocator.TypicalWorkload(demands, typicalCoverage)
-	p, err := allocator.NewPolicy(policy, allocator.PolicyOptions{Seed: seed, Workload: work})
+	r, err := newReplayer(tr, policy, seed)
 	if err != nil {
 		return Result{}, err
 	}
-
-	order := arrivals(tr.Pods, capacity, seed)
-	rec := newRecorder(c, work, capacity)
+	rec := newRecorder(r.cluster, r.work, r.capacity)
 	res := Result{Policy: policy, Seed: seed}
-	for _, i := range order {
-		d := &demands[i]
+	for _, i := range arrivals(tr.Pods, r.capacity, seed) {
 		start := time.Now()
-		where, ok := p.Place(c, d)
-		if ok {
-			c.Commit(where, d)
-		}
+		ok := r.place(&r.demands[i])
 		res.PlaceTime += time.Since(start)
 		res.Decisions++
 		rec.arrived(tr.Pods[i].GPUShare(), ok)
 	}
 	res.UnallocatedPct, res.FragmentationPct = rec.results()
 	return res, nil
+}
+
+// Arrivals returns the pods in the order Replay with seed places them.
+// Other placers (the Kubernetes scale test) take the same pods in the same
+// order, to compare with PlaceInOrder.
+func Arrivals(tr *Trace, seed uint64) []Pod {
+	var capacity allocator.Share
+	for i := range tr.Servers {
+		capacity += allocator.ShareGPUs(len(tr.Servers[i].GPUs))
+	}
+	order := arrivals(tr.Pods, capacity, seed)
+	pods := make([]Pod, len(order))
+	for k, i := range order {
+		pods[k] = tr.Pods[i]
+	}
+	return pods
+}
+
+// PlaceInOrder places pods on tr's servers in the order given, with the
+// policy Replay would use for seed, and returns the GPU share left
+// unallocated at the end, in % of capacity.
+func PlaceInOrder(tr *Trace, pods []Pod, policy string, seed uint64) (float64, error) {
+	r, err := newReplayer(tr, policy, seed)
+	if err != nil {
+		return 0, err
+	}
+	allocated := allocator.Share(0)
+	for i := range pods {
+		if d := demandOf(r.cluster, &pods[i]); r.place(&d) {
+			allocated += pods[i].GPUShare()
+		}
+	}
+	return 100 * float64(r.capacity-allocated) / float64(r.capacity), nil
+}
+
+// replayer is a trace's cluster and a policy that places on it.
+type replayer struct {
+	cluster  *allocator.Cluster
+	capacity allocator.Share
+	demands  []allocator.Demand // tr.Pods' demands
+	work     allocator.Workload
+	policy   allocator.Policy
+}
+
+// newReplayer builds tr's cluster and the policy, which expects the task
+// types of the trace's pods, as in the paper.
+func newReplayer(tr *Trace, policy string, seed uint64) (*replayer, error) {
+	r := &replayer{cluster: allocator.NewCluster()}
+	for i := range tr.Servers {
+		if _, err := r.cluster.AddNode(&tr.Servers[i]); err != nil {
+			return nil, fmt.Errorf("server %s: %w", tr.Servers[i].Name, err)
+		}
+		r.capacity += allocator.ShareGPUs(len(tr.Servers[i].GPUs))
+	}
+	if r.capacity == 0 {
+		return nil, fmt.Errorf("trace has no GPUs")
+	}
+	r.demands = make([]allocator.Demand, len(tr.Pods))
+	for i := range tr.Pods {
+		r.demands[i] = demandOf(r.cluster, &tr.Pods[i])
+	}
+	r.work = allocator.TypicalWorkload(r.demands, typicalCoverage)
+	var err error
+	r.policy, err = allocator.NewPolicy(policy, allocator.PolicyOptions{Seed: seed, Workload: r.work})
+	return r, err
+}
+
+// place places one demand and commits it; false when nothing fits.
+func (r *replayer) place(d *allocator.Demand) bool {
+	where, ok := r.policy.Place(r.cluster, d)
+	if ok {
+		r.cluster.Commit(where, d)
+	}
+	return ok
 }
 
 // demandOf turns a pod into the allocator's demand on cluster c.

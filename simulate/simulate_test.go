@@ -209,3 +209,26 @@ func BenchmarkPlacement(b *testing.B) {
 		})
 	}
 }
+
+// PlaceInOrder given Replay's own arrivals ends where Replay does: the
+// Kubernetes scale test compares with it, so it must be the replay.
+func TestPlaceInOrderFollowsReplay(t *testing.T) {
+	tr := loadTrace(t, DefaultPods)
+	res, err := Replay(tr, "fgd-cpu", 42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods := Arrivals(tr, 42)
+	if len(pods) != res.Decisions {
+		t.Fatalf("Arrivals gave %d pods, Replay placed %d", len(pods), res.Decisions)
+	}
+	got, err := PlaceInOrder(tr, pods, "fgd-cpu", 42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Replay reports the mean over the arrivals at the 130% level, which
+	// ends a fraction of a point from the final state.
+	if want := res.UnallocatedPct[130]; math.Abs(got-want) > 0.3 {
+		t.Errorf("PlaceInOrder = %.2f%% unallocated, Replay at 130%% = %.2f%%", got, want)
+	}
+}
