@@ -8,8 +8,9 @@ import (
 // The zero set means "any model".
 type ModelSet uint64
 
-// maxGPUsPerServer bounds a server's GPUs so a set of them fits a gpuMask.
-const maxGPUsPerServer = 64
+// MaxGPUsPerServer bounds a server's GPUs so a set of them fits a gpuMask;
+// a request's gpu-amount, all on one server, is bounded by it too.
+const MaxGPUsPerServer = 64
 
 // maxModels is how many distinct GPU models one pool can tell apart.
 const maxModels = 64
@@ -124,8 +125,8 @@ func (c *Cluster) ResetNode(i int, s *Server) error {
 }
 
 func (c *Cluster) newNode(s *Server) (Node, error) {
-	if len(s.GPUs) > maxGPUsPerServer {
-		return Node{}, &FieldError{"gpus", fmt.Sprint(len(s.GPUs)), fmt.Sprintf("out of range 0..%d per server", maxGPUsPerServer)}
+	if len(s.GPUs) > MaxGPUsPerServer {
+		return Node{}, &FieldError{"gpus", fmt.Sprint(len(s.GPUs)), fmt.Sprintf("out of range 0..%d per server", MaxGPUsPerServer)}
 	}
 	n := Node{
 		Name: s.Name, CPUCap: s.CPUMilli, CPUFree: s.CPUMilli,

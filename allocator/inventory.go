@@ -55,8 +55,8 @@ func (s *Server) validateShape() error {
 		return &FieldError{"server.cpuMilli", strconv.FormatInt(s.CPUMilli, 10), fmt.Sprintf("out of range 0..%d", int64(MaxCPUMilli))}
 	case s.MemoryBytes < 0 || s.MemoryBytes > MaxMemoryBytes:
 		return &FieldError{"server.memoryBytes", strconv.FormatInt(s.MemoryBytes, 10), fmt.Sprintf("out of range 0..%d (1Ei)", int64(MaxMemoryBytes))}
-	case len(s.GPUs) > maxGPUsPerServer:
-		return &FieldError{"server.gpus", strconv.Itoa(len(s.GPUs)) + " GPUs", fmt.Sprintf("out of range 0..%d per server", maxGPUsPerServer)}
+	case len(s.GPUs) > MaxGPUsPerServer:
+		return &FieldError{"server.gpus", strconv.Itoa(len(s.GPUs)) + " GPUs", fmt.Sprintf("out of range 0..%d per server", MaxGPUsPerServer)}
 	}
 	for i, g := range s.GPUs {
 		field := "server.gpus[" + strconv.Itoa(i) + "]"

@@ -87,8 +87,8 @@ func sameAsEarlier(n *Node, i int) bool {
 
 // takeShares and giveShares apply d to n's GPUs in place while a policy
 // weighs a placement; Version is left alone as the node ends unchanged.
-func takeShares(n *Node, d *Demand, gpus gpuMask) [maxGPUsPerServer]Share {
-	var shares [maxGPUsPerServer]Share
+func takeShares(n *Node, d *Demand, gpus gpuMask) [MaxGPUsPerServer]Share {
+	var shares [MaxGPUsPerServer]Share
 	for _, i := range gpus.indices() {
 		shares[i] = d.share(&n.GPUs[i])
 		n.GPUs[i].Free -= shares[i]
@@ -96,7 +96,7 @@ func takeShares(n *Node, d *Demand, gpus gpuMask) [maxGPUsPerServer]Share {
 	return shares
 }
 
-func giveShares(n *Node, gpus gpuMask, shares [maxGPUsPerServer]Share) {
+func giveShares(n *Node, gpus gpuMask, shares [MaxGPUsPerServer]Share) {
 	for _, i := range gpus.indices() {
 		n.GPUs[i].Free += shares[i]
 	}

@@ -66,10 +66,10 @@ func (r *Request) Validate() error {
 		return err
 	}
 	switch {
-	case r.GPUs < 1 || r.GPUs > maxGPUsPerServer:
+	case r.GPUs < 1 || r.GPUs > MaxGPUsPerServer:
 		// A lease is a share of GPUs; CPU and memory ride along with it,
 		// so a lease of none would hold host resources outside any quota.
-		return &FieldError{"gpu-amount", strconv.Itoa(r.GPUs), fmt.Sprintf("out of range 1..%d (GPUs of one server)", maxGPUsPerServer)}
+		return &FieldError{"gpu-amount", strconv.Itoa(r.GPUs), fmt.Sprintf("out of range 1..%d (GPUs of one server)", MaxGPUsPerServer)}
 	case r.Percent < 0 || r.Percent > 100:
 		return &FieldError{"gpu-percent", strconv.Itoa(r.Percent), "out of range 1..100"}
 	case r.GPUMemoryBytes < 0 || r.GPUMemoryBytes > MaxGPUMemoryBytes:
@@ -83,15 +83,25 @@ func (r *Request) Validate() error {
 	case r.TTL != 0 && r.TTL < MinTTL:
 		return &FieldError{"ttl", r.TTL.String(), "is shorter than " + MinTTL.String() + " (0 takes the pool's default)"}
 	}
-	if len(r.Models) > maxModels {
-		return &FieldError{"models", strconv.Itoa(len(r.Models)) + " models", fmt.Sprintf("more than %d", maxModels)}
+	if err := ValidateModels(r.Models); err != nil {
+		return err
 	}
-	for _, m := range r.Models {
+	return r.Owner.validate()
+}
+
+// ValidateModels checks a request's GPU models: how many, and each name's
+// length. The admission webhook checks a pod's models with it, so that the
+// pod is refused when it is created rather than when it is placed.
+func ValidateModels(models []string) error {
+	if len(models) > maxModels {
+		return &FieldError{"models", strconv.Itoa(len(models)) + " models", fmt.Sprintf("more than %d", maxModels)}
+	}
+	for _, m := range models {
 		if m == "" || len(m) > maxNameLen {
 			return &FieldError{"models", shorten(m), fmt.Sprintf("must be 1..%d characters", maxNameLen)}
 		}
 	}
-	return r.Owner.validate()
+	return nil
 }
 
 // maxNameLen bounds names and UIDs as Kubernetes bounds object names;

@@ -60,6 +60,11 @@ const (
 	AnnotationGPUs  = "gpupool.io/gpus"
 )
 
+// SchedulerName is the kube-scheduler profile that places pods through the
+// pool (its extender acquires their leases); the webhook writes it into
+// the spec.schedulerName of each pod it normalises.
+const SchedulerName = "gpupool-scheduler"
+
 // Unit is what one unit of bitfusion.io/gpu stands for: a cluster setting,
 // the same for the webhook (which writes it) and the controller (which
 // reads ResourceQuotas in it).
