@@ -1,0 +1,403 @@
+package admission
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpupool/gpupool/kube"
+)
+
+// bfkGPUMemory is BFK's default total GPU memory, 16000 MB.
+const bfkGPUMemory = 16_000_000_000
+
+func config(u kube.Unit) Config {
+	return Config{Unit: u, GPUMemoryBytes: bfkGPUMemory, SchedulerName: kube.SchedulerName}
+}
+
+// asking is a container whose limits are "name=quantity" pairs, beside one
+// CPU that the webhook must leave alone.
+func asking(limits ...string) corev1.Container {
+	c := corev1.Container{Name: "trainer", Image: "trainer:1", Resources: corev1.ResourceRequirements{
+		Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}}}
+	for _, l := range limits {
+		name, q, _ := strings.Cut(l, "=")
+		c.Resources.Limits[corev1.ResourceName(name)] = resource.MustParse(q)
+	}
+	return c
+}
+
+func podOf(containers ...corev1.Container) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ml"}, Spec: corev1.PodSpec{Containers: containers}}
+}
+
+func annotated(p *corev1.Pod, kv ...string) *corev1.Pod {
+	p.Annotations = map[string]string{}
+	for i := 0; i < len(kv); i += 2 {
+		p.Annotations[kv[i]] = kv[i+1]
+	}
+	return p
+}
+
+// apply returns p with patch applied, as kube-apiserver applies it.
+func apply(t *testing.T, p *corev1.Pod, patch Patch) *corev1.Pod {
+	t.Helper()
+	doc, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, err := json.Marshal(patch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decoded, err := jsonpatch.DecodePatch(ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if doc, err = decoded.Apply(doc); err != nil {
+		t.Fatalf("applying %s: %v", ops, err)
+	}
+	out := &corev1.Pod{}
+	if err := json.Unmarshal(doc, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// mutate mutates p under c, failing the test if c refuses it.
+func mutate(t *testing.T, c Config, p *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	patch, errs := c.Mutate(p)
+	if len(errs) > 0 {
+		t.Fatalf("Mutate refused: %v", errs.ToAggregate())
+	}
+	return apply(t, p, patch)
+}
+
+func TestMutateNormalisesEachForm(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		unit      kube.Unit
+		gpuMemory string // empty: BFK's 16000 MB
+		limits    []string
+		want      int64  // bitfusion.io/gpu
+		request   string // gpupool.io/request
+	}{
+		{"half a GPU", kube.UnitPercent, "", []string{"bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50"}, 50, `{"gpuAmount":1,"gpuPercent":50}`},
+		{"half of each of two GPUs", kube.UnitPercent, "", []string{"bitfusion.io/gpu-amount=2", "bitfusion.io/gpu-percent=50"}, 100, `{"gpuAmount":2,"gpuPercent":50}`},
+		{"whole GPUs by amount alone", kube.UnitPercent, "", []string{"bitfusion.io/gpu-amount=2"}, 200, `{"gpuAmount":2}`},
+		{"whole GPUs by amount alone, in GPUs", kube.UnitGPUs, "", []string{"bitfusion.io/gpu-amount=2"}, 2, `{"gpuAmount":2}`},
+		{"percent 100, in GPUs", kube.UnitGPUs, "", []string{"bitfusion.io/gpu-amount=3", "bitfusion.io/gpu-percent=100"}, 3, `{"gpuAmount":3,"gpuPercent":100}`},
+		{"memory in megabytes, as BFK", kube.UnitPercent, "", []string{"bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-memory=8000"}, 50, `{"gpuAmount":1,"gpuMemory":"8G"}`},
+		{"memory as a quantity", kube.UnitPercent, "", []string{"bitfusion.io/gpu-amount=2", "bitfusion.io/gpu-memory=8000M"}, 100, `{"gpuAmount":2,"gpuMemory":"8G"}`},
+		// BFK rounds the product up, not each GPU's share: 1000/16000 x 3 x 100 = 18.75.
+		{"memory rounded up once", kube.UnitPercent, "", []string{"bitfusion.io/gpu-amount=3", "bitfusion.io/gpu-memory=1000"}, 19, `{"gpuAmount":3,"gpuMemory":"1G"}`},
+		{"memory in Gi of an 80Gi GPU", kube.UnitPercent, "80Gi", []string{"bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-memory=16Gi"}, 20, `{"gpuAmount":1,"gpuMemory":"16Gi"}`},
+		{"bitfusion.io/gpu below 100 in percent", kube.UnitPercent, "", []string{"bitfusion.io/gpu=50"}, 50, `{"gpuAmount":1,"gpuPercent":50}`},
+		{"the articles' 2, in percent", kube.UnitPercent, "", []string{"bitfusion.io/gpu=2"}, 2, `{"gpuAmount":1,"gpuPercent":2}`},
+		{"whole GPUs in percent", kube.UnitPercent, "", []string{"bitfusion.io/gpu=300"}, 300, `{"gpuAmount":3}`},
+		{"the articles' 2, in GPUs", kube.UnitGPUs, "", []string{"bitfusion.io/gpu=2"}, 2, `{"gpuAmount":2}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := config(tc.unit)
+			if tc.gpuMemory != "" {
+				q := resource.MustParse(tc.gpuMemory)
+				c.GPUMemoryBytes = q.Value()
+			}
+			got := mutate(t, c, podOf(asking(tc.limits...)))
+			want := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), kube.ResourceGPU: *resource.NewQuantity(tc.want, resource.DecimalSI)}
+			res := got.Spec.Containers[0].Resources
+			if !equality.Semantic.DeepEqual(res.Limits, want) || !equality.Semantic.DeepEqual(res.Requests, corev1.ResourceList{kube.ResourceGPU: want[kube.ResourceGPU]}) {
+				t.Errorf("resources = %v, want limits %v and requests of bitfusion.io/gpu %d", res, want, tc.want)
+			}
+			if r := got.Annotations[kube.AnnotationRequest]; r != tc.request {
+				t.Errorf("request = %s, want %s", r, tc.request)
+			}
+			if s := got.Annotations[kube.AnnotationStatus]; s != kube.StatusInjected {
+				t.Errorf("status = %q", s)
+			}
+			if got.Spec.SchedulerName != kube.SchedulerName {
+				t.Errorf("schedulerName = %q", got.Spec.SchedulerName)
+			}
+			if errs := c.Validate(got, nil); len(errs) > 0 {
+				t.Errorf("Validate refuses the mutated pod: %v", errs.ToAggregate())
+			}
+		})
+	}
+}
+
+func TestMutateWhereTheRequestIs(t *testing.T) {
+	c := config(kube.UnitPercent)
+	t.Run("requests only", func(t *testing.T) {
+		ctr := corev1.Container{Name: "c", Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+			kube.ResourceGPUAmount: resource.MustParse("1"), kube.ResourceGPUPercent: resource.MustParse("25")}}}
+		res := mutate(t, c, podOf(ctr)).Spec.Containers[0].Resources
+		want := corev1.ResourceList{kube.ResourceGPU: resource.MustParse("25")}
+		if !equality.Semantic.DeepEqual(res.Limits, want) || !equality.Semantic.DeepEqual(res.Requests, want) {
+			t.Errorf("resources = %v, want %v in requests and limits", res, want)
+		}
+	})
+	t.Run("an init container", func(t *testing.T) {
+		p := podOf(corev1.Container{Name: "main"})
+		p.Spec.InitContainers = []corev1.Container{asking("bitfusion.io/gpu-amount=1")}
+		patch, errs := c.Mutate(p)
+		if len(errs) > 0 || patch[0].Path != "/spec/initContainers/0/resources" {
+			t.Fatalf("Mutate = %v, %v", patch, errs.ToAggregate())
+		}
+		if got := apply(t, p, patch).Spec.InitContainers[0].Resources.Limits[kube.ResourceGPU]; got.Value() != 100 {
+			t.Errorf("init container's bitfusion.io/gpu = %s", &got)
+		}
+	})
+	t.Run("the second container, models and BFK's annotations kept", func(t *testing.T) {
+		p := annotated(podOf(corev1.Container{Name: "sidecar"}, asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50")),
+			kube.AnnotationModels, "A100, H100", kube.AnnotationAutoManagement, "Yes", kube.AnnotationClientOS, "ubuntu20", kube.AnnotationClientVersion, "401")
+		got := mutate(t, c, p)
+		if r := got.Annotations[kube.AnnotationRequest]; r != `{"gpuAmount":1,"gpuPercent":50,"models":["A100","H100"]}` {
+			t.Errorf("request = %s", r)
+		}
+		for k, v := range p.Annotations {
+			if got.Annotations[k] != v {
+				t.Errorf("annotation %s = %q, want %q kept", k, got.Annotations[k], v)
+			}
+		}
+		if q := got.Spec.Containers[1].Resources.Limits[kube.ResourceGPU]; q.Value() != 50 {
+			t.Errorf("containers[1] bitfusion.io/gpu = %s", &q)
+		}
+	})
+}
+
+func TestMutateLeavesAlone(t *testing.T) {
+	c := config(kube.UnitPercent)
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+	}{
+		{"no bitfusion.io resource", podOf(asking("nvidia.com/gpu=1"))},
+		{"already marked", annotated(podOf(asking("bitfusion.io/gpu-amount=1")), kube.AnnotationStatus, kube.StatusInjected)},
+	} {
+		if patch, errs := c.Mutate(tc.pod); patch != nil || errs != nil {
+			t.Errorf("%s: Mutate = %v, %v, want nothing", tc.name, patch, errs)
+		}
+	}
+	t.Run("a normalised container and the scheduler name", func(t *testing.T) {
+		c := Config{Unit: kube.UnitGPUs, GPUMemoryBytes: bfkGPUMemory}
+		ctr := asking("bitfusion.io/gpu=2")
+		ctr.Resources.Requests = corev1.ResourceList{kube.ResourceGPU: resource.MustParse("2")}
+		p := podOf(ctr)
+		p.Spec.SchedulerName = "default-scheduler"
+		patch, errs := c.Mutate(p)
+		if len(errs) > 0 || len(patch) != 1 || patch[0].Path != "/metadata/annotations" {
+			t.Errorf("Mutate = %+v, %v: want the annotations alone", patch, errs)
+		}
+	})
+}
+
+// refusals are pods each unit refuses, and kube-apiserver's message after
+// "admission webhook ... denied the request: ".
+var refusals = []struct {
+	name string
+	unit kube.Unit
+	pod  *corev1.Pod
+	want string
+}{
+	{"percent without amount", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-percent=50")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Required value: spec.containers[0].resources.limits[bitfusion.io/gpu-percent] is a share of each GPU; bitfusion.io/gpu-amount says how many GPUs (1..64)"},
+	{"memory without amount", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-memory=8000")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Required value: spec.containers[0].resources.limits[bitfusion.io/gpu-memory] is a share of each GPU; bitfusion.io/gpu-amount says how many GPUs (1..64)"},
+	{"percent 0", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=0")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu-percent]: Invalid value: 0: must be 1..100 (percent of each GPU)"},
+	{"percent above 100", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=101")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu-percent]: Invalid value: 101: must be 1..100 (percent of each GPU)"},
+	{"memory of the whole GPU", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-memory=16000")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu-memory]: Invalid value: 16000: must be less than one GPU's memory, 16G (a number without a unit is megabytes, as in BFK); for whole GPUs ask for bitfusion.io/gpu-amount alone"},
+	{"memory above the GPU's, as a quantity", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-memory=40Gi")),
+		`spec.containers[0].resources.limits[bitfusion.io/gpu-memory]: Invalid value: "40Gi": must be less than one GPU's memory, 16G (a number without a unit is megabytes, as in BFK); for whole GPUs ask for bitfusion.io/gpu-amount alone`},
+	{"memory 0", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-memory=0")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu-memory]: Invalid value: 0: must be above 0"},
+	{"percent and memory", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50", "bitfusion.io/gpu-memory=8000")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu-memory]: Invalid value: 8000: cannot be combined with spec.containers[0].resources.limits[bitfusion.io/gpu-percent]: ask for the share of each GPU by percent or by memory"},
+	{"amount 0", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=0")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Invalid value: 0: must be 1..64 (GPUs, all on one server)"},
+	{"amount above a server's GPUs", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=65", "bitfusion.io/gpu-percent=50")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Invalid value: 65: must be 1..64 (GPUs, all on one server)"},
+	{"unknown name", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-count=1")),
+		`spec.containers[0].resources.limits[bitfusion.io/gpu-count]: Unsupported value: "bitfusion.io/gpu-count": supported values: "bitfusion.io/gpu", "bitfusion.io/gpu-amount", "bitfusion.io/gpu-percent", "bitfusion.io/gpu-memory"`},
+	{"a fractional amount", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1.5")),
+		`spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Invalid value: "1500m": must be a whole number`},
+	{"requests unlike limits", kube.UnitPercent, func() *corev1.Pod {
+		c := asking("bitfusion.io/gpu-amount=1")
+		c.Resources.Requests = corev1.ResourceList{kube.ResourceGPUAmount: resource.MustParse("2")}
+		return podOf(c)
+	}(), `spec.containers[0].resources.requests[bitfusion.io/gpu-amount]: Invalid value: "2": must equal spec.containers[0].resources.limits[bitfusion.io/gpu-amount], 1 (Kubernetes does not overcommit an extended resource)`},
+	{"bitfusion.io/gpu with BFK's names", kube.UnitPercent, podOf(asking("bitfusion.io/gpu=50", "bitfusion.io/gpu-amount=1")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Invalid value: 1: cannot be combined with spec.containers[0].resources.limits[bitfusion.io/gpu]: ask in one form or the other"},
+	{"a share of several GPUs in percent", kube.UnitPercent, podOf(asking("bitfusion.io/gpu=150")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu]: Invalid value: 150: must be 1..100 (percent of one GPU) or a multiple of 100 up to 6400 (whole GPUs, all on one server), as this cluster counts bitfusion.io/gpu in percent of a GPU; for a share of each of several GPUs, ask for bitfusion.io/gpu-amount and bitfusion.io/gpu-percent"},
+	{"more GPUs than a server's in percent", kube.UnitPercent, podOf(asking("bitfusion.io/gpu=6500")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu]: Invalid value: 6500: must be 1..100 (percent of one GPU) or a multiple of 100 up to 6400 (whole GPUs, all on one server), as this cluster counts bitfusion.io/gpu in percent of a GPU; for a share of each of several GPUs, ask for bitfusion.io/gpu-amount and bitfusion.io/gpu-percent"},
+	{"bitfusion.io/gpu 0", kube.UnitPercent, podOf(asking("bitfusion.io/gpu=0")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu]: Invalid value: 0: must be 1..100 (percent of one GPU) or a multiple of 100 up to 6400 (whole GPUs, all on one server), as this cluster counts bitfusion.io/gpu in percent of a GPU; for a share of each of several GPUs, ask for bitfusion.io/gpu-amount and bitfusion.io/gpu-percent"},
+	{"more GPUs than a server's in GPUs", kube.UnitGPUs, podOf(asking("bitfusion.io/gpu=65")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu]: Invalid value: 65: must be 1..64 (GPUs, all on one server)"},
+	{"a percent in GPUs", kube.UnitGPUs, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu-percent]: Invalid value: 50: asks for a fraction of a GPU, and this cluster counts bitfusion.io/gpu in whole GPUs (unit gpus): ask for whole GPUs"},
+	{"a memory in GPUs", kube.UnitGPUs, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-memory=8000")),
+		"spec.containers[0].resources.limits[bitfusion.io/gpu-memory]: Invalid value: 8000: asks for a fraction of a GPU, and this cluster counts bitfusion.io/gpu in whole GPUs (unit gpus): ask for whole GPUs"},
+	{"two containers", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1"), asking("bitfusion.io/gpu-amount=1")),
+		"spec.containers[1].resources: Forbidden: the pool leases GPUs per pod, so one container of a pod asks for them, and spec.containers[0] does"},
+	{"a container and an init container", kube.UnitPercent, func() *corev1.Pod {
+		p := podOf(asking("bitfusion.io/gpu-amount=1"))
+		p.Spec.InitContainers = []corev1.Container{asking("bitfusion.io/gpu-percent=10")}
+		return p
+	}(), "spec.initContainers[0].resources: Forbidden: the pool leases GPUs per pod, so one container of a pod asks for them, and spec.containers[0] does"},
+	{"an unknown auto-management", kube.UnitPercent, annotated(podOf(asking("bitfusion.io/gpu-amount=1")), kube.AnnotationAutoManagement, "always"),
+		`metadata.annotations[auto-management/bitfusion]: Unsupported value: "always": supported values: "all", "y", "yes", "true", "on", "injection", "none", "n", "no", "false", "off"`},
+	{"an empty model", kube.UnitPercent, annotated(podOf(asking("bitfusion.io/gpu-amount=1")), kube.AnnotationModels, "A100,,H100"),
+		`metadata.annotations[gpupool.io/gpu-models]: Invalid value: "A100,,H100": models "" must be 1..253 characters`},
+	{"several at once", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=0", "bitfusion.io/gpu-percent=200")),
+		"[spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Invalid value: 0: must be 1..64 (GPUs, all on one server), " +
+			"spec.containers[0].resources.limits[bitfusion.io/gpu-percent]: Invalid value: 200: must be 1..100 (percent of each GPU)]"},
+}
+
+func TestMutateRefuses(t *testing.T) {
+	for _, tc := range refusals {
+		t.Run(tc.name, func(t *testing.T) {
+			patch, errs := config(tc.unit).Mutate(tc.pod)
+			if patch != nil || errs.ToAggregate() == nil || errs.ToAggregate().Error() != tc.want {
+				t.Errorf("Mutate = %v,\n%v\nwant the refusal\n%s", patch, errs.ToAggregate(), tc.want)
+			}
+		})
+	}
+}
+
+// TestValidateRefusesWhatMutationWould: a pod that reaches validation
+// unhandled is refused for what is wrong with it.
+func TestValidateRefusesWhatMutationWould(t *testing.T) {
+	for _, tc := range refusals {
+		if errs := config(tc.unit).Validate(tc.pod, nil); errs.ToAggregate() == nil || errs.ToAggregate().Error() != tc.want {
+			t.Errorf("%s: Validate = %v, want %s", tc.name, errs.ToAggregate(), tc.want)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	c := config(kube.UnitPercent)
+	half := func() *corev1.Pod {
+		return mutate(t, c, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50")))
+	}
+	withRequest := func(r string) *corev1.Pod {
+		p := half()
+		p.Annotations[kube.AnnotationRequest] = r
+		return p
+	}
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		want string // empty: admitted
+	}{
+		{"a normalised pod", half(), ""},
+		{"a pod asking nothing", podOf(asking()), ""},
+		{"not normalised", podOf(asking("bitfusion.io/gpu-amount=1")),
+			"metadata.annotations[auto-management/status]: Required value: the pod asks for bitfusion.io resources but the mutating webhook did not normalise it (is the MutatingWebhookConfiguration registered?)"},
+		{"a request on a pod asking nothing", annotated(podOf(asking()), kube.AnnotationRequest, `{"gpuAmount":8}`),
+			`metadata.annotations[gpupool.io/request]: Invalid value: "{\"gpuAmount\":8}": the pod asks for no bitfusion.io resource`},
+		{"marked, a request and no GPU", annotated(podOf(asking()), kube.AnnotationStatus, kube.StatusInjected, kube.AnnotationRequest, `{"gpuAmount":8}`),
+			`metadata.annotations[gpupool.io/request]: Invalid value: "{\"gpuAmount\":8}": the pod asks for no bitfusion.io/gpu`},
+		{"marked, asking BFK's names", annotated(podOf(asking("bitfusion.io/gpu-amount=1")), kube.AnnotationStatus, kube.StatusInjected),
+			"spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Invalid value: 1: a pod marked auto-management/status: injected asks for bitfusion.io/gpu alone (the mutating webhook replaces the others with it)"},
+		{"marked without a request", annotated(podOf(asking("bitfusion.io/gpu=50")), kube.AnnotationStatus, kube.StatusInjected),
+			"metadata.annotations[gpupool.io/request]: Required value: a pod marked auto-management/status: injected records its request"},
+		{"marked without bitfusion.io/gpu", annotated(podOf(asking("bitfusion.io/gpu-foo=1")), kube.AnnotationStatus, kube.StatusInjected),
+			`spec.containers[0].resources.limits[bitfusion.io/gpu-foo]: Unsupported value: "bitfusion.io/gpu-foo": supported values: "bitfusion.io/gpu", "bitfusion.io/gpu-amount", "bitfusion.io/gpu-percent", "bitfusion.io/gpu-memory"`},
+		{"a request for more than the pod counts", withRequest(`{"gpuAmount":8}`),
+			`metadata.annotations[gpupool.io/request]: Invalid value: "{\"gpuAmount\":8}": stands for bitfusion.io/gpu 800 (unit percent), but spec.containers[0].resources.limits[bitfusion.io/gpu] is 50`},
+		{"a request out of range", withRequest(`{"gpuAmount":1,"gpuPercent":150}`),
+			"metadata.annotations[gpupool.io/request].gpuPercent: Invalid value: 150: must be 1..100 (percent of each GPU)"},
+		{"a request's memory", withRequest(`{"gpuAmount":1,"gpuMemory":"lots"}`),
+			`metadata.annotations[gpupool.io/request].gpuMemory: Invalid value: "lots": "lots" is not a quantity (e.g. 8000, 8000M or 16Gi)`},
+		{"a request's models", withRequest(`{"gpuAmount":1,"gpuPercent":50,"models":[""]}`),
+			`metadata.annotations[gpupool.io/request].models: Invalid value: "": models "" must be 1..253 characters`},
+		{"marked, an unknown auto-management", annotated(podOf(asking("bitfusion.io/gpu=50")), kube.AnnotationStatus, kube.StatusInjected,
+			kube.AnnotationRequest, `{"gpuAmount":1,"gpuPercent":50}`, kube.AnnotationAutoManagement, "sometimes"),
+			`metadata.annotations[auto-management/bitfusion]: Unsupported value: "sometimes": supported values: "all", "y", "yes", "true", "on", "injection", "none", "n", "no", "false", "off"`},
+		{"a request that is not JSON", withRequest(`{`),
+			`metadata.annotations[gpupool.io/request]: Invalid value: "{": annotation gpupool.io/request: unexpected end of JSON input`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := c.Validate(tc.pod, nil).ToAggregate()
+			if (got == nil) != (tc.want == "") || got != nil && got.Error() != tc.want {
+				t.Errorf("Validate = %v\nwant %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidateUpdate(t *testing.T) {
+	c := config(kube.UnitPercent)
+	old := mutate(t, c, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50")))
+	for _, tc := range []struct {
+		name   string
+		change func(p *corev1.Pod)
+		want   string
+	}{
+		{"a label", func(p *corev1.Pod) { p.Labels = map[string]string{"app": "x"} }, ""},
+		{"the request", func(p *corev1.Pod) {
+			p.Annotations[kube.AnnotationRequest] = `{"gpuAmount":1,"gpuPercent":50,"models":["H100"]}`
+		},
+			`metadata.annotations[gpupool.io/request]: Invalid value: "{\"gpuAmount\":1,\"gpuPercent\":50,\"models\":[\"H100\"]}": cannot change once the pod is admitted (was "{\"gpuAmount\":1,\"gpuPercent\":50}")`},
+		{"the mark", func(p *corev1.Pod) { delete(p.Annotations, kube.AnnotationStatus) },
+			`metadata.annotations[auto-management/status]: Invalid value: "": cannot change once the pod is admitted (was "injected")`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := old.DeepCopy()
+			tc.change(p)
+			got := c.Validate(p, old).ToAggregate()
+			if (got == nil) != (tc.want == "") || got != nil && got.Error() != tc.want {
+				t.Errorf("Validate = %v\nwant %s", got, tc.want)
+			}
+		})
+	}
+	t.Run("an older pod never normalised", func(t *testing.T) {
+		unhandled := podOf(asking("bitfusion.io/gpu-amount=1"))
+		p := unhandled.DeepCopy()
+		p.Labels = map[string]string{"app": "x"}
+		if errs := c.Validate(p, unhandled); errs != nil {
+			t.Errorf("Validate = %v: an update of what admission never decided is refused", errs.ToAggregate())
+		}
+	})
+	t.Run("the request added later", func(t *testing.T) {
+		plain := podOf(asking())
+		p := annotated(plain.DeepCopy(), kube.AnnotationRequest, `{"gpuAmount":8}`)
+		if got := c.Validate(p, plain).ToAggregate(); got == nil || !strings.Contains(got.Error(), "(was absent)") {
+			t.Errorf("Validate = %v", got)
+		}
+	})
+}
+
+func TestParseGPUMemory(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+		err  string
+	}{
+		{"16000", 16_000_000_000, ""},
+		{"16000M", 16_000_000_000, ""},
+		{"80Gi", 80 << 30, ""},
+		{"16G", 16_000_000_000, ""},
+		{"lots", 0, `"lots" is not a quantity (e.g. 8000, 8000M or 16Gi)`},
+		{"1.5", 0, `"1.5" is not a whole number`},
+		{"0", 0, `"0" is out of range 1..1Pi`},
+		{"2Pi", 0, `"2Pi" is out of range 1..1Pi`},
+	} {
+		got, err := ParseGPUMemory(tc.in)
+		if got != tc.want || (err == nil) != (tc.err == "") || err != nil && err.Error() != tc.err {
+			t.Errorf("ParseGPUMemory(%q) = %d, %v; want %d, %q", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}

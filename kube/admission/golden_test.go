@@ -1,0 +1,91 @@
+package admission
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpupool/gpupool/kube"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden from what the webhook does now")
+
+// examples are what users write (testdata/*.yaml): two pods of BFK's, a
+// Deployment and a Job of BFK's, and a pod of the articles'.
+var examples = []string{"pod-percent.yaml", "pod-memory.yaml", "deployment.yaml", "job.yaml", "pod-gpu.yaml"}
+
+// TestGolden mutates each example's pod in each unit and compares the pod,
+// or the refusal, with testdata/golden/<unit>/<example>.
+func TestGolden(t *testing.T) {
+	for _, unit := range kube.Units {
+		for _, name := range examples {
+			t.Run(string(unit)+"/"+name, func(t *testing.T) {
+				pod := examplePod(t, filepath.Join("testdata", name))
+				c := config(unit)
+				patch, errs := c.Mutate(pod)
+				var got []byte
+				if len(errs) > 0 {
+					got = []byte("denied: " + errs.ToAggregate().Error() + "\n")
+				} else {
+					b, err := yaml.Marshal(apply(t, pod, patch))
+					if err != nil {
+						t.Fatal(err)
+					}
+					got = b
+				}
+				path := filepath.Join("testdata", "golden", string(unit), name)
+				if *update {
+					if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.WriteFile(path, got, 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+				want, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, want) {
+					t.Errorf("%s differs (go test ./kube/admission -run TestGolden -update rewrites it); got:\n%s", path, got)
+				}
+			})
+		}
+	}
+}
+
+// examplePod reads a pod, or the pod a Deployment's or a Job's template
+// makes, from a YAML file.
+func examplePod(t *testing.T, path string) *corev1.Pod {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(b, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromTemplate := func(owner string, tmpl corev1.PodTemplateSpec) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{GenerateName: owner + "-", Labels: tmpl.Labels, Annotations: tmpl.Annotations}, Spec: tmpl.Spec}
+	}
+	switch o := obj.(type) {
+	case *corev1.Pod:
+		return o
+	case *appsv1.Deployment:
+		return fromTemplate(o.Name, o.Spec.Template)
+	case *batchv1.Job:
+		return fromTemplate(o.Name, o.Spec.Template)
+	}
+	t.Fatalf("%s: a %T is no example", path, obj)
+	return nil
+}

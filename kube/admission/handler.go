@@ -1,0 +1,131 @@
+package admission
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// maxReviewBytes bounds an AdmissionReview's body. An update carries the
+// pod twice (object and oldObject), each at most etcd's 1.5 MiB request
+// limit, in a review around them: controller-runtime bounds it the same.
+const maxReviewBytes = 7 << 20
+
+// reviewVersion is the AdmissionReview version the webhook speaks: the
+// configurations list it alone in admissionReviewVersions.
+var reviewVersion = admissionv1.SchemeGroupVersion.WithKind("AdmissionReview")
+
+// NewHandler serves c to kube-apiserver: POST /mutate and POST /validate
+// take an AdmissionReview v1 of a pod and answer one (/mutate with a JSON
+// patch), GET /healthz answers "ok".
+func NewHandler(c Config) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST /mutate", reviewer(func(req *admissionv1.AdmissionRequest, pod, _ *corev1.Pod) (Patch, field.ErrorList) {
+		// Only a new pod's resources can change; an update is Validate's.
+		if req.Operation != admissionv1.Create {
+			return nil, nil
+		}
+		return c.Mutate(pod)
+	}))
+	mux.Handle("POST /validate", reviewer(func(_ *admissionv1.AdmissionRequest, pod, old *corev1.Pod) (Patch, field.ErrorList) {
+		return nil, c.Validate(pod, old)
+	}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	return mux
+}
+
+// decision is what a webhook decides on a pod (and, on update, its old
+// version): a patch, or why the pod is refused.
+type decision func(req *admissionv1.AdmissionRequest, pod, old *corev1.Pod) (Patch, field.ErrorList)
+
+// reviewer reads an AdmissionReview, has decide decide, and answers the
+// review. A body that is no AdmissionReview v1 is answered 400, or 413 when
+// too large; a review of anything but a pod is refused in the answer, so
+// that kube-apiserver shows the misconfiguration.
+func reviewer(decide decision) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+			http.Error(w, fmt.Sprintf("Content-Type %q: an AdmissionReview is application/json", r.Header.Get("Content-Type")), http.StatusBadRequest)
+			return
+		}
+		var review admissionv1.AdmissionReview
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxReviewBytes)).Decode(&review); err != nil {
+			code := http.StatusBadRequest
+			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+				code = http.StatusRequestEntityTooLarge
+			}
+			http.Error(w, "reading the AdmissionReview: "+err.Error(), code)
+			return
+		}
+		if gvk := review.GroupVersionKind(); gvk != reviewVersion || review.Request == nil {
+			http.Error(w, fmt.Sprintf("want an %s %s with a request, got %q %q", reviewVersion.GroupVersion(), reviewVersion.Kind, review.APIVersion, review.Kind),
+				http.StatusBadRequest)
+			return
+		}
+		resp := answer(review.Request, decide)
+		resp.UID = review.Request.UID
+		out := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: reviewVersion.GroupVersion().String(), Kind: reviewVersion.Kind}, Response: resp}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(out)
+	})
+}
+
+// answer decides req.
+func answer(req *admissionv1.AdmissionRequest, decide decision) *admissionv1.AdmissionResponse {
+	pods := corev1.SchemeGroupVersion.WithResource("pods")
+	if req.Resource.Group != pods.Group || req.Resource.Resource != pods.Resource || req.SubResource != "" {
+		resource := schema.GroupResource{Group: req.Resource.Group, Resource: req.Resource.Resource}.String()
+		if req.SubResource != "" {
+			resource += "/" + req.SubResource
+		}
+		return failure(http.StatusBadRequest, "gpupool's webhook admits pods, not "+resource+": check the webhook configuration's rules")
+	}
+	var pod, old *corev1.Pod
+	for _, o := range []struct {
+		raw  []byte
+		into **corev1.Pod
+		name string
+	}{{req.Object.Raw, &pod, "object"}, {req.OldObject.Raw, &old, "oldObject"}} {
+		if len(o.raw) == 0 {
+			continue
+		}
+		*o.into = &corev1.Pod{}
+		if err := json.Unmarshal(o.raw, *o.into); err != nil {
+			return failure(http.StatusBadRequest, "reading the pod in "+o.name+": "+err.Error())
+		}
+	}
+	if pod == nil {
+		return failure(http.StatusBadRequest, "the review has no pod in object")
+	}
+	patch, errs := decide(req, pod, old)
+	if len(errs) > 0 {
+		st := apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Pod").GroupKind(), pod.Name, errs).ErrStatus
+		// kube-apiserver says which webhook denied what; the causes say why.
+		st.Message = errs.ToAggregate().Error()
+		return &admissionv1.AdmissionResponse{Result: &st}
+	}
+	resp := &admissionv1.AdmissionResponse{Allowed: true}
+	if len(patch) > 0 {
+		b, err := json.Marshal(patch)
+		if err != nil {
+			panic(err) // strings, maps and quantities: cannot fail
+		}
+		jsonPatch := admissionv1.PatchTypeJSONPatch
+		resp.Patch, resp.PatchType = b, &jsonPatch
+	}
+	return resp
+}
+
+func failure(code int32, message string) *admissionv1.AdmissionResponse {
+	return &admissionv1.AdmissionResponse{Result: &metav1.Status{Status: metav1.StatusFailure, Code: code, Message: message}}
+}

@@ -1,0 +1,328 @@
+package admission
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/kube"
+)
+
+var (
+	// bfkNames are BFK's request, which the webhook replaces with
+	// bitfusion.io/gpu.
+	bfkNames = []corev1.ResourceName{kube.ResourceGPUAmount, kube.ResourceGPUPercent, kube.ResourceGPUMemory}
+	// names are the bitfusion.io resources a container may ask for.
+	names = append([]corev1.ResourceName{kube.ResourceGPU}, bfkNames...)
+)
+
+// asked is one bitfusion.io value a container asks for, and where.
+type asked struct {
+	value    int64
+	quantity resource.Quantity
+	path     *field.Path
+}
+
+// gpuContainer is the container of a pod that asks for bitfusion.io
+// resources, and what it asks.
+type gpuContainer struct {
+	container *corev1.Container
+	path      *field.Path // spec.containers[1]
+	pointer   string      // the same as a JSON pointer: /spec/containers/1
+	limits    *field.Path // path.resources.limits
+	asked     map[corev1.ResourceName]asked
+}
+
+// findGPUContainer returns the container of pod that names a bitfusion.io
+// resource, nil when none does, with what it asks; the values must be
+// whole numbers, equal in requests and limits.
+func findGPUContainer(pod *corev1.Pod) (*gpuContainer, field.ErrorList) {
+	var found []*gpuContainer
+	var errs field.ErrorList
+	for _, list := range []struct {
+		name       string
+		containers []corev1.Container
+	}{{"containers", pod.Spec.Containers}, {"initContainers", pod.Spec.InitContainers}} {
+		for i := range list.containers {
+			path := field.NewPath("spec", list.name).Index(i)
+			gc, cerrs := readContainer(&list.containers[i], path)
+			errs = append(errs, cerrs...)
+			if gc != nil {
+				gc.pointer = "/spec/" + list.name + "/" + strconv.Itoa(i)
+				found = append(found, gc)
+			}
+		}
+	}
+	for _, other := range found[min(1, len(found)):] {
+		errs = append(errs, field.Forbidden(other.path.Child("resources"), "the pool leases GPUs per pod, so one container of a pod asks for them, and "+
+			found[0].path.String()+" does"))
+	}
+	if len(errs) > 0 || len(found) == 0 {
+		return nil, errs
+	}
+	return found[0], nil
+}
+
+// readContainer reads the bitfusion.io values c asks for; nil when it names
+// none.
+func readContainer(c *corev1.Container, path *field.Path) (*gpuContainer, field.ErrorList) {
+	resources := path.Child("resources")
+	gc := &gpuContainer{container: c, path: path, limits: resources.Child("limits"), asked: map[corev1.ResourceName]asked{}}
+	var errs field.ErrorList
+	named := map[corev1.ResourceName]bool{}
+	for _, list := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+		for name := range list {
+			named[name] = strings.HasPrefix(string(name), kube.ResourcePrefix)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(named)) {
+		if !named[name] {
+			continue
+		}
+		limit, inLimits := c.Resources.Limits[name]
+		request, inRequests := c.Resources.Requests[name]
+		q, at := limit, gc.limits.Key(string(name))
+		if !inLimits {
+			q, at = request, resources.Child("requests").Key(string(name))
+		}
+		v, whole := q.AsInt64()
+		switch {
+		case !slices.Contains(names, name):
+			errs = append(errs, field.NotSupported(at, string(name), names))
+		case inLimits && inRequests && limit.Cmp(request) != 0:
+			errs = append(errs, field.Invalid(resources.Child("requests").Key(string(name)), request.String(),
+				"must equal "+at.String()+", "+limit.String()+" (Kubernetes does not overcommit an extended resource)"))
+		case !whole:
+			errs = append(errs, field.Invalid(at, q.String(), "must be a whole number"))
+		default:
+			gc.asked[name] = asked{value: v, quantity: q, path: at}
+		}
+	}
+	if len(gc.asked) == 0 && len(errs) == 0 {
+		return nil, nil
+	}
+	return gc, errs
+}
+
+// part is one part of a GPU request, as written and where.
+type part struct {
+	value int64 // GPUs, percent, or bytes of memory
+	shown any
+	path  *field.Path
+}
+
+// ask is a GPU request whose parts say where they were written, so that a
+// denial names the field and the value the user wrote.
+type ask struct {
+	// amount is nil when the request does not say; amountAt is where it
+	// belongs then.
+	amount   *part
+	amountAt *field.Path
+	// percent and memory, either or neither, are the share of each GPU.
+	percent, memory *part
+	models          []string
+	modelsShown     string
+	modelsAt        *field.Path
+}
+
+// plan is how Mutate normalises a pod.
+type plan struct {
+	gpu     *gpuContainer
+	request kube.Request
+	units   int64
+}
+
+// plan reads what pod asks for: nil when it asks for no bitfusion.io
+// resource.
+func (c Config) plan(pod *corev1.Pod) (*plan, field.ErrorList) {
+	gc, errs := findGPUContainer(pod)
+	if gc == nil {
+		return nil, errs
+	}
+	a, errs := c.containerAsk(gc)
+	if errs = append(checkAnnotations(pod), errs...); len(errs) > 0 {
+		return nil, errs
+	}
+	if models, ok := pod.Annotations[kube.AnnotationModels]; ok {
+		a.models, a.modelsShown, a.modelsAt = strings.Split(models, ","), models, atModels
+		for i, m := range a.models {
+			a.models[i] = strings.TrimSpace(m)
+		}
+	}
+	units, errs := c.units(a)
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	r := kube.Request{GPUAmount: int(a.amount.value), Models: a.models}
+	if a.percent != nil {
+		r.GPUPercent = int(a.percent.value)
+	}
+	if a.memory != nil {
+		r.GPUMemory = resource.NewQuantity(a.memory.value, gc.asked[kube.ResourceGPUMemory].quantity.Format).String()
+	}
+	return &plan{gpu: gc, request: r, units: units}, nil
+}
+
+// containerAsk is the request gc states: BFK's amount with a percent or a
+// memory, or bitfusion.io/gpu in the cluster's unit, not both.
+func (c Config) containerAsk(gc *gpuContainer) (ask, field.ErrorList) {
+	gpu, direct := gc.asked[kube.ResourceGPU]
+	a := ask{amountAt: gc.limits.Key(kube.ResourceGPUAmount)}
+	var errs field.ErrorList
+	for _, name := range bfkNames {
+		v, ok := gc.asked[name]
+		if !ok {
+			continue
+		}
+		if direct {
+			errs = append(errs, field.Invalid(v.path, v.value, "cannot be combined with "+gpu.path.String()+": ask in one form or the other"))
+			continue
+		}
+		p := &part{value: v.value, shown: v.value, path: v.path}
+		switch name {
+		case kube.ResourceGPUAmount:
+			a.amount = p
+		case kube.ResourceGPUPercent:
+			a.percent = p
+		case kube.ResourceGPUMemory:
+			// Shown as written: 8000 (megabytes), or the quantity (16Gi).
+			if p.value = megabytesOrBytes(v.value); v.value >= megabytesBelow {
+				p.shown = v.quantity.String()
+			}
+			a.memory = p
+		}
+	}
+	if !direct || len(errs) > 0 {
+		return a, errs
+	}
+	n := gpu.value
+	a.amount = &part{value: n, shown: n, path: gpu.path}
+	if c.Unit == kube.UnitGPUs {
+		return a, nil
+	}
+	// In percent, up to 100 is a share of one GPU, and above it only whole
+	// GPUs can be told apart from a share of several.
+	switch {
+	case n < 1 || n > 100 && (n%100 != 0 || n > 100*allocator.MaxGPUsPerServer):
+		return a, field.ErrorList{field.Invalid(gpu.path, n, fmt.Sprintf("must be 1..100 (percent of one GPU) or a multiple of 100 up to %d "+
+			"(whole GPUs, all on one server), as this cluster counts bitfusion.io/gpu in percent of a GPU; for a share of each of several GPUs, "+
+			"ask for %s and %s", 100*allocator.MaxGPUsPerServer, kube.ResourceGPUAmount, kube.ResourceGPUPercent))}
+	case n < 100:
+		a.amount.value, a.percent = 1, &part{value: n, shown: n, path: gpu.path}
+	default:
+		a.amount.value = n / 100
+	}
+	return a, nil
+}
+
+// recordedAsk is the request a pod's annotation records, its parts named
+// as fields of the annotation.
+func recordedAsk(r kube.Request) (ask, field.ErrorList) {
+	a := ask{amount: &part{value: int64(r.GPUAmount), shown: int64(r.GPUAmount), path: atRequest.Child("gpuAmount")},
+		models: r.Models, modelsShown: strings.Join(r.Models, ","), modelsAt: atRequest.Child("models")}
+	if r.GPUPercent != 0 {
+		a.percent = &part{value: int64(r.GPUPercent), shown: int64(r.GPUPercent), path: atRequest.Child("gpuPercent")}
+	}
+	if r.GPUMemory != "" {
+		at := atRequest.Child("gpuMemory")
+		b, err := ParseGPUMemory(r.GPUMemory)
+		if err != nil {
+			return a, field.ErrorList{field.Invalid(at, r.GPUMemory, err.Error())}
+		}
+		a.memory = &part{value: b, shown: r.GPUMemory, path: at}
+	}
+	return a, nil
+}
+
+// units checks a and returns how much bitfusion.io/gpu it stands for in the
+// cluster's unit: amount x percent in percent (100 without a percent),
+// BFK's ceil(memory / GPU memory x amount x 100) for a memory; the amount
+// in gpus, where a fraction of a GPU is refused (see the package comment).
+func (c Config) units(a ask) (int64, field.ErrorList) {
+	if a.amount == nil {
+		share := a.percent
+		if share == nil {
+			share = a.memory
+		}
+		return 0, field.ErrorList{field.Required(a.amountAt, fmt.Sprintf("%s is a share of each GPU; %s says how many GPUs (1..%d)",
+			share.path, kube.ResourceGPUAmount, allocator.MaxGPUsPerServer))}
+	}
+	var errs field.ErrorList
+	if n := a.amount.value; n < 1 || n > allocator.MaxGPUsPerServer {
+		errs = append(errs, field.Invalid(a.amount.path, a.amount.shown, fmt.Sprintf("must be 1..%d (GPUs, all on one server)", allocator.MaxGPUsPerServer)))
+	}
+	fraction := a.memory
+	switch {
+	case a.percent != nil && a.memory != nil:
+		errs = append(errs, field.Invalid(a.memory.path, a.memory.shown, "cannot be combined with "+a.percent.path.String()+
+			": ask for the share of each GPU by percent or by memory"))
+	case a.percent != nil && (a.percent.value < 1 || a.percent.value > 100):
+		errs = append(errs, field.Invalid(a.percent.path, a.percent.shown, "must be 1..100 (percent of each GPU)"))
+	case a.percent != nil && a.percent.value < 100:
+		fraction = a.percent
+	case a.memory != nil && a.memory.value < 1:
+		errs = append(errs, field.Invalid(a.memory.path, a.memory.shown, "must be above 0"))
+	case a.memory != nil && a.memory.value >= c.GPUMemoryBytes:
+		errs = append(errs, field.Invalid(a.memory.path, a.memory.shown, fmt.Sprintf("must be less than one GPU's memory, %s "+
+			"(a number without a unit is megabytes, as in BFK); for whole GPUs ask for %s alone",
+			resource.NewQuantity(c.GPUMemoryBytes, resource.DecimalSI), kube.ResourceGPUAmount)))
+	}
+	if c.Unit == kube.UnitGPUs && fraction != nil && len(errs) == 0 {
+		errs = append(errs, field.Invalid(fraction.path, fraction.shown, "asks for a fraction of a GPU, and this cluster counts "+
+			kube.ResourceGPU+" in whole GPUs (unit gpus): ask for whole GPUs"))
+	}
+	var fe *allocator.FieldError
+	if err := allocator.ValidateModels(a.models); errors.As(err, &fe) {
+		errs = append(errs, field.Invalid(a.modelsAt, a.modelsShown, fe.Error()))
+	}
+	if len(errs) > 0 {
+		return 0, errs
+	}
+	switch {
+	case c.Unit == kube.UnitGPUs:
+		return a.amount.value, nil
+	case a.memory != nil:
+		// memory < GPU memory <= MaxGPUMemoryBytes (2^50), and amount x 100
+		// <= 6400 < 2^13: the product fits in an int64.
+		return (a.memory.value*a.amount.value*100 + c.GPUMemoryBytes - 1) / c.GPUMemoryBytes, nil
+	case a.percent != nil:
+		return a.amount.value * a.percent.value, nil
+	}
+	return a.amount.value * 100, nil
+}
+
+// megabytesBelow is where a gpu-memory stops being megabytes, as BFK wrote
+// it, and starts being bytes: 10^6 MB is no GPU's memory.
+const megabytesBelow = 1_000_000
+
+func megabytesOrBytes(v int64) int64 {
+	if v < megabytesBelow {
+		return v * 1_000_000
+	}
+	return v
+}
+
+// ParseGPUMemory reads a GPU memory as bitfusion.io/gpu-memory states it: a
+// quantity ("8000M", "16Gi") or, as in BFK, a number of megabytes ("8000").
+func ParseGPUMemory(s string) (int64, error) {
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a quantity (e.g. 8000, 8000M or 16Gi)", s)
+	}
+	if q.Sign() <= 0 || q.Cmp(*resource.NewQuantity(allocator.MaxGPUMemoryBytes, resource.BinarySI)) > 0 {
+		return 0, fmt.Errorf("%q is out of range 1..1Pi", s)
+	}
+	v, whole := q.AsInt64()
+	if !whole {
+		return 0, fmt.Errorf("%q is not a whole number", s)
+	}
+	return megabytesOrBytes(v), nil
+}

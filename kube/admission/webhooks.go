@@ -1,0 +1,75 @@
+package admission
+
+import (
+	"fmt"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpupool/gpupool/kube"
+)
+
+// The names kube-apiserver gives when it reports a denial ("admission
+// webhook "mutate.pods.gpupool.io" denied the request: ...").
+const (
+	MutatingWebhookName   = "mutate.pods.gpupool.io"
+	ValidatingWebhookName = "validate.pods.gpupool.io"
+)
+
+// MatchConditions keep the webhook to the pods it owns: those whose
+// containers or init containers name a bitfusion.io resource, and those
+// that carry gpupool's request annotation (Validate refuses it on a pod
+// that asks for nothing, which could otherwise claim a lease). Any other
+// pod is admitted without a call, so that an outage of the webhook never
+// blocks it.
+var MatchConditions = []admissionregistrationv1.MatchCondition{{
+	Name: "asks-for-bitfusion-resources",
+	Expression: fmt.Sprintf(`%s || (has(object.spec.initContainers) && %s) || (has(object.metadata.annotations) && %q in object.metadata.annotations)`,
+		asksIn("object.spec.containers"), asksIn("object.spec.initContainers"), kube.AnnotationRequest),
+}}
+
+// asksIn is a CEL expression: whether a container of the list names a
+// bitfusion.io resource.
+func asksIn(containers string) string {
+	in := func(list string) string {
+		return fmt.Sprintf(`(has(c.resources.%[1]s) && c.resources.%[1]s.exists(n, n.startsWith(%[2]q)))`, list, kube.ResourcePrefix)
+	}
+	return fmt.Sprintf(`%s.exists(c, has(c.resources) && (%s || %s))`, containers, in("limits"), in("requests"))
+}
+
+// Webhooks returns the configurations, both called name, that register the
+// webhook with kube-apiserver; clientConfig says where kube-apiserver
+// reaches a path (/mutate, /validate): a Service, or a URL. Mutation sees
+// created pods; validation created and updated ones.
+//
+// Their failurePolicy is Fail: a pod that asks for bitfusion.io resources
+// and is not normalised can never run (no node has bitfusion.io/gpu-amount,
+// and no quota counts it), so admitting it unhandled helps nobody, while
+// MatchConditions keep every other pod away from the webhook.
+func Webhooks(name string, clientConfig func(path string) admissionregistrationv1.WebhookClientConfig) (
+	*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration) {
+	rule := func(ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
+		return []admissionregistrationv1.RuleWithOperations{{Operations: ops, Rule: admissionregistrationv1.Rule{
+			APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope),
+		}}}
+	}
+	sideEffects := ptr.To(admissionregistrationv1.SideEffectClassNone)
+	fail := ptr.To(admissionregistrationv1.Fail)
+	versions := []string{reviewVersion.Version}
+	mutating := &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{
+			Name: MutatingWebhookName, ClientConfig: clientConfig("/mutate"), Rules: rule(admissionregistrationv1.Create),
+			MatchConditions: MatchConditions, FailurePolicy: fail, SideEffects: sideEffects, AdmissionReviewVersions: versions,
+		}},
+	}
+	validating := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name: ValidatingWebhookName, ClientConfig: clientConfig("/validate"), Rules: rule(admissionregistrationv1.Create, admissionregistrationv1.Update),
+			MatchConditions: MatchConditions, FailurePolicy: fail, SideEffects: sideEffects, AdmissionReviewVersions: versions,
+		}},
+	}
+	return mutating, validating
+}
