@@ -69,6 +69,36 @@ type Demand struct {
 	CPUMilli int64
 	Memory   int64
 	Models   ModelSet
+	// Nodes restricts placement to these nodes; nil allows every node.
+	// It is no part of the demand's shape: a node's rating for a shape
+	// holds whichever nodes a demand may go to, so policies cache ratings
+	// by shape.
+	Nodes *NodeSet
+}
+
+// shape is d without its node restriction.
+func (d *Demand) shape() Demand {
+	s := *d
+	s.Nodes = nil
+	return s
+}
+
+// NodeSet is a set of node indices.
+type NodeSet struct {
+	words []uint64
+}
+
+// add puts node i in the set.
+func (s *NodeSet) add(i int) {
+	for len(s.words) <= i/64 {
+		s.words = append(s.words, 0)
+	}
+	s.words[i/64] |= 1 << (i % 64)
+}
+
+// allows reports whether node i is in the set; a nil set allows all.
+func (s *NodeSet) allows(i int) bool {
+	return s == nil || i/64 < len(s.words) && s.words[i/64]&(1<<(i%64)) != 0
 }
 
 // NewCluster returns an empty cluster.

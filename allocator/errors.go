@@ -43,6 +43,9 @@ type NoCapacityError struct {
 	Models   []string
 	CPUMilli int64
 	Memory   int64
+	// Servers is how many servers the request restricted placement to
+	// (0: any), Unregistered how many of them the pool does not know.
+	Servers, Unregistered int
 }
 
 func (e *NoCapacityError) Error() string {
@@ -75,6 +78,12 @@ func (e *NoCapacityError) Error() string {
 		}
 		b.WriteString(strings.Join(host, " and ") + " free")
 	}
+	if e.Servers > 0 {
+		fmt.Fprintf(&b, " among the %s asked", plural(e.Servers, "server"))
+		if e.Unregistered > 0 {
+			fmt.Fprintf(&b, " (%d not registered)", e.Unregistered)
+		}
+	}
 	return b.String()
 }
 
@@ -104,13 +113,21 @@ func (e *ServerNotFoundError) Error() string {
 	return "server " + e.Name + " not registered"
 }
 
-// IdempotencyConflictError is returned when an idempotency key is reused for
-// a different request while its first lease is live.
+// IdempotencyConflictError is returned when an idempotency key is reused,
+// while its first lease is live, for a different request or with
+// candidate servers that leave out the lease's server.
 type IdempotencyConflictError struct {
 	Key     string
 	LeaseID string
+	// Server is set when the request was the same but its candidate
+	// servers leave out the lease's, which is Server.
+	Server string
 }
 
 func (e *IdempotencyConflictError) Error() string {
-	return "idempotency-key " + strconv.Quote(e.Key) + " already used by lease " + e.LeaseID + " for a different request"
+	why := "for a different request"
+	if e.Server != "" {
+		why = "on server " + e.Server + ", which is not among the servers asked"
+	}
+	return "idempotency-key " + strconv.Quote(e.Key) + " already used by lease " + e.LeaseID + " " + why
 }

@@ -3,7 +3,8 @@ package allocator
 import "time"
 
 // Lease is a grant of GPU shares on one server to one owner until it
-// expires, is renewed or is released.
+// expires, is renewed or is released. A lease asked for UntilReleased has
+// no TTL and a zero ExpiresAt: it never expires.
 type Lease struct {
 	ID        string
 	Namespace string
@@ -40,3 +41,7 @@ func (l *Lease) Share() Share {
 	}
 	return s
 }
+
+// UntilReleased reports whether the lease never expires and lives until
+// released.
+func (l *Lease) UntilReleased() bool { return l.ExpiresAt.IsZero() }

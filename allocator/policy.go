@@ -120,6 +120,9 @@ func (t *tieBreaker) pick(c *Cluster, d *Demand, rate rater) (Placement, bool) {
 	var where Placement
 	var gpus gpuMask
 	for i := range c.Nodes {
+		if !d.Nodes.allows(i) {
+			continue
+		}
 		n, r := &c.Nodes[i], &row[i]
 		if r.seen != n.Version+1 {
 			r.seen, r.fits = n.Version+1, n.Fits(d)
@@ -153,8 +156,8 @@ type rating struct {
 // it the cache starts over, so odd shapes cannot grow it without end.
 const maxCachedDemands = 512
 
-// ratingCache keeps a row of ratings per demand shape, one per node, for
-// one cluster at one Scale.
+// ratingCache keeps a row of ratings per demand shape (Demand.shape), one
+// per node, for one cluster at one Scale.
 type ratingCache struct {
 	cluster *Cluster
 	scale   uint64
@@ -166,10 +169,11 @@ func (rc *ratingCache) row(c *Cluster, d *Demand) []rating {
 	if rc.cluster != c || rc.scale != c.Scale || len(rc.rows) >= maxCachedDemands {
 		*rc = ratingCache{cluster: c, scale: c.Scale, ids: map[Demand]int{}}
 	}
-	id, ok := rc.ids[*d]
+	shape := d.shape()
+	id, ok := rc.ids[shape]
 	if !ok {
 		id = len(rc.rows)
-		rc.ids[*d] = id
+		rc.ids[shape] = id
 		rc.rows = append(rc.rows, nil)
 	}
 	if n := len(c.Nodes); len(rc.rows[id]) < n {

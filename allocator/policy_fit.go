@@ -67,7 +67,7 @@ func (p *random) Place(c *Cluster, d *Demand) (Placement, bool) {
 	var where Placement
 	fits := 0
 	for i := range c.Nodes {
-		if c.Nodes[i].Fits(d) {
+		if d.Nodes.allows(i) && c.Nodes[i].Fits(d) {
 			fits++
 			if p.rng.IntN(fits) == 0 {
 				where.Node = i

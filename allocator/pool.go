@@ -159,6 +159,21 @@ func (p *Pool) SetQuota(namespace string, hard Share) error {
 	return nil
 }
 
+// RemoveQuota makes a namespace unlimited.
+func (p *Pool) RemoveQuota(namespace string) error {
+	if err := validateNamespace(namespace); err != nil {
+		return err
+	}
+	delete(p.quota, namespace)
+	return nil
+}
+
+// Quota returns a namespace's quota, and false when it has none.
+func (p *Pool) Quota(namespace string) (hard Share, limited bool) {
+	hard, limited = p.quota[namespace]
+	return hard, limited
+}
+
 // Acquire grants a lease for r, or returns why not: a *FieldError for bad
 // input, a *QuotaExceededError or a *NoCapacityError. A request whose
 // idempotency key matches a live lease of the namespace returns that lease.
@@ -171,12 +186,11 @@ func (p *Pool) Acquire(now time.Time, r Request) (Lease, error) {
 		return Lease{}, &FieldError{"ttl", r.TTL.String(), "exceeds the pool's max-ttl " + p.cfg.MaxTTL.String()}
 	}
 	r = cloneRequest(&r)
-	key := r.Namespace + "/" + r.IdempotencyKey
 	if r.IdempotencyKey != "" {
-		if id, ok := p.byKey[key]; ok {
+		if id, ok := p.byKey[r.Namespace+"/"+r.IdempotencyKey]; ok {
 			l := p.leases[id]
-			if !reflect.DeepEqual(l.Request, r) {
-				return Lease{}, &IdempotencyConflictError{Key: r.IdempotencyKey, LeaseID: id}
+			if err := checkRetry(l, &r); err != nil {
+				return Lease{}, err
 			}
 			return cloneLease(l), nil
 		}
@@ -202,6 +216,21 @@ func (p *Pool) Acquire(now time.Time, r Request) (Lease, error) {
 	l.ID = fmt.Sprintf("lease-%06d", p.nextID)
 	p.add(where.Node, l)
 	return cloneLease(l), nil
+}
+
+// checkRetry accepts r as a retry of the request l answered: the same
+// request, candidate servers aside (a scheduler retries with the nodes it
+// finds feasible then), whose candidates include l's server.
+func checkRetry(l *Lease, r *Request) error {
+	same := *r
+	same.Servers = nil
+	switch {
+	case !reflect.DeepEqual(l.Request, same):
+		return &IdempotencyConflictError{Key: r.IdempotencyKey, LeaseID: l.ID}
+	case len(r.Servers) > 0 && !slices.Contains(r.Servers, l.Server):
+		return &IdempotencyConflictError{Key: r.IdempotencyKey, LeaseID: l.ID, Server: l.Server}
+	}
+	return nil
 }
 
 // add books a lease on node i: its share, its quota use, its key.
@@ -232,12 +261,36 @@ func (p *Pool) demand(r *Request) (Demand, error) {
 		return d, p.noCapacity(r, &d)
 	}
 	d.Models = set
+	if len(r.Servers) > 0 {
+		d.Nodes = &NodeSet{}
+		registered := false
+		for _, name := range r.Servers {
+			if i, ok := p.nodeIndex[name]; ok {
+				d.Nodes.add(i)
+				registered = true
+			}
+		}
+		if !registered {
+			return d, p.noCapacity(r, &d)
+		}
+	}
 	return d, nil
 }
 
 func (p *Pool) noCapacity(r *Request, d *Demand) error {
-	return &NoCapacityError{GPUs: r.GPUs, PerGPU: d.PerGPU, GPUBytes: r.GPUMemoryBytes, Models: r.Models,
+	e := &NoCapacityError{GPUs: r.GPUs, PerGPU: d.PerGPU, GPUBytes: r.GPUMemoryBytes, Models: r.Models,
 		CPUMilli: r.CPUMilli, Memory: r.MemoryBytes}
+	asked := map[string]bool{}
+	for _, name := range r.Servers {
+		asked[name] = true
+	}
+	for name := range asked {
+		if _, ok := p.nodeIndex[name]; !ok {
+			e.Unregistered++
+		}
+	}
+	e.Servers = len(asked)
+	return e
 }
 
 func (p *Pool) checkQuota(ns string, asked Share) error {
@@ -249,17 +302,19 @@ func (p *Pool) checkQuota(ns string, asked Share) error {
 }
 
 // newLease describes the lease a placement would grant; it has no ID yet.
+// Its request leaves out the candidate servers: a retry need not repeat
+// them, and they may be every node of a cluster.
 func (p *Pool) newLease(now time.Time, r *Request, d *Demand, where Placement) *Lease {
-	ttl := r.TTL
-	if ttl == 0 {
-		ttl = p.cfg.DefaultTTL
-	}
 	n := &p.cluster.Nodes[where.Node]
 	s := &p.servers[where.Node]
 	l := &Lease{
 		Namespace: r.Namespace, Owner: r.Owner, Server: s.Name,
-		CPUMilli: r.CPUMilli, MemoryBytes: r.MemoryBytes, Request: *r,
-		TTL: ttl, GrantedAt: now, ExpiresAt: now.Add(ttl),
+		CPUMilli: r.CPUMilli, MemoryBytes: r.MemoryBytes, Request: *r, GrantedAt: now,
+	}
+	l.Request.Servers = nil
+	if !r.UntilReleased {
+		l.TTL = cmp.Or(r.TTL, p.cfg.DefaultTTL)
+		l.ExpiresAt = now.Add(l.TTL)
 	}
 	for _, gi := range where.GPUs {
 		g := &n.GPUs[gi]
@@ -273,6 +328,8 @@ func (p *Pool) newLease(now time.Time, r *Request, d *Demand, where Placement) *
 }
 
 // Renew extends a live lease by ttl from now (its own TTL when ttl is 0).
+// A lease that lives until released has nothing to extend: it comes back
+// unchanged.
 func (p *Pool) Renew(now time.Time, id string, ttl time.Duration) (Lease, error) {
 	l, err := p.live(now, id)
 	if err != nil {
@@ -280,6 +337,9 @@ func (p *Pool) Renew(now time.Time, id string, ttl time.Duration) (Lease, error)
 	}
 	if ttl != 0 && ttl < MinTTL || ttl < 0 || ttl > p.cfg.MaxTTL {
 		return Lease{}, &FieldError{"ttl", ttl.String(), "out of range " + MinTTL.String() + ".." + p.cfg.MaxTTL.String() + " (0 renews by the lease's own)"}
+	}
+	if l.UntilReleased() {
+		return cloneLease(l), nil
 	}
 	if ttl == 0 {
 		ttl = l.TTL
@@ -310,7 +370,7 @@ func (p *Pool) Expire(now time.Time) []Lease {
 
 func (p *Pool) expireDue(now time.Time) {
 	for _, id := range sortedIDs(p.leases) {
-		if l := p.leases[id]; !now.Before(l.ExpiresAt) {
+		if l := p.leases[id]; !l.UntilReleased() && !now.Before(l.ExpiresAt) {
 			p.end(l)
 			p.expired = append(p.expired, *l)
 		}

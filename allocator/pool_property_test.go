@@ -83,6 +83,12 @@ func (d *poolDriver) step(op, arg byte) {
 		if arg%5 == 0 {
 			r.IdempotencyKey = fmt.Sprint("k", arg%4)
 		}
+		if arg%11 == 0 {
+			r.Servers = []string{"s1", "s3", "unknown"}
+		}
+		if arg%13 == 0 {
+			r.UntilReleased, r.TTL = true, 0
+		}
 		var l Lease
 		l, err = d.pool.Acquire(d.now, r)
 		if err == nil {
@@ -148,7 +154,11 @@ func (d *poolDriver) checkCache(op, arg byte) {
 		d.t.Fatal(err)
 	}
 	c := d.pool.cluster
-	for _, probe := range []Demand{{GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000}, {GPUs: 2, PerGPU: WholeGPU}, {CPUMilli: 8000}} {
+	some := &NodeSet{}
+	some.add(1)
+	some.add(2)
+	for _, probe := range []Demand{{GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000}, {GPUs: 2, PerGPU: WholeGPU}, {CPUMilli: 8000},
+		{GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000, Nodes: some}} {
 		warmAt, warmOK := d.policy.Place(c, &probe)
 		freshAt, freshOK := fresh.Place(c, &probe)
 		if warmOK != freshOK || !reflect.DeepEqual(warmAt, freshAt) {

@@ -29,12 +29,20 @@ type Request struct {
 	// Models restricts placement to these GPU models; empty means any.
 	Models []string
 	Owner  Owner
+	// Servers restricts placement to the servers of these names (the
+	// nodes a Kubernetes scheduler found feasible); empty means any.
+	// Names the pool does not know match nothing.
+	Servers []string
 	// IdempotencyKey makes a retried request return the lease the first
 	// attempt granted instead of allocating twice.
 	IdempotencyKey string
 	// TTL is how long the lease lives without renewal; zero takes the
 	// pool's default.
 	TTL time.Duration
+	// UntilReleased asks for a lease that never expires: it has no TTL and
+	// lives until released, for holders whose end something else watches
+	// (a pod's lease ends when the pod does).
+	UntilReleased bool
 }
 
 // Owner identifies who holds a lease, so usage can be attributed to a pod.
@@ -57,6 +65,9 @@ const (
 	// MinTTL is the shortest lease lifetime: a holder renews every third
 	// of it, so anything shorter expires before its first renewal.
 	MinTTL = time.Second
+	// MaxServers bounds a request's candidate servers: Kubernetes' largest
+	// supported cluster has 5,000 nodes.
+	MaxServers = 5000
 )
 
 // Validate checks each field against its limits and returns a *FieldError
@@ -82,8 +93,13 @@ func (r *Request) Validate() error {
 		return &FieldError{"memory", formatBytes(r.MemoryBytes), "out of range 0..1Ei"}
 	case r.TTL != 0 && r.TTL < MinTTL:
 		return &FieldError{"ttl", r.TTL.String(), "is shorter than " + MinTTL.String() + " (0 takes the pool's default)"}
+	case r.TTL != 0 && r.UntilReleased:
+		return &FieldError{"ttl", r.TTL.String(), "cannot be combined with untilReleased (such a lease has no TTL)"}
 	}
 	if err := ValidateModels(r.Models); err != nil {
+		return err
+	}
+	if err := validateNames("servers", r.Servers, MaxServers); err != nil {
 		return err
 	}
 	return r.Owner.validate()
@@ -93,12 +109,18 @@ func (r *Request) Validate() error {
 // length. The admission webhook checks a pod's models with it, so that the
 // pod is refused when it is created rather than when it is placed.
 func ValidateModels(models []string) error {
-	if len(models) > maxModels {
-		return &FieldError{"models", strconv.Itoa(len(models)) + " models", fmt.Sprintf("more than %d", maxModels)}
+	return validateNames("models", models, maxModels)
+}
+
+// validateNames bounds a list of names: at most max of them, each 1 to
+// maxNameLen characters.
+func validateNames(field string, names []string, max int) error {
+	if len(names) > max {
+		return &FieldError{field, strconv.Itoa(len(names)) + " " + field, fmt.Sprintf("more than %d", max)}
 	}
-	for _, m := range models {
-		if m == "" || len(m) > maxNameLen {
-			return &FieldError{"models", shorten(m), fmt.Sprintf("must be 1..%d characters", maxNameLen)}
+	for _, n := range names {
+		if n == "" || len(n) > maxNameLen {
+			return &FieldError{field, shorten(n), fmt.Sprintf("must be 1..%d characters", maxNameLen)}
 		}
 	}
 	return nil

@@ -99,15 +99,22 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		_, err := s.pool.SetSchedulable(arg("name", ""), arg("ok", "true") == "true")
 		return result(err)
 	case "quota":
+		if arg("remove", "false") == "true" {
+			return result(s.pool.RemoveQuota(arg("ns", "")))
+		}
 		return result(s.pool.SetQuota(arg("ns", ""), SharePercent(float64(num("percent", 0)))))
 	case "acquire":
 		r := Request{
 			Namespace: arg("ns", "default"), GPUs: int(num("amount", 1)), Percent: int(num("percent", 0)),
 			GPUMemoryBytes: bytes("gpu-memory"), CPUMilli: num("cpu", 0), MemoryBytes: bytes("memory"),
 			IdempotencyKey: arg("key", ""), TTL: dur("ttl"), Owner: Owner{Pod: arg("pod", "")},
+			UntilReleased: arg("until-released", "false") == "true",
 		}
 		if m := arg("models", ""); m != "" {
 			r.Models = strings.Split(m, ",")
+		}
+		if v := arg("servers", ""); v != "" {
+			r.Servers = strings.Split(v, ",")
 		}
 		l, err := s.pool.Acquire(s.now, r)
 		if err != nil {
@@ -119,7 +126,7 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		if err != nil {
 			return "error: " + err.Error()
 		}
-		return fmt.Sprintf("%s expires at +%s", l.ID, l.ExpiresAt.Sub(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)))
+		return l.ID + " " + expiry(&l)
 	case "release":
 		l, err := s.pool.Release(s.now, arg("id", ""))
 		if err != nil {
@@ -146,6 +153,14 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 	}
 	d.Fatalf(t, "unknown command %q", d.Cmd)
 	return ""
+}
+
+// expiry says when a lease expires, as time since the scenario's start.
+func expiry(l *Lease) string {
+	if l.UntilReleased() {
+		return "until released"
+	}
+	return "expires +" + l.ExpiresAt.Sub(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)).String()
 }
 
 func result(err error) string {
@@ -193,7 +208,7 @@ func (s *scenario) state() string {
 		b.WriteString("\n")
 	}
 	for _, l := range s.pool.Leases(s.now) {
-		fmt.Fprintf(&b, "%s expires +%s\n", formatLease(&l), l.ExpiresAt.Sub(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)))
+		fmt.Fprintf(&b, "%s %s\n", formatLease(&l), expiry(&l))
 	}
 	for _, q := range s.pool.Quotas(s.now) {
 		hard := "unlimited"
