@@ -35,11 +35,20 @@ func Golden(t *testing.T, g prometheus.Gatherer, golden string, except ...string
 		return slices.DeleteFunc(families, func(f *dto.MetricFamily) bool { return slices.Contains(except, f.GetName()) }), err
 	})
 	if *update {
-		text, err := testutil.GatherAndFormat(compared, expfmt.TypeTextPlain)
+		// Not testutil.GatherAndFormat: it keeps only the families it is
+		// named, and none when named none.
+		families, err := compared.Gather()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(golden, text, 0o600); err != nil {
+		var text bytes.Buffer
+		enc := expfmt.NewEncoder(&text, expfmt.NewFormat(expfmt.TypeTextPlain))
+		for _, f := range families {
+			if err := enc.Encode(f); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(golden, text.Bytes(), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
