@@ -168,10 +168,15 @@ func (p *Pool) RemoveQuota(namespace string) error {
 	return nil
 }
 
-// Quota returns a namespace's quota, and false when it has none.
-func (p *Pool) Quota(namespace string) (hard Share, limited bool) {
-	hard, limited = p.quota[namespace]
-	return hard, limited
+// Quota returns a namespace's quota and use at now.
+func (p *Pool) Quota(now time.Time, namespace string) QuotaStatus {
+	p.expireDue(now)
+	return p.quotaStatus(namespace)
+}
+
+func (p *Pool) quotaStatus(namespace string) QuotaStatus {
+	hard, limited := p.quota[namespace]
+	return QuotaStatus{Namespace: namespace, Hard: hard, Limited: limited, Used: p.used[namespace]}
 }
 
 // Acquire grants a lease for r, or returns why not: a *FieldError for bad
@@ -448,8 +453,7 @@ func (p *Pool) Quotas(now time.Time) []QuotaStatus {
 	}
 	out := make([]QuotaStatus, 0, len(names))
 	for _, ns := range slices.Sorted(maps.Keys(names)) {
-		hard, limited := p.quota[ns]
-		out = append(out, QuotaStatus{Namespace: ns, Hard: hard, Limited: limited, Used: p.used[ns]})
+		out = append(out, p.quotaStatus(ns))
 	}
 	return out
 }

@@ -39,16 +39,22 @@ type AcquireRequest struct {
 	GPUPercent int    `json:"gpuPercent,omitempty"`
 	GPUMemory  string `json:"gpuMemory,omitempty"`
 	// CPU and Memory are quantities as in a pod's requests ("500m", "4Gi").
-	CPU            string   `json:"cpu,omitempty"`
-	Memory         string   `json:"memory,omitempty"`
-	Models         []string `json:"models,omitempty"`
+	CPU    string   `json:"cpu,omitempty"`
+	Memory string   `json:"memory,omitempty"`
+	Models []string `json:"models,omitempty"`
+	// Servers restricts placement to the servers of these names (the
+	// nodes a Kubernetes scheduler found feasible); empty means any.
+	Servers        []string `json:"servers,omitempty"`
 	Owner          Owner    `json:"owner"`
 	IdempotencyKey string   `json:"idempotencyKey,omitempty"`
 	// TTL is how long the lease lives unrenewed ("30s"); empty takes the
-	// allocator's default. Wait queues the request up to that long when
-	// there is no capacity or quota, instead of failing at once.
-	TTL  string `json:"ttl,omitempty"`
-	Wait string `json:"wait,omitempty"`
+	// allocator's default. UntilReleased asks instead for a lease that
+	// never expires and lives until released. Wait queues the request up
+	// to that long when there is no capacity or quota, instead of failing
+	// at once.
+	TTL           string `json:"ttl,omitempty"`
+	UntilReleased bool   `json:"untilReleased,omitempty"`
+	Wait          string `json:"wait,omitempty"`
 
 	// percentGiven tells an explicit "gpuPercent": 0, which is out of
 	// range, from no gpuPercent at all, which asks for whole GPUs.
@@ -82,8 +88,8 @@ const MaxWait = time.Hour
 // wait; bad fields come back as *allocator.FieldError.
 func (a *AcquireRequest) Parse() (allocator.Request, time.Duration, error) {
 	r := allocator.Request{
-		Namespace: a.Namespace, GPUs: a.GPUAmount, Percent: a.GPUPercent, Models: a.Models,
-		Owner: a.Owner.Core(), IdempotencyKey: a.IdempotencyKey,
+		Namespace: a.Namespace, GPUs: a.GPUAmount, Percent: a.GPUPercent, Models: a.Models, Servers: a.Servers,
+		Owner: a.Owner.Core(), IdempotencyKey: a.IdempotencyKey, UntilReleased: a.UntilReleased,
 	}
 	var err error
 	if a.GPUMemory != "" {
@@ -198,6 +204,15 @@ type GPUStatus struct {
 
 // Allocated is the share leases hold.
 func (g GPUStatus) Allocated() allocator.Share { return allocator.SharePercent(g.AllocatedPercent) }
+
+// QuotaRequest sets a namespace's hard GPU quota (PUT
+// /v1/quotas/{namespace}), in percent of one GPU: 150 is 1.5 GPUs, to a
+// tenth of a percent (a milli-GPU).
+type QuotaRequest struct {
+	// HardPercent is required: null or missing is refused rather than
+	// read as a quota of 0, which would admit nothing.
+	HardPercent *float64 `json:"hardPercent"`
+}
 
 // QuotaList is the answer to GET /v1/quotas.
 type QuotaList struct {

@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/gpupool/gpupool/allocator"
@@ -23,6 +24,8 @@ func FuzzAcquireRequest(f *testing.F) {
 		`{"namespace":"ml","gpuAmount":1,"gpuMemory":"8e18","ttl":"1ns"}`,
 		`{"namespace":"ml","gpuAmount":0,"cpu":"1"}`,
 		`{"namespace":"ml","gpuAmount":1,"owner":{"labels":{"a b":"c/d"}}}`,
+		`{"namespace":"ml","gpuAmount":1,"servers":["node-1","node-2"],"untilReleased":true}`,
+		`{"namespace":"ml","gpuAmount":1,"servers":[""],"untilReleased":true,"ttl":"1m"}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -42,7 +45,8 @@ func FuzzAcquireRequest(f *testing.F) {
 		if r.Validate() != nil || wait < 0 || wait > MaxWait || r.Percent < 0 || r.Percent > 100 || r.GPUs < 1 ||
 			r.GPUMemoryBytes < 0 || r.GPUMemoryBytes > allocator.MaxGPUMemoryBytes || r.CPUMilli < 0 || r.CPUMilli > allocator.MaxCPUMilli ||
 			r.MemoryBytes < 0 || r.MemoryBytes > allocator.MaxMemoryBytes || r.TTL < 0 || r.TTL > 0 && r.TTL < allocator.MinTTL ||
-			in.percentGiven && r.Percent == 0 {
+			in.percentGiven && r.Percent == 0 || r.UntilReleased && r.TTL != 0 || len(r.Servers) > allocator.MaxServers ||
+			slices.Contains(r.Servers, "") {
 			t.Fatalf("accepted out-of-range request %+v (wait %s)", r, wait)
 		}
 	})

@@ -20,10 +20,12 @@ type Lease struct {
 	MemoryBytes int64      `json:"memoryBytes,omitempty"`
 	// IdempotencyKey is the key of the request that was granted the lease.
 	IdempotencyKey string `json:"idempotencyKey,omitempty"`
-	// TTL is how long a renewal extends the lease by ("30s").
-	TTL       Duration  `json:"ttl"`
-	GrantedAt time.Time `json:"grantedAt"`
-	ExpiresAt time.Time `json:"expiresAt"`
+	// TTL is how long a renewal extends the lease by ("30s"). A lease
+	// UntilReleased has neither TTL nor ExpiresAt: it never expires.
+	TTL           Duration  `json:"ttl,omitzero"`
+	UntilReleased bool      `json:"untilReleased,omitempty"`
+	GrantedAt     time.Time `json:"grantedAt"`
+	ExpiresAt     time.Time `json:"expiresAt,omitzero"`
 }
 
 // LeaseGPU is a lease's share of one GPU.
@@ -54,7 +56,7 @@ func NewLease(l allocator.Lease) Lease {
 	w := Lease{
 		ID: l.ID, Namespace: l.Namespace, Owner: NewOwner(l.Owner), Server: l.Server,
 		CPUMilli: l.CPUMilli, MemoryBytes: l.MemoryBytes, IdempotencyKey: l.Request.IdempotencyKey,
-		TTL: Duration(l.TTL), GrantedAt: l.GrantedAt, ExpiresAt: l.ExpiresAt,
+		TTL: Duration(l.TTL), UntilReleased: l.UntilReleased(), GrantedAt: l.GrantedAt, ExpiresAt: l.ExpiresAt,
 	}
 	for _, g := range l.GPUs {
 		w.GPUs = append(w.GPUs, LeaseGPU{Index: g.Index, UUID: g.UUID, Model: g.Model, Percent: g.Share.Percent(), MemoryBytes: g.MemoryBytes})

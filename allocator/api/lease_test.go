@@ -43,6 +43,31 @@ func TestLeaseOnTheWire(t *testing.T) {
 	}
 }
 
+// TestLeaseUntilReleasedOnTheWire: a lease that lives until released says
+// so and has no TTL or expiry to misread; it comes back as one.
+func TestLeaseUntilReleasedOnTheWire(t *testing.T) {
+	granted := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := allocator.Lease{ID: "lease-000002", Namespace: "ml", Server: "gpu-a", GrantedAt: granted,
+		GPUs: []allocator.LeaseGPU{{Index: 0, UUID: "GPU-0", Model: "A100", Share: allocator.WholeGPU, MemoryBytes: 80 << 30}}}
+	got, err := json.Marshal(NewLease(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"id":"lease-000002","namespace":"ml","owner":{},"server":"gpu-a",` +
+		`"gpus":[{"index":0,"uuid":"GPU-0","model":"A100","percent":100,"memoryBytes":85899345920}],` +
+		`"untilReleased":true,"grantedAt":"2026-01-01T00:00:00Z"}`
+	if string(got) != want {
+		t.Errorf("lease on the wire:\n%s\nwant\n%s", got, want)
+	}
+	var back Lease
+	if err := json.Unmarshal(got, &back); err != nil {
+		t.Fatal(err)
+	}
+	if core := back.Core(); !core.UntilReleased() || !reflect.DeepEqual(core, l) {
+		t.Errorf("back from the wire: %+v\nwant %+v, until released", core, l)
+	}
+}
+
 // FuzzLeaseWire: any share of a GPU and any TTL come back from the wire
 // exactly, though the wire writes shares as decimal percents.
 func FuzzLeaseWire(f *testing.F) {

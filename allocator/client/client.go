@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 )
 
@@ -120,13 +121,14 @@ func (c *Client) Lease(ctx context.Context, id string) (api.Lease, error) {
 // LeaseFilter selects leases; empty fields match all.
 type LeaseFilter struct {
 	Namespace, Server string
+	OwnerUID          string // the owner's UID: a pod's leases
 	Selector          string // a label selector on the owner's labels: app=tf-training
 }
 
 // Leases lists live leases.
 func (c *Client) Leases(ctx context.Context, f LeaseFilter) ([]api.Lease, error) {
 	q := url.Values{}
-	for k, v := range map[string]string{"namespace": f.Namespace, "server": f.Server, "selector": f.Selector} {
+	for k, v := range map[string]string{"namespace": f.Namespace, "server": f.Server, "ownerUID": f.OwnerUID, "selector": f.Selector} {
 		if v != "" {
 			q.Set(k, v)
 		}
@@ -152,6 +154,19 @@ func (c *Client) Quotas(ctx context.Context) ([]api.QuotaStatus, error) {
 	var out api.QuotaList
 	err := c.do(ctx, http.MethodGet, "/v1/quotas", nil, &out)
 	return out.Quotas, err
+}
+
+// SetQuota sets a namespace's hard GPU quota (an admin token's right).
+// The allocator keeps it across restarts, over its config file's.
+func (c *Client) SetQuota(ctx context.Context, namespace string, hard allocator.Share) error {
+	percent := hard.Percent()
+	return c.do(ctx, http.MethodPut, "/v1/quotas/"+url.PathEscape(namespace), api.QuotaRequest{HardPercent: &percent}, nil)
+}
+
+// DeleteQuota removes a namespace's quota, leaving it unlimited (an admin
+// token's right).
+func (c *Client) DeleteQuota(ctx context.Context, namespace string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/quotas/"+url.PathEscape(namespace), nil, nil)
 }
 
 // UnreachableError says that no endpoint of the allocator answered: it is

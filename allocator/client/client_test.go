@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -76,13 +77,39 @@ func TestLeasesQuery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []LeaseFilter{{}, {Namespace: "ml", Selector: "app=tf-training"}} {
+	for _, f := range []LeaseFilter{{}, {Namespace: "ml", Selector: "app=tf-training"}, {OwnerUID: "3f2c-uid"}} {
 		if _, err := c.Leases(context.Background(), f); err != nil {
 			t.Fatal(err)
 		}
 	}
-	want := []string{"/v1/leases", "/v1/leases?namespace=ml&selector=app%3Dtf-training"}
+	want := []string{"/v1/leases", "/v1/leases?namespace=ml&selector=app%3Dtf-training", "/v1/leases?ownerUID=3f2c-uid"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("requests %q, want %q", got, want)
+	}
+}
+
+// TestQuotaRequests: SetQuota sends the share in percent of one GPU to
+// the namespace's path, DeleteQuota deletes that path.
+func TestQuotaRequests(t *testing.T) {
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		got = append(got, r.Method+" "+r.URL.Path+" "+string(body))
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	defer srv.Close()
+	c, err := New([]string{srv.URL}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetQuota(context.Background(), "team-a", 1466); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteQuota(context.Background(), "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`PUT /v1/quotas/team-a {"hardPercent":146.6}`, "DELETE /v1/quotas/team-a "}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("requests %q, want %q", got, want)
 	}
 }

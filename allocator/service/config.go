@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
 )
 
 // QuotaResource is the ResourceQuota key whose value is a namespace's GPU
@@ -124,6 +125,25 @@ func (c *FileConfig) validate() error {
 // maxQuotaPercent bounds a namespace's quota far above any pool, so that
 // its share stays exact.
 const maxQuotaPercent = 100 * 1_000_000
+
+// quotaShare checks a quota set through the API against the bounds of the
+// config file's, in percent of one GPU to a tenth (a milli-GPU), and
+// returns it as a share.
+func quotaShare(in api.QuotaRequest) (allocator.Share, error) {
+	const field = "hardPercent"
+	p := in.HardPercent
+	switch {
+	case p == nil:
+		return 0, &allocator.FieldError{Field: field, Value: "", Limit: "must be set, in percent of one GPU (150 is 1.5 GPUs)"}
+	case *p < 0 || *p > maxQuotaPercent:
+		return 0, &allocator.FieldError{Field: field, Value: strconv.FormatFloat(*p, 'f', -1, 64),
+			Limit: fmt.Sprintf("out of range 0..%d (percent of one GPU, a million GPUs)", maxQuotaPercent)}
+	case allocator.SharePercent(*p).Percent() != *p:
+		return 0, &allocator.FieldError{Field: field, Value: strconv.FormatFloat(*p, 'f', -1, 64),
+			Limit: "is finer than a tenth of a percent (a thousandth of a GPU)"}
+	}
+	return allocator.SharePercent(*p), nil
+}
 
 // Quotas returns each namespace's GPU quota.
 func (c *FileConfig) Quotas() map[string]allocator.Share {

@@ -104,15 +104,20 @@ var (
 	errUnauthorized = errors.New("missing or unknown bearer token")
 )
 
-// ForbiddenError refuses an operation on another namespace, or as a GPU
-// server the token may not speak for.
+// ForbiddenError refuses an operation on another namespace, as a GPU
+// server the token may not speak for, or one only an admin may do.
 type ForbiddenError struct {
 	Namespace string
 	Server    string
+	// AdminOnly names the operation only an admin token may do.
+	AdminOnly string
 }
 
 func (e *ForbiddenError) Error() string {
-	if e.Server != "" {
+	switch {
+	case e.AdminOnly != "":
+		return "only an admin token may " + e.AdminOnly
+	case e.Server != "":
 		return "this token may not act as server " + e.Server
 	}
 	return "this token may not act in namespace " + e.Namespace

@@ -35,6 +35,8 @@ func Handler(s *Service, auth *Authenticator, gatherer prometheus.Gatherer, log 
 	mux.HandleFunc("DELETE /v1/leases/{id}", h.release)
 	mux.HandleFunc("GET /v1/pool", h.pool)
 	mux.HandleFunc("GET /v1/quotas", h.quotas)
+	mux.HandleFunc("PUT /v1/quotas/{namespace}", h.setQuota)
+	mux.HandleFunc("DELETE /v1/quotas/{namespace}", h.deleteQuota)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		select {
@@ -170,7 +172,7 @@ func (h *handler) listLeases(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	f := LeaseFilter{Namespace: q.Get("namespace"), Server: q.Get("server")}
+	f := LeaseFilter{Namespace: q.Get("namespace"), Server: q.Get("server"), OwnerUID: q.Get("ownerUID")}
 	switch {
 	case p.Admin:
 	case p.Server:
@@ -269,6 +271,42 @@ func (h *handler) quotas(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h.reply(w, http.StatusOK, api.QuotaList{Quotas: out}, nil)
+}
+
+// setQuota sets a namespace's quota; only an admin may.
+func (h *handler) setQuota(w http.ResponseWriter, r *http.Request) {
+	if !h.adminPrincipal(w, r, "set quotas") {
+		return
+	}
+	var in api.QuotaRequest
+	if !h.decode(w, r, &in) {
+		return
+	}
+	hard, err := quotaShare(in)
+	var q allocator.QuotaStatus
+	if err == nil {
+		q, err = h.s.SetQuota(r.Context(), r.PathValue("namespace"), hard)
+	}
+	h.reply(w, http.StatusOK, api.NewQuotaStatus(q), err)
+}
+
+// deleteQuota leaves a namespace unlimited; only an admin may.
+func (h *handler) deleteQuota(w http.ResponseWriter, r *http.Request) {
+	if h.adminPrincipal(w, r, "remove quotas") {
+		q, err := h.s.DeleteQuota(r.Context(), r.PathValue("namespace"))
+		h.reply(w, http.StatusOK, api.NewQuotaStatus(q), err)
+	}
+}
+
+// adminPrincipal authenticates an admin, answering 401 or 403 itself when
+// the request is not one; operation says what was refused.
+func (h *handler) adminPrincipal(w http.ResponseWriter, r *http.Request, operation string) bool {
+	p, ok := h.principal(w, r)
+	if ok && !p.Admin {
+		h.fail(w, &ForbiddenError{AdminOnly: operation})
+		return false
+	}
+	return ok
 }
 
 // decode reads a JSON body, answering 400 or 413 itself when it cannot.

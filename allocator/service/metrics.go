@@ -60,7 +60,7 @@ var (
 	leaseAllocated = metricdef.Gauge("bitfusion_lease_allocated_gpus", "GPUs", metricdef.Labels{"lease", "namespace", "server"},
 		"GPU share the lease holds, in GPUs (summed over its GPUs).")
 	leaseExpiry = metricdef.Gauge("bitfusion_lease_expiry_timestamp_seconds", "seconds since epoch", metricdef.Labels{"lease", "namespace"},
-		"When the lease expires unless renewed.")
+		"When the lease expires unless renewed; none for a lease that lives until released.")
 	leasePending = metricdef.Gauge("bitfusion_lease_pending_requests", "requests", namespaceLabels,
 		"Lease requests queued for capacity or quota, by namespace.")
 
@@ -204,7 +204,9 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, l := range leases {
 		gauge(leaseInfo, 1, l.ID, l.Namespace, l.Owner.Pod, l.Server)
 		gauge(leaseAllocated, l.Share().GPUs(), l.ID, l.Namespace, l.Server)
-		gauge(leaseExpiry, float64(l.ExpiresAt.UnixNano())/1e9, l.ID, l.Namespace)
+		if !l.UntilReleased() {
+			gauge(leaseExpiry, float64(l.ExpiresAt.UnixNano())/1e9, l.ID, l.Namespace)
+		}
 	}
 	for ns, n := range pending {
 		gauge(leasePending, float64(n), ns)

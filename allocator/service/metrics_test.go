@@ -27,11 +27,16 @@ func TestMetricsGolden(t *testing.T) {
 		{Namespace: "team-a", GPUAmount: 1, GPUPercent: 50, Owner: podOwner("trainer-0")},
 		{Namespace: "team-a", GPUAmount: 1, GPUMemory: "40Gi", Owner: podOwner("trainer-1")},
 		{Namespace: "team-b", GPUAmount: 2, Owner: podOwner("big-0")},
-		{Namespace: "team-a", GPUAmount: 1, GPUPercent: 60}, // over quota
+		{Namespace: "team-a", GPUAmount: 1, GPUPercent: 60},                                                  // over quota
+		{Namespace: "team-b", GPUAmount: 1, GPUPercent: 10, Owner: podOwner("serve-0"), UntilReleased: true}, // no expiry
 	} {
 		_, _ = admin.Acquire(ctx, r)
 	}
 	if err := admin.Heartbeat(ctx, "s2", api.Heartbeat{GPUs: []api.GPUHealth{{Index: 1, Healthy: false}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := admin.SetQuota(ctx, "team-b", allocator.SharePercent(350)); err != nil {
 		t.Fatal(err)
 	}
 

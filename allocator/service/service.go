@@ -31,7 +31,8 @@ type Config struct {
 	// HeartbeatTimeout is how long a server may stay silent before its
 	// GPUs take no new leases.
 	HeartbeatTimeout time.Duration
-	// Quotas are GPU quotas by namespace.
+	// Quotas are GPU quotas by namespace, the config file's: the quotas
+	// the API set or removed, kept in the store, apply over them.
 	Quotas map[string]allocator.Share
 	// Clock returns the current time; time.Now when nil.
 	Clock    func() time.Time
@@ -82,7 +83,8 @@ const recentDemands = 1024
 
 // New recovers the pool from the store: servers are registered again (and
 // given a heartbeat timeout from now to check in), leases restored on their
-// GPUs, and leases whose TTL ran out while the allocator was down expired.
+// GPUs, leases whose TTL ran out while the allocator was down expired, and
+// the quotas the API set or removed applied over the config's.
 func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
@@ -157,13 +159,19 @@ type Misfit struct {
 	Err error
 }
 
-// restore puts stored state into an empty pool as recovery does: servers
-// registered again, leases on the GPUs they were granted. It returns the
-// leases that no longer fit, and those expired by now (ended in the pool).
+// restore puts stored state into a pool as recovery does: servers
+// registered again, leases on the GPUs they were granted, quotas over
+// those the pool has. It returns the leases that no longer fit, and those
+// expired by now (ended in the pool).
 func restore(pool *allocator.Pool, st store.State, now time.Time) (misfits []Misfit, expired []allocator.Lease, err error) {
 	for _, srv := range st.Servers {
 		if err := pool.RestoreServer(srv); err != nil {
 			return nil, nil, fmt.Errorf("restoring server %s: %w", srv.Name, err)
+		}
+	}
+	for _, q := range st.Quotas {
+		if err := applyQuota(pool, q); err != nil {
+			return nil, nil, fmt.Errorf("restoring the quota of namespace %s: %w", q.Namespace, err)
 		}
 	}
 	for _, l := range st.Leases {
@@ -334,7 +342,7 @@ func (s *Service) apply(op func(now time.Time) (store.Change, error)) (done chan
 	// (a retried release racing the first): it waits for the writes queued
 	// before it, as a change does.
 	var gone *allocator.LeaseNotFoundError
-	if len(c.Servers) > 0 || len(c.Leases) > 0 || len(c.Ended) > 0 || c.NextID > 0 || errors.As(err, &gone) {
+	if len(c.Servers) > 0 || len(c.Leases) > 0 || len(c.Ended) > 0 || len(c.Quotas) > 0 || c.NextID > 0 || errors.As(err, &gone) {
 		done = s.queue(c)
 	}
 	return done, err
@@ -495,7 +503,9 @@ func (s *Service) mayUseLocked(p Principal, id string, now time.Time) error {
 type LeaseFilter struct {
 	Namespace string
 	Server    string
-	Selector  func(labels map[string]string) bool
+	// OwnerUID selects the leases of one owner (a pod's UID).
+	OwnerUID string
+	Selector func(labels map[string]string) bool
 }
 
 // Leases lists the live leases that match f.
@@ -505,7 +515,7 @@ func (s *Service) Leases(f LeaseFilter) []allocator.Lease {
 	var out []allocator.Lease
 	for _, l := range s.pool.Leases(s.clock()) {
 		if f.Namespace != "" && l.Namespace != f.Namespace || f.Server != "" && l.Server != f.Server ||
-			f.Selector != nil && !f.Selector(l.Owner.Labels) {
+			f.OwnerUID != "" && l.Owner.UID != f.OwnerUID || f.Selector != nil && !f.Selector(l.Owner.Labels) {
 			continue
 		}
 		out = append(out, l)
@@ -518,6 +528,44 @@ func (s *Service) Quotas() []allocator.QuotaStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pool.Quotas(s.clock())
+}
+
+// SetQuota sets the GPU share a namespace's leases may hold in all, and
+// returns the namespace's quota and use. A quota below what the namespace
+// holds keeps its leases and admits no new ones; a raised one wakes the
+// requests that wait. The store keeps it, over the config file's.
+func (s *Service) SetQuota(ctx context.Context, namespace string, hard allocator.Share) (allocator.QuotaStatus, error) {
+	return s.putQuota(ctx, store.Quota{Namespace: namespace, Limited: true, Hard: hard})
+}
+
+// DeleteQuota removes a namespace's quota: it is unlimited from then on,
+// across restarts too, whatever the config file says.
+func (s *Service) DeleteQuota(ctx context.Context, namespace string) (allocator.QuotaStatus, error) {
+	return s.putQuota(ctx, store.Quota{Namespace: namespace})
+}
+
+func (s *Service) putQuota(ctx context.Context, q store.Quota) (allocator.QuotaStatus, error) {
+	var after allocator.QuotaStatus
+	err := s.write(ctx, func(now time.Time) (store.Change, error) {
+		before := s.pool.Quota(now, q.Namespace)
+		if err := applyQuota(s.pool, q); err != nil {
+			return store.Change{}, err
+		}
+		if before.Limited && (!q.Limited || q.Hard > before.Hard) {
+			s.wakeLocked()
+		}
+		after = s.pool.Quota(now, q.Namespace)
+		return store.Change{Quotas: []store.Quota{q}}, nil
+	})
+	return after, err
+}
+
+// applyQuota sets or removes a namespace's quota as q says.
+func applyQuota(pool *allocator.Pool, q store.Quota) error {
+	if q.Limited {
+		return pool.SetQuota(q.Namespace, q.Hard)
+	}
+	return pool.RemoveQuota(q.Namespace)
 }
 
 // RegisterServer adds or updates a GPU server; it counts as a heartbeat.

@@ -19,6 +19,7 @@ var (
 	serversBucket = []byte("servers")
 	leasesBucket  = []byte("leases")
 	metaBucket    = []byte("meta")
+	quotasBucket  = []byte("quotas")
 	nextIDKey     = []byte("next-id")
 )
 
@@ -47,7 +48,7 @@ func OpenBolt(dir string, timeout time.Duration) (*Bolt, error) {
 		return nil, err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{serversBucket, leasesBucket, metaBucket} {
+		for _, b := range [][]byte{serversBucket, leasesBucket, metaBucket, quotasBucket} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -163,27 +164,18 @@ func (b *Bolt) Load(context.Context) (State, error) {
 				return fmt.Errorf("no %s bucket: not a gpupool store", name)
 			}
 		}
-		err := tx.Bucket(serversBucket).ForEach(func(k, v []byte) error {
-			s, err := decodeServer(v)
-			if err != nil {
-				return fmt.Errorf("server %s: %w", k, err)
-			}
-			st.Servers = append(st.Servers, s)
-			return nil
-		})
-		if err != nil {
+		if err := readBucket(tx.Bucket(serversBucket), "server", decodeServer, &st.Servers); err != nil {
 			return err
 		}
-		err = tx.Bucket(leasesBucket).ForEach(func(k, v []byte) error {
-			l, err := decodeLease(v)
-			if err != nil {
-				return fmt.Errorf("lease %s: %w", k, err)
-			}
-			st.Leases = append(st.Leases, l)
-			return nil
-		})
-		if err != nil {
+		if err := readBucket(tx.Bucket(leasesBucket), "lease", decodeLease, &st.Leases); err != nil {
 			return err
+		}
+		// A store written before quotas were stored has no bucket for
+		// them until it is opened for writing.
+		if b := tx.Bucket(quotasBucket); b != nil {
+			if err := readBucket(b, "quota", decodeQuota, &st.Quotas); err != nil {
+				return err
+			}
 		}
 		if v := tx.Bucket(metaBucket).Get(nextIDKey); len(v) == 8 {
 			st.NextID = binary.BigEndian.Uint64(v)
@@ -193,10 +185,20 @@ func (b *Bolt) Load(context.Context) (State, error) {
 	return st, err
 }
 
+// readBucket decodes every record of a bucket into out.
+func readBucket[T any](b *bolt.Bucket, kind string, decode func([]byte) (T, error), out *[]T) error {
+	return b.ForEach(func(k, v []byte) error {
+		if err := appendDecoded(out, decode, v); err != nil {
+			return fmt.Errorf("%s %s: %w", kind, k, err)
+		}
+		return nil
+	})
+}
+
 // Apply implements Store: all changes in one transaction, one fsync.
 func (b *Bolt) Apply(_ context.Context, changes []Change) error {
 	return b.db.Update(func(tx *bolt.Tx) error {
-		servers, leases, meta := tx.Bucket(serversBucket), tx.Bucket(leasesBucket), tx.Bucket(metaBucket)
+		servers, leases, meta, quotas := tx.Bucket(serversBucket), tx.Bucket(leasesBucket), tx.Bucket(metaBucket), tx.Bucket(quotasBucket)
 		for _, c := range changes {
 			for i := range c.Servers {
 				data, err := encodeServer(&c.Servers[i])
@@ -218,6 +220,15 @@ func (b *Bolt) Apply(_ context.Context, changes []Change) error {
 			}
 			for _, id := range c.Ended {
 				if err := leases.Delete([]byte(id)); err != nil {
+					return err
+				}
+			}
+			for i := range c.Quotas {
+				data, err := encodeQuota(&c.Quotas[i])
+				if err != nil {
+					return err
+				}
+				if err := quotas.Put([]byte(c.Quotas[i].Namespace), data); err != nil {
 					return err
 				}
 			}

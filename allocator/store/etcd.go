@@ -70,21 +70,16 @@ func (e *Etcd) Load(ctx context.Context) (State, error) {
 		key := strings.TrimPrefix(string(kv.Key), e.prefix)
 		switch {
 		case strings.HasPrefix(key, "servers/"):
-			s, err := decodeServer(kv.Value)
-			if err != nil {
-				return st, fmt.Errorf("%s: %w", kv.Key, err)
-			}
-			st.Servers = append(st.Servers, s)
+			err = appendDecoded(&st.Servers, decodeServer, kv.Value)
 		case strings.HasPrefix(key, "leases/"):
-			l, err := decodeLease(kv.Value)
-			if err != nil {
-				return st, fmt.Errorf("%s: %w", kv.Key, err)
-			}
-			st.Leases = append(st.Leases, l)
+			err = appendDecoded(&st.Leases, decodeLease, kv.Value)
+		case strings.HasPrefix(key, "quotas/"):
+			err = appendDecoded(&st.Quotas, decodeQuota, kv.Value)
 		case key == "meta/next-id":
-			if st.NextID, err = strconv.ParseUint(string(kv.Value), 10, 64); err != nil {
-				return st, fmt.Errorf("%s: %w", kv.Key, err)
-			}
+			st.NextID, err = strconv.ParseUint(string(kv.Value), 10, 64)
+		}
+		if err != nil {
+			return st, fmt.Errorf("%s: %w", kv.Key, err)
 		}
 	}
 	return st, nil
@@ -129,6 +124,14 @@ func (e *Etcd) Apply(ctx context.Context, changes []Change) error {
 		for _, id := range c.Ended {
 			key := e.prefix + "leases/" + id
 			set(key, clientv3.OpDelete(key))
+		}
+		for i := range c.Quotas {
+			data, err := encodeQuota(&c.Quotas[i])
+			if err != nil {
+				return err
+			}
+			key := e.prefix + "quotas/" + c.Quotas[i].Namespace
+			set(key, clientv3.OpPut(key, string(data)))
 		}
 		if c.NextID > 0 {
 			key := e.prefix + "meta/next-id"

@@ -7,7 +7,7 @@ import (
 	"github.com/gpupool/gpupool/allocator"
 )
 
-// The records below are how servers and leases are written in every store,
+// The records below are how servers, leases and quotas are written in every store,
 // bolt and etcd alike: the JSON the allocator has always written, field by
 // field, so that a store written by any version reads back. They change
 // only with a way to read what the previous form wrote.
@@ -61,12 +61,29 @@ type requestRecord struct {
 	Owner          ownerRecord   `json:"owner"`
 	IdempotencyKey string        `json:"idempotencyKey,omitempty"`
 	TTL            time.Duration `json:"ttl,omitempty"` // nanoseconds
+	UntilReleased  bool          `json:"untilReleased,omitempty"`
+}
+
+// quotaRecord is a namespace's quota; a removed one is kept, not limited.
+type quotaRecord struct {
+	Namespace string `json:"namespace"`
+	Limited   bool   `json:"limited"`
+	HardMilli int64  `json:"hardMilli,omitempty"` // allocator.Share
 }
 
 type ownerRecord struct {
 	Pod    string            `json:"pod,omitempty"`
 	UID    string            `json:"uid,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// appendDecoded decodes one record onto out.
+func appendDecoded[T any](out *[]T, decode func([]byte) (T, error), data []byte) error {
+	x, err := decode(data)
+	if err == nil {
+		*out = append(*out, x)
+	}
+	return err
 }
 
 func encodeServer(s *allocator.Server) ([]byte, error) {
@@ -97,7 +114,7 @@ func encodeLease(l *allocator.Lease) ([]byte, error) {
 		Request: requestRecord{
 			Namespace: q.Namespace, GPUs: q.GPUs, Percent: q.Percent, GPUMemoryBytes: q.GPUMemoryBytes,
 			CPUMilli: q.CPUMilli, MemoryBytes: q.MemoryBytes, Models: q.Models, Owner: ownerRecord(q.Owner),
-			IdempotencyKey: q.IdempotencyKey, TTL: q.TTL,
+			IdempotencyKey: q.IdempotencyKey, TTL: q.TTL, UntilReleased: q.UntilReleased,
 		},
 	}
 	for _, g := range l.GPUs {
@@ -118,11 +135,23 @@ func decodeLease(data []byte) (allocator.Lease, error) {
 		Request: allocator.Request{
 			Namespace: q.Namespace, GPUs: q.GPUs, Percent: q.Percent, GPUMemoryBytes: q.GPUMemoryBytes,
 			CPUMilli: q.CPUMilli, MemoryBytes: q.MemoryBytes, Models: q.Models, Owner: allocator.Owner(q.Owner),
-			IdempotencyKey: q.IdempotencyKey, TTL: q.TTL,
+			IdempotencyKey: q.IdempotencyKey, TTL: q.TTL, UntilReleased: q.UntilReleased,
 		},
 	}
 	for _, g := range r.GPUs {
 		l.GPUs = append(l.GPUs, allocator.LeaseGPU{Index: g.Index, UUID: g.UUID, Model: g.Model, Share: allocator.Share(g.Milli), MemoryBytes: g.MemoryBytes})
 	}
 	return l, nil
+}
+
+func encodeQuota(q *Quota) ([]byte, error) {
+	return json.Marshal(quotaRecord{Namespace: q.Namespace, Limited: q.Limited, HardMilli: int64(q.Hard)})
+}
+
+func decodeQuota(data []byte) (Quota, error) {
+	var r quotaRecord
+	if err := json.Unmarshal(data, &r); err != nil {
+		return Quota{}, err
+	}
+	return Quota{Namespace: r.Namespace, Limited: r.Limited, Hard: allocator.Share(r.HardMilli)}, nil
 }

@@ -1,6 +1,7 @@
 // Package store keeps the allocator's state durable: the registered
-// servers, the live leases and the lease ID counter. Quotas and tokens come
-// from the config file and are not stored.
+// servers, the live leases, the lease ID counter and the namespace quotas
+// set or removed through the API. Tokens, and the quotas the config file
+// starts with, come from the config file and are not stored.
 //
 // The allocator applies a change to its in-memory pool first, then hands
 // it to the store, and acknowledges the client only once Apply returned:
@@ -18,7 +19,17 @@ import (
 type State struct {
 	Servers []allocator.Server
 	Leases  []allocator.Lease
+	Quotas  []Quota
 	NextID  uint64
+}
+
+// Quota is a namespace's quota as the API last left it: Limited false
+// records a removed quota, so that one the config file sets does not come
+// back on a restart.
+type Quota struct {
+	Namespace string
+	Limited   bool
+	Hard      allocator.Share
 }
 
 // Change is one step of the pool to make durable.
@@ -26,6 +37,7 @@ type Change struct {
 	Servers []allocator.Server // registered or changed
 	Leases  []allocator.Lease  // granted or renewed
 	Ended   []string           // IDs of leases released or expired
+	Quotas  []Quota            // set or removed
 	NextID  uint64             // the lease ID counter after the step; 0 leaves it
 }
 

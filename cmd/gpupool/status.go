@@ -101,6 +101,7 @@ func leasesCmd(args []string, stdout, stderr io.Writer) int {
 		func(fs *flag.FlagSet) {
 			fs.StringVar(&f.Namespace, "namespace", "", "only this namespace")
 			fs.StringVar(&f.Server, "server", "", "only this server")
+			fs.StringVar(&f.OwnerUID, "owner-uid", "", "only the leases of the owner with this UID (a pod's)")
 			fs.StringVar(&f.Selector, "selector", "", "only leases whose owner has these labels (app=tf-training)")
 		},
 		func(ctx context.Context, cl *client.Client) (any, error) { return cl.Leases(ctx, f) },
@@ -111,8 +112,12 @@ func leasesCmd(args []string, stdout, stderr io.Writer) int {
 				for _, g := range l.GPUs {
 					gpus = append(gpus, fmt.Sprintf("%d:%s", g.Index, g.Share))
 				}
+				expires := "until released"
+				if !l.UntilReleased() {
+					expires = time.Until(l.ExpiresAt).Round(time.Second).String()
+				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", l.ID, l.Namespace, l.Owner.Pod, l.Server,
-					strings.Join(gpus, ","), time.Until(l.ExpiresAt).Round(time.Second))
+					strings.Join(gpus, ","), expires)
 			}
 		})
 }

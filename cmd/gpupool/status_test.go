@@ -37,6 +37,7 @@ func TestStatusTablesSayTheirUnits(t *testing.T) {
 	for _, r := range []api.AcquireRequest{
 		{Namespace: "ml", GPUAmount: 1, GPUPercent: 50, TTL: "1h"},
 		{Namespace: "ml", GPUAmount: 1, GPUMemory: "8000M", TTL: "1h"}, // 7.45Gi of 80Gi: 9.4%
+		{Namespace: "ml", GPUAmount: 1, GPUPercent: 10, Owner: api.Owner{Pod: "serve-0", UID: "uid-0"}, UntilReleased: true},
 	} {
 		if _, err := cl.Acquire(ctx, r); err != nil {
 			t.Fatal(err)
@@ -48,16 +49,21 @@ func TestStatusTablesSayTheirUnits(t *testing.T) {
 	}{
 		{[]string{"pool", "status"}, []string{
 			"SERVER GPU MODEL MEMORY LEASED HEALTH SERVER STATE LEASES",
-			"gpu-a 0 A100 80GiB 59.4% healthy schedulable 2",
+			"gpu-a 0 A100 80GiB 69.4% healthy schedulable 3",
 		}},
 		{[]string{"leases"}, []string{
 			"LEASE NAMESPACE POD SERVER GPUS EXPIRES",
 			"lease-000001 ml gpu-a 0:50% DURATION",
 			"lease-000002 ml gpu-a 0:9.4% DURATION",
+			"lease-000003 ml serve-0 gpu-a 0:10% until released",
+		}},
+		{[]string{"leases", "--owner-uid", "uid-0"}, []string{
+			"LEASE NAMESPACE POD SERVER GPUS EXPIRES",
+			"lease-000003 ml serve-0 gpu-a 0:10% until released",
 		}},
 		{[]string{"quota"}, []string{
 			"NAMESPACE USED HARD",
-			"ml 59.4% 400%",
+			"ml 69.4% 400%",
 		}},
 	} {
 		var stdout, stderr bytes.Buffer
