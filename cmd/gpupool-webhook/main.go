@@ -101,7 +101,7 @@ Flags:
 	if err != nil {
 		return bad("--gpu-memory: %v", err)
 	}
-	pair, err := loadKeyPair(*certFile, *keyFile, log)
+	pair, err := httpserver.LoadKeyPair(*certFile, *keyFile, log)
 	if err != nil {
 		return bad("%v", err)
 	}

@@ -2,21 +2,12 @@ package main
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"log/slog"
-	"math/big"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/gpupool/gpupool/internal/cli"
+	"github.com/gpupool/gpupool/internal/testcert"
 )
 
 func TestHelp(t *testing.T) {
@@ -32,8 +23,7 @@ func TestHelp(t *testing.T) {
 }
 
 func TestBadFlags(t *testing.T) {
-	dir := t.TempDir()
-	certFile, keyFile := writePair(t, dir, "a")
+	certFile, keyFile := testcert.WritePair(t, t.TempDir(), testcert.NewCA(t, "test CA").Issue(t, "a", x509.ExtKeyUsageServerAuth))
 	tlsFlags := []string{"--tls-cert-file", certFile, "--tls-private-key-file", keyFile}
 	for _, tc := range []struct {
 		args []string
@@ -48,83 +38,5 @@ func TestBadFlags(t *testing.T) {
 		if code := run(tc.args, &stdout, &stderr); code != cli.ExitUsage || !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("%q: exit %d, %s; want %d and %q", tc.args, code, stderr.String(), cli.ExitUsage, tc.want)
 		}
-	}
-}
-
-// TestKeyPairReloads: a renewed certificate is served from the next
-// handshake; a pair that does not load leaves the previous one served.
-func TestKeyPairReloads(t *testing.T) {
-	dir := t.TempDir()
-	certFile, keyFile := writePair(t, dir, "first")
-	k, err := loadKeyPair(certFile, keyFile, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := func() string {
-		t.Helper()
-		c, err := k.GetCertificate(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c.Leaf.Subject.CommonName
-	}
-	if got := served(); got != "first" {
-		t.Fatalf("serves %q, want first", got)
-	}
-	writePair(t, dir, "second")
-	if got := served(); got != "second" {
-		t.Errorf("after renewal serves %q, want second", got)
-	}
-	// A certificate written before its key: they do not match.
-	if err := os.WriteFile(keyFile, []byte("not a key"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	touch(t, keyFile)
-	if got := served(); got != "second" {
-		t.Errorf("with a broken key serves %q, want second still", got)
-	}
-	writePair(t, dir, "third")
-	if got := served(); got != "third" {
-		t.Errorf("after the next renewal serves %q, want third", got)
-	}
-}
-
-// writePair writes a new self-signed certificate for commonName and its
-// key as tls.crt and tls.key in dir, dated later than any write before, so
-// that the change shows whatever the file system's time resolution.
-func writePair(t *testing.T, dir, commonName string) (certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: commonName},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	for path, block := range map[string]*pem.Block{certFile: {Type: "CERTIFICATE", Bytes: der}, keyFile: {Type: "PRIVATE KEY", Bytes: keyDER}} {
-		if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		touch(t, path)
-	}
-	return certFile, keyFile
-}
-
-var generation = time.Now()
-
-// touch dates path a second after the last file touched.
-func touch(t *testing.T, path string) {
-	t.Helper()
-	generation = generation.Add(time.Second)
-	if err := os.Chtimes(path, generation, generation); err != nil {
-		t.Fatal(err)
 	}
 }

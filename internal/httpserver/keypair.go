@@ -1,4 +1,4 @@
-package main
+package httpserver
 
 import (
 	"crypto/tls"
@@ -8,13 +8,13 @@ import (
 	"sync"
 )
 
-// keyPair serves a certificate from two files and reads them again when
+// KeyPair serves a certificate from two files and reads them again when
 // either changes, as when cert-manager renews the Secret they are mounted
 // from. Each handshake compares the files' modification times and sizes
 // with those it loaded (two stats, far cheaper than the handshake); a pair
 // that does not load, such as a certificate written before its key, keeps
 // the previous one until the next handshake finds them whole.
-type keyPair struct {
+type KeyPair struct {
 	certFile, keyFile string
 	log               *slog.Logger
 
@@ -28,8 +28,9 @@ type fileStamp struct {
 	size     int64
 }
 
-func loadKeyPair(certFile, keyFile string, log *slog.Logger) (*keyPair, error) {
-	k := &keyPair{certFile: certFile, keyFile: keyFile, log: log}
+// LoadKeyPair loads the pair, which must load now.
+func LoadKeyPair(certFile, keyFile string, log *slog.Logger) (*KeyPair, error) {
+	k := &KeyPair{certFile: certFile, keyFile: keyFile, log: log}
 	stamps, err := k.stamps()
 	if err != nil {
 		return nil, err
@@ -38,7 +39,7 @@ func loadKeyPair(certFile, keyFile string, log *slog.Logger) (*keyPair, error) {
 }
 
 // GetCertificate is tls.Config's.
-func (k *keyPair) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+func (k *KeyPair) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	stamps, err := k.stamps()
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -53,7 +54,7 @@ func (k *keyPair) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error)
 }
 
 // load reads the pair; the caller holds mu, or k is not shared yet.
-func (k *keyPair) load(stamps [2]fileStamp) error {
+func (k *KeyPair) load(stamps [2]fileStamp) error {
 	cert, err := tls.LoadX509KeyPair(k.certFile, k.keyFile)
 	if err != nil {
 		return fmt.Errorf("the serving certificate (%s, %s): %w", k.certFile, k.keyFile, err)
@@ -62,7 +63,7 @@ func (k *keyPair) load(stamps [2]fileStamp) error {
 	return nil
 }
 
-func (k *keyPair) stamps() ([2]fileStamp, error) {
+func (k *KeyPair) stamps() ([2]fileStamp, error) {
 	var s [2]fileStamp
 	for i, f := range []string{k.certFile, k.keyFile} {
 		fi, err := os.Stat(f)
