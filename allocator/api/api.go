@@ -8,16 +8,18 @@
 //	PUT    /v1/servers/{name}            register or update a GPU server (Server)
 //	POST   /v1/servers/{name}/heartbeat  heartbeat with GPU health (Heartbeat)
 //	POST   /v1/leases                    acquire (AcquireRequest) -> Lease
-//	GET    /v1/leases?namespace=&server=&selector=   list leases
+//	GET    /v1/leases?namespace=&server=&ownerUID=&selector=   list leases
 //	GET    /v1/leases/{id}               one lease
 //	POST   /v1/leases/{id}/renew         renew (RenewRequest) -> Lease
 //	DELETE /v1/leases/{id}               release
 //	GET    /v1/pool                      servers, GPUs, allocated share, health (PoolStatus)
 //	GET    /v1/quotas                    quota hard and used per namespace
+//	PUT    /v1/quotas/{namespace}        set a quota, admin only (QuotaRequest) -> QuotaStatus
+//	DELETE /v1/quotas/{namespace}        remove a quota, admin only -> QuotaStatus
 //
 // Errors come back as an Error body with an HTTP status that says who
-// must act: 400 bad input, 401 no or unknown token, 403 another namespace
-// or quota exceeded, 404 unknown lease or server, 409 no capacity or an
+// must act: 400 bad input, 401 no or unknown token, 403 another namespace,
+// an admin's operation or quota exceeded, 404 unknown lease or server, 409 no capacity or an
 // idempotency conflict, 503 not the leader or the store failed.
 package api
 
