@@ -194,16 +194,9 @@ func TestRegistrationRefusesBadServers(t *testing.T) {
 		{badLabel, "server.labels"},
 	} {
 		body, _ := json.Marshal(tc.srv)
-		req, _ := http.NewRequest(http.MethodPut, a.url+"/v1/servers/"+tc.srv.Name, strings.NewReader(string(body)))
-		req.Header.Set("Authorization", "Bearer "+serverToken)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(out), `"field":"`+tc.field+`"`) {
-			t.Errorf("registering %q: %d %s; want 400 naming %s", tc.srv.Name, resp.StatusCode, out, tc.field)
+		status, out := send(t, http.MethodPut, a.url+"/v1/servers/"+tc.srv.Name, serverToken, string(body))
+		if status != http.StatusBadRequest || !strings.Contains(out, `"field":"`+tc.field+`"`) {
+			t.Errorf("registering %q: %d %s; want 400 naming %s", tc.srv.Name, status, out, tc.field)
 		}
 	}
 	if p, _ := a.client(t, adminToken).Pool(context.Background()); len(p.Servers) != 0 {

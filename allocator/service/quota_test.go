@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -115,16 +114,9 @@ func TestBadQuotaNamesTheField(t *testing.T) {
 		{"team-a", `{"hardPercent":150,"soft":1}`, "", "unknown field"},
 		{"Team_A", `{"hardPercent":150}`, "namespace", "namespace Team_A is not a namespace name"},
 	} {
-		req, _ := http.NewRequest(http.MethodPut, a.url+"/v1/quotas/"+tc.namespace, strings.NewReader(tc.body))
-		req.Header.Set("Authorization", "Bearer "+adminToken)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), tc.message) || !strings.Contains(string(body), `"field":"`+tc.field+`"`) && tc.field != "" {
-			t.Errorf("%s %s: %d %s; want 400 naming %q: %q", tc.namespace, tc.body, resp.StatusCode, body, tc.field, tc.message)
+		status, body := send(t, http.MethodPut, a.url+"/v1/quotas/"+tc.namespace, adminToken, tc.body)
+		if status != http.StatusBadRequest || !strings.Contains(body, tc.message) || !strings.Contains(body, `"field":"`+tc.field+`"`) && tc.field != "" {
+			t.Errorf("%s %s: %d %s; want 400 naming %q: %q", tc.namespace, tc.body, status, body, tc.field, tc.message)
 		}
 	}
 }

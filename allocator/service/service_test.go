@@ -181,18 +181,32 @@ func TestBadInputNamesTheField(t *testing.T) {
 		{`{"namespace":"team-a","gpuAmount":1} garbage`, "", "more than one JSON value"},
 		{`{"namespace":"team-a","gpuAmount":1}{"namespace":"team-a","gpuAmount":1}`, "", "more than one JSON value"},
 	} {
-		req, _ := http.NewRequest(http.MethodPost, a.url+"/v1/leases", strings.NewReader(tc.body))
-		req.Header.Set("Authorization", "Bearer "+teamAToken)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), tc.message) || !strings.Contains(string(body), `"field":"`+tc.field+`"`) && tc.field != "" {
-			t.Errorf("%s: %d %s; want 400 naming %q: %q", tc.body, resp.StatusCode, body, tc.field, tc.message)
+		status, body := send(t, http.MethodPost, a.url+"/v1/leases", teamAToken, tc.body)
+		if status != http.StatusBadRequest || !strings.Contains(body, tc.message) || !strings.Contains(body, `"field":"`+tc.field+`"`) && tc.field != "" {
+			t.Errorf("%s: %d %s; want 400 naming %q: %q", tc.body, status, body, tc.field, tc.message)
 		}
 	}
+}
+
+// send makes a request of the API as token, with body, as a client other
+// than allocator/client would, and returns the answer's status and body.
+func send(t *testing.T, method, url, token, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(answer)
 }
 
 func TestWaitQueuesUntilShareFrees(t *testing.T) {

@@ -199,38 +199,23 @@ func readBucket[T any](b *bolt.Bucket, kind string, decode func([]byte) (T, erro
 func (b *Bolt) Apply(_ context.Context, changes []Change) error {
 	return b.db.Update(func(tx *bolt.Tx) error {
 		servers, leases, meta, quotas := tx.Bucket(serversBucket), tx.Bucket(leasesBucket), tx.Bucket(metaBucket), tx.Bucket(quotasBucket)
+		putIn := func(b *bolt.Bucket) func(string, []byte) error {
+			return func(key string, data []byte) error { return b.Put([]byte(key), data) }
+		}
 		for _, c := range changes {
-			for i := range c.Servers {
-				data, err := encodeServer(&c.Servers[i])
-				if err != nil {
-					return err
-				}
-				if err := servers.Put([]byte(c.Servers[i].Name), data); err != nil {
-					return err
-				}
+			if err := putRecords(c.Servers, serverKey, encodeServer, putIn(servers)); err != nil {
+				return err
 			}
-			for i := range c.Leases {
-				data, err := encodeLease(&c.Leases[i])
-				if err != nil {
-					return err
-				}
-				if err := leases.Put([]byte(c.Leases[i].ID), data); err != nil {
-					return err
-				}
+			if err := putRecords(c.Leases, leaseKey, encodeLease, putIn(leases)); err != nil {
+				return err
 			}
 			for _, id := range c.Ended {
 				if err := leases.Delete([]byte(id)); err != nil {
 					return err
 				}
 			}
-			for i := range c.Quotas {
-				data, err := encodeQuota(&c.Quotas[i])
-				if err != nil {
-					return err
-				}
-				if err := quotas.Put([]byte(c.Quotas[i].Namespace), data); err != nil {
-					return err
-				}
+			if err := putRecords(c.Quotas, quotaKey, encodeQuota, putIn(quotas)); err != nil {
+				return err
 			}
 			if c.NextID > 0 {
 				if err := meta.Put(nextIDKey, binary.BigEndian.AppendUint64(nil, c.NextID)); err != nil {

@@ -104,34 +104,26 @@ func (e *Etcd) Apply(ctx context.Context, changes []Change) error {
 		}
 		last[key] = op
 	}
-	for _, c := range changes {
-		for i := range c.Servers {
-			data, err := encodeServer(&c.Servers[i])
-			if err != nil {
-				return err
-			}
-			key := e.prefix + "servers/" + c.Servers[i].Name
+	putUnder := func(dir string) func(string, []byte) error {
+		return func(name string, data []byte) error {
+			key := e.prefix + dir + name
 			set(key, clientv3.OpPut(key, string(data)))
+			return nil
 		}
-		for i := range c.Leases {
-			data, err := encodeLease(&c.Leases[i])
-			if err != nil {
-				return err
-			}
-			key := e.prefix + "leases/" + c.Leases[i].ID
-			set(key, clientv3.OpPut(key, string(data)))
+	}
+	for _, c := range changes {
+		if err := putRecords(c.Servers, serverKey, encodeServer, putUnder("servers/")); err != nil {
+			return err
+		}
+		if err := putRecords(c.Leases, leaseKey, encodeLease, putUnder("leases/")); err != nil {
+			return err
 		}
 		for _, id := range c.Ended {
 			key := e.prefix + "leases/" + id
 			set(key, clientv3.OpDelete(key))
 		}
-		for i := range c.Quotas {
-			data, err := encodeQuota(&c.Quotas[i])
-			if err != nil {
-				return err
-			}
-			key := e.prefix + "quotas/" + c.Quotas[i].Namespace
-			set(key, clientv3.OpPut(key, string(data)))
+		if err := putRecords(c.Quotas, quotaKey, encodeQuota, putUnder("quotas/")); err != nil {
+			return err
 		}
 		if c.NextID > 0 {
 			key := e.prefix + "meta/next-id"

@@ -86,6 +86,25 @@ func appendDecoded[T any](out *[]T, decode func([]byte) (T, error), data []byte)
 	return err
 }
 
+// putRecords encodes each of records and hands it to put under its key.
+func putRecords[T any](records []T, key func(*T) string, encode func(*T) ([]byte, error), put func(key string, data []byte) error) error {
+	for i := range records {
+		data, err := encode(&records[i])
+		if err != nil {
+			return err
+		}
+		if err := put(key(&records[i]), data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// The keys of records within their kind.
+func serverKey(s *allocator.Server) string { return s.Name }
+func leaseKey(l *allocator.Lease) string   { return l.ID }
+func quotaKey(q *Quota) string             { return q.Namespace }
+
 func encodeServer(s *allocator.Server) ([]byte, error) {
 	r := serverRecord{Name: s.Name, Labels: s.Labels, CPUMilli: s.CPUMilli, MemoryBytes: s.MemoryBytes, GPUs: []gpuRecord{}}
 	for _, g := range s.GPUs {
