@@ -5,7 +5,6 @@ package metricstest
 
 import (
 	"bytes"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,23 +17,22 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
+	"github.com/gpupool/gpupool/internal/golden"
 	"github.com/gpupool/gpupool/internal/metricdef"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden expositions from what the code exports (read the diff!)")
 
 // Golden compares what g exports, less the families named in except (whose
 // values vary from run to run), with the exposition in the golden file; a
 // difference fails the test with a diff. With -update it rewrites the file
 // first. It then lints the whole exposition with client_golang's linter
 // and promtool, and skips the test when promtool is not installed.
-func Golden(t *testing.T, g prometheus.Gatherer, golden string, except ...string) {
+func Golden(t *testing.T, g prometheus.Gatherer, path string, except ...string) {
 	t.Helper()
 	compared := prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
 		families, err := g.Gather()
 		return slices.DeleteFunc(families, func(f *dto.MetricFamily) bool { return slices.Contains(except, f.GetName()) }), err
 	})
-	if *update {
+	if golden.Updating() {
 		// Not testutil.GatherAndFormat: it keeps only the families it is
 		// named, and none when named none.
 		families, err := compared.Gather()
@@ -48,16 +46,16 @@ func Golden(t *testing.T, g prometheus.Gatherer, golden string, except ...string
 				t.Fatal(err)
 			}
 		}
-		if err := os.WriteFile(golden, text.Bytes(), 0o600); err != nil {
+		if err := os.WriteFile(path, text.Bytes(), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	want, err := os.ReadFile(golden)
+	want, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("%v (rewrite it with -update)", err)
 	}
 	if err := testutil.GatherAndCompare(compared, bytes.NewReader(want)); err != nil {
-		t.Errorf("the exposition differs from %s (- exported, + in the file; if the change is meant, rewrite it with -update and read the diff):\n%v", golden, err)
+		t.Errorf("the exposition differs from %s (- exported, + in the file; if the change is meant, rewrite it with -update and read the diff):\n%v", path, err)
 	}
 	if problems, err := testutil.GatherAndLint(g); err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %v", problems, err)

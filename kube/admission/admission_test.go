@@ -2,6 +2,8 @@ package admission
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -10,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gpupool/gpupool/kube"
 )
@@ -198,143 +201,64 @@ func TestMutateLeavesAlone(t *testing.T) {
 	})
 }
 
-// refusals are pods each unit refuses, and kube-apiserver's message after
-// "admission webhook ... denied the request: ".
-var refusals = []struct {
-	name string
-	unit kube.Unit
-	pod  *corev1.Pod
-	want string
-}{
-	{"percent without amount", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-percent=50")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Required value: spec.containers[0].resources.limits[bitfusion.io/gpu-percent] is a share of each GPU; bitfusion.io/gpu-amount says how many GPUs (1..64)"},
-	{"memory without amount", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-memory=8000")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Required value: spec.containers[0].resources.limits[bitfusion.io/gpu-memory] is a share of each GPU; bitfusion.io/gpu-amount says how many GPUs (1..64)"},
-	{"percent 0", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=0")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu-percent]: Invalid value: 0: must be 1..100 (percent of each GPU)"},
-	{"percent above 100", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=101")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu-percent]: Invalid value: 101: must be 1..100 (percent of each GPU)"},
-	{"memory of the whole GPU", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-memory=16000")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu-memory]: Invalid value: 16000: must be less than one GPU's memory, 16G (a number without a unit is megabytes, as in BFK); for whole GPUs ask for bitfusion.io/gpu-amount alone"},
-	{"memory above the GPU's, as a quantity", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-memory=40Gi")),
-		`spec.containers[0].resources.limits[bitfusion.io/gpu-memory]: Invalid value: "40Gi": must be less than one GPU's memory, 16G (a number without a unit is megabytes, as in BFK); for whole GPUs ask for bitfusion.io/gpu-amount alone`},
-	{"memory 0", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-memory=0")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu-memory]: Invalid value: 0: must be above 0"},
-	{"percent and memory", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50", "bitfusion.io/gpu-memory=8000")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu-memory]: Invalid value: 8000: cannot be combined with spec.containers[0].resources.limits[bitfusion.io/gpu-percent]: ask for the share of each GPU by percent or by memory"},
-	{"amount 0", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=0")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Invalid value: 0: must be 1..64 (GPUs, all on one server)"},
-	{"amount above a server's GPUs", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=65", "bitfusion.io/gpu-percent=50")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Invalid value: 65: must be 1..64 (GPUs, all on one server)"},
-	{"unknown name", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-count=1")),
-		`spec.containers[0].resources.limits[bitfusion.io/gpu-count]: Unsupported value: "bitfusion.io/gpu-count": supported values: "bitfusion.io/gpu", "bitfusion.io/gpu-amount", "bitfusion.io/gpu-percent", "bitfusion.io/gpu-memory"`},
-	{"a fractional amount", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1.5")),
-		`spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Invalid value: "1500m": must be a whole number`},
-	{"requests unlike limits", kube.UnitPercent, func() *corev1.Pod {
-		c := asking("bitfusion.io/gpu-amount=1")
-		c.Resources.Requests = corev1.ResourceList{kube.ResourceGPUAmount: resource.MustParse("2")}
-		return podOf(c)
-	}(), `spec.containers[0].resources.requests[bitfusion.io/gpu-amount]: Invalid value: "2": must equal spec.containers[0].resources.limits[bitfusion.io/gpu-amount], 1 (Kubernetes does not overcommit an extended resource)`},
-	{"bitfusion.io/gpu with BFK's names", kube.UnitPercent, podOf(asking("bitfusion.io/gpu=50", "bitfusion.io/gpu-amount=1")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Invalid value: 1: cannot be combined with spec.containers[0].resources.limits[bitfusion.io/gpu]: ask in one form or the other"},
-	{"a share of several GPUs in percent", kube.UnitPercent, podOf(asking("bitfusion.io/gpu=150")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu]: Invalid value: 150: must be 1..100 (percent of one GPU) or a multiple of 100 up to 6400 (whole GPUs, all on one server), as this cluster counts bitfusion.io/gpu in percent of a GPU; for a share of each of several GPUs, ask for bitfusion.io/gpu-amount and bitfusion.io/gpu-percent"},
-	{"more GPUs than a server's in percent", kube.UnitPercent, podOf(asking("bitfusion.io/gpu=6500")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu]: Invalid value: 6500: must be 1..100 (percent of one GPU) or a multiple of 100 up to 6400 (whole GPUs, all on one server), as this cluster counts bitfusion.io/gpu in percent of a GPU; for a share of each of several GPUs, ask for bitfusion.io/gpu-amount and bitfusion.io/gpu-percent"},
-	{"bitfusion.io/gpu 0", kube.UnitPercent, podOf(asking("bitfusion.io/gpu=0")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu]: Invalid value: 0: must be 1..100 (percent of one GPU) or a multiple of 100 up to 6400 (whole GPUs, all on one server), as this cluster counts bitfusion.io/gpu in percent of a GPU; for a share of each of several GPUs, ask for bitfusion.io/gpu-amount and bitfusion.io/gpu-percent"},
-	{"more GPUs than a server's in GPUs", kube.UnitGPUs, podOf(asking("bitfusion.io/gpu=65")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu]: Invalid value: 65: must be 1..64 (GPUs, all on one server)"},
-	{"a percent in GPUs", kube.UnitGPUs, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu-percent]: Invalid value: 50: asks for a fraction of a GPU, and this cluster counts bitfusion.io/gpu in whole GPUs (unit gpus): ask for whole GPUs"},
-	{"a memory in GPUs", kube.UnitGPUs, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-memory=8000")),
-		"spec.containers[0].resources.limits[bitfusion.io/gpu-memory]: Invalid value: 8000: asks for a fraction of a GPU, and this cluster counts bitfusion.io/gpu in whole GPUs (unit gpus): ask for whole GPUs"},
-	{"two containers", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=1"), asking("bitfusion.io/gpu-amount=1")),
-		"spec.containers[1].resources: Forbidden: the pool leases GPUs per pod, so one container of a pod asks for them, and spec.containers[0] does"},
-	{"a container and an init container", kube.UnitPercent, func() *corev1.Pod {
-		p := podOf(asking("bitfusion.io/gpu-amount=1"))
-		p.Spec.InitContainers = []corev1.Container{asking("bitfusion.io/gpu-percent=10")}
-		return p
-	}(), "spec.initContainers[0].resources: Forbidden: the pool leases GPUs per pod, so one container of a pod asks for them, and spec.containers[0] does"},
-	{"an unknown auto-management", kube.UnitPercent, annotated(podOf(asking("bitfusion.io/gpu-amount=1")), kube.AnnotationAutoManagement, "always"),
-		`metadata.annotations[auto-management/bitfusion]: Unsupported value: "always": supported values: "all", "y", "yes", "true", "on", "injection", "none", "n", "no", "false", "off"`},
-	{"an empty model", kube.UnitPercent, annotated(podOf(asking("bitfusion.io/gpu-amount=1")), kube.AnnotationModels, "A100,,H100"),
-		`metadata.annotations[gpupool.io/gpu-models]: Invalid value: "A100,,H100": models "" must be 1..253 characters`},
-	{"several at once", kube.UnitPercent, podOf(asking("bitfusion.io/gpu-amount=0", "bitfusion.io/gpu-percent=200")),
-		"[spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Invalid value: 0: must be 1..64 (GPUs, all on one server), " +
-			"spec.containers[0].resources.limits[bitfusion.io/gpu-percent]: Invalid value: 200: must be 1..100 (percent of each GPU)]"},
+// refusal is a pod the webhook refuses (testdata/refusals.yaml).
+type refusal struct {
+	Name   string     `json:"name"`
+	Unit   kube.Unit  `json:"unit"`
+	By     string     `json:"by"` // "validate", or empty for the mutating webhook
+	Pod    corev1.Pod `json:"pod"`
+	Denied string     `json:"denied"`
 }
 
-func TestMutateRefuses(t *testing.T) {
-	for _, tc := range refusals {
-		t.Run(tc.name, func(t *testing.T) {
-			patch, errs := config(tc.unit).Mutate(tc.pod)
-			if patch != nil || errs.ToAggregate() == nil || errs.ToAggregate().Error() != tc.want {
-				t.Errorf("Mutate = %v,\n%v\nwant the refusal\n%s", patch, errs.ToAggregate(), tc.want)
+func readRefusals(t *testing.T) []refusal {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", "refusals.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs []refusal
+	if err := yaml.UnmarshalStrict(b, &rs); err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+// TestRefusals: the mutating webhook refuses its pods with their message;
+// the validating webhook refuses every pod, as a pod that reaches it
+// unhandled is refused for what is wrong with it.
+func TestRefusals(t *testing.T) {
+	for _, tc := range readRefusals(t) {
+		t.Run(tc.Name, func(t *testing.T) {
+			c := config(tc.Unit)
+			patch, errs := c.Mutate(&tc.Pod)
+			switch {
+			case tc.By == "validate" && errs != nil:
+				t.Errorf("Mutate refuses what validation should: %v", errs.ToAggregate())
+			case tc.By != "validate" && (patch != nil || errs.ToAggregate() == nil || errs.ToAggregate().Error() != tc.Denied):
+				t.Errorf("Mutate = %v,\n%v\nwant the refusal\n%s", patch, errs.ToAggregate(), tc.Denied)
+			}
+			if errs := c.Validate(&tc.Pod, nil); errs.ToAggregate() == nil || errs.ToAggregate().Error() != tc.Denied {
+				t.Errorf("Validate = %v,\nwant the refusal\n%s", errs.ToAggregate(), tc.Denied)
 			}
 		})
 	}
 }
 
-// TestValidateRefusesWhatMutationWould: a pod that reaches validation
-// unhandled is refused for what is wrong with it.
-func TestValidateRefusesWhatMutationWould(t *testing.T) {
-	for _, tc := range refusals {
-		if errs := config(tc.unit).Validate(tc.pod, nil); errs.ToAggregate() == nil || errs.ToAggregate().Error() != tc.want {
-			t.Errorf("%s: Validate = %v, want %s", tc.name, errs.ToAggregate(), tc.want)
+func TestValidateAdmits(t *testing.T) {
+	c := config(kube.UnitPercent)
+	for name, pod := range map[string]*corev1.Pod{
+		"a normalised pod":    mutate(t, c, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50"))),
+		"a pod asking none":   podOf(asking()),
+		"marked, asking none": annotated(podOf(asking()), kube.AnnotationStatus, kube.StatusInjected),
+	} {
+		if errs := c.Validate(pod, nil); errs != nil {
+			t.Errorf("%s: Validate = %v", name, errs.ToAggregate())
 		}
 	}
-}
-
-func TestValidate(t *testing.T) {
-	c := config(kube.UnitPercent)
-	half := func() *corev1.Pod {
-		return mutate(t, c, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50")))
-	}
-	withRequest := func(r string) *corev1.Pod {
-		p := half()
-		p.Annotations[kube.AnnotationRequest] = r
-		return p
-	}
-	for _, tc := range []struct {
-		name string
-		pod  *corev1.Pod
-		want string // empty: admitted
-	}{
-		{"a normalised pod", half(), ""},
-		{"a pod asking nothing", podOf(asking()), ""},
-		{"not normalised", podOf(asking("bitfusion.io/gpu-amount=1")),
-			"metadata.annotations[auto-management/status]: Required value: the pod asks for bitfusion.io resources but the mutating webhook did not normalise it (is the MutatingWebhookConfiguration registered?)"},
-		{"a request on a pod asking nothing", annotated(podOf(asking()), kube.AnnotationRequest, `{"gpuAmount":8}`),
-			`metadata.annotations[gpupool.io/request]: Invalid value: "{\"gpuAmount\":8}": the pod asks for no bitfusion.io resource`},
-		{"marked, a request and no GPU", annotated(podOf(asking()), kube.AnnotationStatus, kube.StatusInjected, kube.AnnotationRequest, `{"gpuAmount":8}`),
-			`metadata.annotations[gpupool.io/request]: Invalid value: "{\"gpuAmount\":8}": the pod asks for no bitfusion.io/gpu`},
-		{"marked, asking BFK's names", annotated(podOf(asking("bitfusion.io/gpu-amount=1")), kube.AnnotationStatus, kube.StatusInjected),
-			"spec.containers[0].resources.limits[bitfusion.io/gpu-amount]: Invalid value: 1: a pod marked auto-management/status: injected asks for bitfusion.io/gpu alone (the mutating webhook replaces the others with it)"},
-		{"marked without a request", annotated(podOf(asking("bitfusion.io/gpu=50")), kube.AnnotationStatus, kube.StatusInjected),
-			"metadata.annotations[gpupool.io/request]: Required value: a pod marked auto-management/status: injected records its request"},
-		{"marked without bitfusion.io/gpu", annotated(podOf(asking("bitfusion.io/gpu-foo=1")), kube.AnnotationStatus, kube.StatusInjected),
-			`spec.containers[0].resources.limits[bitfusion.io/gpu-foo]: Unsupported value: "bitfusion.io/gpu-foo": supported values: "bitfusion.io/gpu", "bitfusion.io/gpu-amount", "bitfusion.io/gpu-percent", "bitfusion.io/gpu-memory"`},
-		{"a request for more than the pod counts", withRequest(`{"gpuAmount":8}`),
-			`metadata.annotations[gpupool.io/request]: Invalid value: "{\"gpuAmount\":8}": stands for bitfusion.io/gpu 800 (unit percent), but spec.containers[0].resources.limits[bitfusion.io/gpu] is 50`},
-		{"a request out of range", withRequest(`{"gpuAmount":1,"gpuPercent":150}`),
-			"metadata.annotations[gpupool.io/request].gpuPercent: Invalid value: 150: must be 1..100 (percent of each GPU)"},
-		{"a request's memory", withRequest(`{"gpuAmount":1,"gpuMemory":"lots"}`),
-			`metadata.annotations[gpupool.io/request].gpuMemory: Invalid value: "lots": "lots" is not a quantity (e.g. 8000, 8000M or 16Gi)`},
-		{"a request's models", withRequest(`{"gpuAmount":1,"gpuPercent":50,"models":[""]}`),
-			`metadata.annotations[gpupool.io/request].models: Invalid value: "": models "" must be 1..253 characters`},
-		{"marked, an unknown auto-management", annotated(podOf(asking("bitfusion.io/gpu=50")), kube.AnnotationStatus, kube.StatusInjected,
-			kube.AnnotationRequest, `{"gpuAmount":1,"gpuPercent":50}`, kube.AnnotationAutoManagement, "sometimes"),
-			`metadata.annotations[auto-management/bitfusion]: Unsupported value: "sometimes": supported values: "all", "y", "yes", "true", "on", "injection", "none", "n", "no", "false", "off"`},
-		{"a request that is not JSON", withRequest(`{`),
-			`metadata.annotations[gpupool.io/request]: Invalid value: "{": annotation gpupool.io/request: unexpected end of JSON input`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got := c.Validate(tc.pod, nil).ToAggregate()
-			if (got == nil) != (tc.want == "") || got != nil && got.Error() != tc.want {
-				t.Errorf("Validate = %v\nwant %s", got, tc.want)
-			}
-		})
+	want := "metadata.annotations[auto-management/status]: Required value: the pod asks for bitfusion.io resources but the mutating webhook did not normalise it " +
+		"(is the MutatingWebhookConfiguration registered?)"
+	if got := c.Validate(podOf(asking("bitfusion.io/gpu-amount=1")), nil).ToAggregate(); got == nil || got.Error() != want {
+		t.Errorf("a pod the mutating webhook did not see: Validate = %v, want %s", got, want)
 	}
 }
 

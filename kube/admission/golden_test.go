@@ -1,8 +1,6 @@
 package admission
 
 import (
-	"bytes"
-	"flag"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,10 +12,9 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpupool/gpupool/internal/golden"
 	"github.com/gpupool/gpupool/kube"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden from what the webhook does now")
 
 // examples are what users write (testdata/*.yaml): two pods of BFK's, a
 // Deployment and a Job of BFK's, and a pod of the articles'.
@@ -42,22 +39,7 @@ func TestGolden(t *testing.T) {
 					}
 					got = b
 				}
-				path := filepath.Join("testdata", "golden", string(unit), name)
-				if *update {
-					if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-						t.Fatal(err)
-					}
-					if err := os.WriteFile(path, got, 0o644); err != nil {
-						t.Fatal(err)
-					}
-				}
-				want, err := os.ReadFile(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !bytes.Equal(got, want) {
-					t.Errorf("%s differs (go test ./kube/admission -run TestGolden -update rewrites it); got:\n%s", path, got)
-				}
+				golden.Check(t, filepath.Join("testdata", "golden", string(unit), name), got)
 			})
 		}
 	}
