@@ -63,12 +63,13 @@ test: deps verify ## vet; unit, scenario, property and integration tests (real e
 	$(GO) test -count=1 -race -short $(UNIT_PACKAGES)
 
 # The control plane the e2e tests start: kube-apiserver, kube-controller-manager
-# (tools/kube pins them) and kwok, built once into ~/.cache/gpupool (or
-# $KUBE_BIN_DIR). Lower case, so that make does not export it to every recipe.
+# and kube-scheduler (tools/kube pins them), kwok and the Kubeflow training
+# operator, built once into ~/.cache/gpupool (or $KUBE_BIN_DIR). Lower case,
+# so that make does not export it to every recipe.
 kube_bin_dir = $(shell test/e2e/kube/build.sh | tail -n 1)
 
 .PHONY: kube
-kube: ## build the Kubernetes control plane for the e2e tests once (about 10 minutes cold)
+kube: ## build the Kubernetes control plane and the training operator for the e2e tests once (about 15 minutes cold)
 	test/e2e/kube/build.sh
 
 .PHONY: e2e

@@ -1,30 +1,61 @@
 #!/usr/bin/env bash
-# Builds the control plane the end-to-end tests start (kube-apiserver,
-# kube-controller-manager at tools/kube's pinned version, and kwok) into
-# $KUBE_BIN_DIR, once: the binaries are reused while the pin is unchanged.
-# Cold, on 2 cores, this takes about 10 minutes.
+# Builds what the end-to-end tests start into $KUBE_BIN_DIR, once: the
+# control plane (kube-apiserver, kube-controller-manager and kube-scheduler
+# at tools/kube's pinned version, in one go build, which compiles the
+# packages they share once), kwok, and the Kubeflow training operator with
+# its TFJob CRD and ClusterRole. What is there is reused while the pins are
+# unchanged; each file appears whole or not at all. Cold, on 2 cores, this
+# takes about 15 minutes. The last line of output is the directory.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../../.." && pwd)"
 version="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$root/tools/kube/go.mod")"
 kwok_version=v0.8.0
+training_operator=github.com/kubeflow/training-operator
+training_operator_version=v1.8.1
 dir="${KUBE_BIN_DIR:-$HOME/.cache/gpupool/kube-$version}"
 mkdir -p "$dir"
+# Everything is built here first, then renamed into $dir.
+tmp="$(mktemp -d "$dir/.build.XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
+export GOTOOLCHAIN=local
 
-minor="$(echo "$version" | cut -d. -f2)"
-ldflags=""
-# Without a version the binaries say v0.0.0-master and kubectl refuses them.
-for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldflags="$ldflags -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+kube_cmds=(kube-apiserver kube-controller-manager kube-scheduler)
+missing=()
+for cmd in "${kube_cmds[@]}"; do
+  [ -x "$dir/$cmd" ] || missing+=("$cmd")
 done
-for cmd in kube-apiserver kube-controller-manager; do
-  if [ ! -x "$dir/$cmd" ]; then
-    echo "building $cmd $version into $dir (cold: minutes)" >&2
-    (cd "$root/tools/kube" && GOTOOLCHAIN=local go build -trimpath -ldflags "$ldflags" -o "$dir/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
-    mv "$dir/$cmd.tmp" "$dir/$cmd"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "building ${kube_cmds[*]} $version into $dir (cold: about 10 minutes)" >&2
+  minor="$(echo "$version" | cut -d. -f2)"
+  ldflags=""
+  # Without a version the binaries say v0.0.0-master and kubectl refuses them.
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags="$ldflags -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  (cd "$root/tools/kube" && go build -trimpath -ldflags "$ldflags" -o "$tmp/" "${kube_cmds[@]/#/k8s.io/kubernetes/cmd/}")
+  for cmd in "${kube_cmds[@]}"; do
+    mv "$tmp/$cmd" "$dir/$cmd"
+  done
+fi
+
+# go_install installs the command bin of pkg@version into $dir.
+go_install() {
+  local bin="$1" pkg="$2"
+  if [ ! -x "$dir/$bin" ]; then
+    echo "installing $pkg into $dir" >&2
+    GOBIN="$tmp" go install "$pkg"
+    mv "$tmp/$bin" "$dir/$bin"
   fi
-done
-if [ ! -x "$dir/kwok" ]; then
-  echo "installing kwok $kwok_version into $dir" >&2
-  GOBIN="$dir" GOTOOLCHAIN=local go install "sigs.k8s.io/kwok/cmd/kwok@$kwok_version"
+}
+go_install kwok "sigs.k8s.io/kwok/cmd/kwok@$kwok_version"
+go_install training-operator.v1 "$training_operator/cmd/training-operator.v1@$training_operator_version"
+
+# The operator's module ships the TFJob CRD and the ClusterRole it runs
+# under; the tests install them from here.
+if [ ! -f "$dir/kubeflow.org_tfjobs.yaml" ] || [ ! -f "$dir/training-operator-role.yaml" ]; then
+  module="$(go mod download -json "$training_operator@$training_operator_version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
+  cp "$module/manifests/base/crds/kubeflow.org_tfjobs.yaml" "$tmp/"
+  cp "$module/manifests/base/rbac/role.yaml" "$tmp/training-operator-role.yaml"
+  mv "$tmp/kubeflow.org_tfjobs.yaml" "$tmp/training-operator-role.yaml" "$dir/"
 fi
 echo "$dir"
