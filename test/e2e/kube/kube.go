@@ -1,10 +1,13 @@
 // Package kube starts a real Kubernetes control plane on loopback for
 // end-to-end tests: etcd, kube-apiserver, kube-controller-manager (with the
 // HPA controller, which the tests exercise) and kwok, which plays the
-// kubelets of fake nodes so that pods become Ready without containers. No
-// scheduler runs: pods name their node in spec.nodeName.
+// kubelets of fake nodes so that pods become Ready without containers.
+// Without a scheduler, pods name their node in spec.nodeName; StartScheduler
+// adds kube-scheduler, with gpupool's profile and extender, and
+// StartTrainingOperator the Kubeflow training operator for TFJobs.
 //
-// build.sh builds the Kubernetes binaries; etcd comes from $PATH.
+// build.sh builds the Kubernetes binaries and the operator; etcd comes from
+// $PATH.
 package kube
 
 import (
@@ -35,8 +38,8 @@ import (
 
 // Options configure Start.
 type Options struct {
-	// BinDir holds kube-apiserver, kube-controller-manager and kwok: the
-	// directory build.sh prints.
+	// BinDir holds kube-apiserver, kube-controller-manager, kube-scheduler,
+	// kwok and the training operator: the directory build.sh prints.
 	BinDir string
 	// Etcd is the etcd binary; empty means "etcd" in $PATH. Debian's
 	// etcd-server 3.4 works.
@@ -63,7 +66,9 @@ type ControlPlane struct {
 	CA []byte
 
 	ca      *authority
+	roots   *x509.CertPool // the cluster CA, to check the components' serving certificates
 	dynamic dynamic.Interface
+	binDir  string
 	dir     string
 	procs   []*process // in the order they started
 	kwok    *process
@@ -126,7 +131,9 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 		return nil, err
 	}
 
-	c := &ControlPlane{URL: "https://127.0.0.1:" + apiserverPort, CA: ca.certPEM, ca: ca, dir: o.Dir}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.cert)
+	c := &ControlPlane{URL: "https://127.0.0.1:" + apiserverPort, CA: ca.certPEM, ca: ca, roots: roots, binDir: o.BinDir, dir: o.Dir}
 	f := &files{dir: o.Dir}
 	caFile := f.write("ca.crt", ca.certPEM)
 	saKeyFile := f.write("sa.key", saKeyPEM)
@@ -166,6 +173,7 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 		usages:  clientAuth,
 	})
 	kwokStagesFile := f.write("kwok-stages.yaml", kwokStages)
+	kwokConfigFile := f.write("kwok.yaml", kwokConfig)
 	if f.err != nil {
 		return nil, f.err
 	}
@@ -173,8 +181,9 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 	if c.Config, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig); err != nil {
 		return nil, err
 	}
-	// client-go's default, 5 requests a second, slows tests that poll.
-	c.Config.QPS, c.Config.Burst = 100, 200
+	// client-go's default, 5 requests a second, slows tests that poll, and
+	// would hold back those that create pods and nodes by the thousand.
+	c.Config.QPS, c.Config.Burst = 1000, 2000
 	if c.Client, err = kubernetes.NewForConfig(c.Config); err != nil {
 		return nil, err
 	}
@@ -189,16 +198,13 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 	if err != nil {
 		return nil, err
 	}
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.cert)
-
 	defer func() {
 		if err != nil {
 			c.Stop()
 		}
 	}()
 
-	etcd, err := c.start("etcd", etcdBin,
+	etcd, err := c.start("etcd", etcdBin, nil,
 		"--name=e2e",
 		"--data-dir="+filepath.Join(o.Dir, "etcd"),
 		"--listen-client-urls="+etcdURL,
@@ -218,7 +224,7 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 		return nil, err
 	}
 
-	apiserver, err := c.start("kube-apiserver", filepath.Join(o.BinDir, "kube-apiserver"),
+	apiserver, err := c.start("kube-apiserver", filepath.Join(o.BinDir, "kube-apiserver"), nil,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
 		"--secure-port="+apiserverPort,
@@ -261,7 +267,7 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 		return nil, err
 	}
 
-	kcm, err := c.start("kube-controller-manager", filepath.Join(o.BinDir, "kube-controller-manager"),
+	kcm, err := c.start("kube-controller-manager", filepath.Join(o.BinDir, "kube-controller-manager"), nil,
 		"--kubeconfig="+kcmKubeconfig,
 		"--authentication-kubeconfig="+kcmKubeconfig,
 		"--authorization-kubeconfig="+kcmKubeconfig,
@@ -281,19 +287,23 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 		// The HPA's initial-readiness-delay and cpu-initialization-period
 		// apply to CPU resource metrics only, so their defaults stay.
 		"--horizontal-pod-autoscaler-sync-period="+o.HPASyncPeriod.String(),
+		// A node is NotReady once its lease has not been renewed for this
+		// long; kwok renews them four times as often.
+		"--node-monitor-grace-period="+nodeLeaseDuration.String(),
 	)
 	if err != nil {
 		return nil, err
 	}
-	c.kwok, err = c.start("kwok", filepath.Join(o.BinDir, "kwok"),
+	c.kwok, err = c.start("kwok", filepath.Join(o.BinDir, "kwok"), nil,
 		"--kubeconfig="+c.Kubeconfig,
 		"--config="+kwokStagesFile,
+		"--config="+kwokConfigFile,
 		"--manage-all-nodes=false",
 		"--manage-nodes-with-annotation-selector="+kwokNodeKey+"=fake",
 		// kwok renews the nodes' leases, as kubelets do. Without leases
-		// the node lifecycle controller would find the nodes silent after
-		// a minute, and mark them and their pods not Ready.
-		"--node-lease-duration-seconds=40",
+		// the node lifecycle controller would find the nodes silent, and
+		// mark them and their pods not Ready.
+		"--node-lease-duration-seconds="+strconv.Itoa(int(nodeLeaseDuration.Seconds())),
 		"--cidr=10.0.1.0/24",
 		"--node-ip=10.0.1.1",
 	)
@@ -341,9 +351,10 @@ func (c *ControlPlane) ServingCert(dnsNames ...string) (certPEM, keyPEM []byte, 
 	return c.ca.issue(leaf{dnsNames: dnsNames, ips: loopback, usages: serverAuth})
 }
 
-// start starts a component, its output going to <name>.log in c.dir.
-func (c *ControlPlane) start(name, bin string, args ...string) (*process, error) {
-	p, err := startProcess(name, bin, args, filepath.Join(c.dir, name+".log"))
+// start starts a component, its output going to <name>.log in c.dir, with
+// env (NAME=value) added to this process's environment.
+func (c *ControlPlane) start(name, bin string, env []string, args ...string) (*process, error) {
+	p, err := startProcess(name, bin, env, args, filepath.Join(c.dir, name+".log"))
 	if err != nil {
 		return nil, err
 	}

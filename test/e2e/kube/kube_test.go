@@ -10,19 +10,28 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	"k8s.io/utils/ptr"
+
+	gpukube "github.com/gpupool/gpupool/kube"
 )
 
 func TestControlPlane(t *testing.T) {
@@ -100,6 +109,142 @@ func TestControlPlane(t *testing.T) {
 		}
 	})
 
+	// The pool's nodes: the scheduler and the training operator's tests
+	// place pods on them.
+	pool := make([]Node, 8)
+	poolNames := make([]string, len(pool))
+	for i := range pool {
+		poolNames[i] = fmt.Sprintf("pool-node-%d", i)
+		pool[i] = Node{
+			Name:     poolNames[i],
+			Capacity: map[string]string{"cpu": "16", "memory": "64Gi", "pods": "110"},
+			Labels:   map[string]string{"bitfusion-node": "enabled"},
+		}
+	}
+	t.Run("kwok nodes", func(t *testing.T) {
+		if err := cp.AddKwokNodes(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+		nodes, err := cp.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "bitfusion-node=enabled,type=kwok"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ready []string
+		for _, node := range nodes.Items {
+			if nodeReady(&node) && node.Status.Allocatable.Cpu().Cmp(resource.MustParse("16")) == 0 {
+				ready = append(ready, node.Name)
+			}
+		}
+		slices.Sort(ready)
+		if !slices.Equal(ready, poolNames) {
+			t.Errorf("Ready nodes labelled bitfusion-node=enabled with 16 CPUs: %v, want %v", ready, poolNames)
+		}
+	})
+
+	t.Run("kube-scheduler", func(t *testing.T) {
+		// The extender places GPU pods on a node of its choice, not one
+		// that kube-scheduler's scoring would pick.
+		const chosen = "pool-node-5"
+		var (
+			mu       sync.Mutex
+			filtered []string // the pods the extender was asked about
+			bound    []string // and those it bound
+		)
+		extender := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/filter":
+				var args extenderv1.ExtenderArgs
+				if err := json.NewDecoder(r.Body).Decode(&args); err != nil {
+					http.Error(w, err.Error(), http.StatusBadRequest)
+					return
+				}
+				mu.Lock()
+				filtered = append(filtered, args.Pod.Name)
+				mu.Unlock()
+				result := extenderv1.ExtenderFilterResult{Error: fmt.Sprintf("%s is not among the feasible nodes %v", chosen, args.NodeNames)}
+				if args.NodeNames != nil && slices.Contains(*args.NodeNames, chosen) {
+					result = extenderv1.ExtenderFilterResult{NodeNames: &[]string{chosen}}
+				}
+				_ = json.NewEncoder(w).Encode(result)
+			case "/bind":
+				var args extenderv1.ExtenderBindingArgs
+				if err := json.NewDecoder(r.Body).Decode(&args); err != nil {
+					http.Error(w, err.Error(), http.StatusBadRequest)
+					return
+				}
+				binding := &corev1.Binding{
+					ObjectMeta: metav1.ObjectMeta{Name: args.PodName, Namespace: args.PodNamespace, UID: args.PodUID},
+					Target:     corev1.ObjectReference{Kind: "Node", Name: args.Node},
+				}
+				var result extenderv1.ExtenderBindingResult
+				if err := cp.Client.CoreV1().Pods(args.PodNamespace).Bind(r.Context(), binding, metav1.CreateOptions{}); err != nil {
+					result.Error = err.Error()
+				}
+				mu.Lock()
+				bound = append(bound, args.PodName)
+				mu.Unlock()
+				_ = json.NewEncoder(w).Encode(result)
+			default:
+				http.NotFound(w, r)
+			}
+		}))
+		certPEM, keyPEM, err := cp.ServingCert()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		extender.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+		extender.StartTLS()
+		t.Cleanup(extender.Close)
+		if err := cp.StartScheduler(ctx, SchedulerOptions{ExtenderURL: extender.URL}); err != nil {
+			t.Fatal(err)
+		}
+
+		plain := kwokPod("plain", corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")})
+		gpu := kwokPod("gpu", corev1.ResourceList{gpukube.ResourceGPU: resource.MustParse("50")})
+		gpu.Spec.SchedulerName = gpukube.SchedulerName
+		for _, pod := range []*corev1.Pod{plain, gpu} {
+			if _, err := cp.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Running: kube-scheduler bound them, as no pod names its node.
+		nodes := waitPodsRunning(ctx, t, cp, "default", plain.Name, gpu.Name)
+		if nodes[gpu.Name] != chosen {
+			t.Errorf("pod gpu runs on %q, want %s, the extender's choice", nodes[gpu.Name], chosen)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if filtered = slices.Compact(filtered); len(filtered) != 1 || filtered[0] != gpu.Name {
+			t.Errorf("the extender filtered pods %v, want %s alone: kube-scheduler asks it about pods that ask for %s", filtered, gpu.Name, gpukube.ResourceGPU)
+		}
+		if !slices.Equal(bound, []string{gpu.Name}) {
+			t.Errorf("the extender bound pods %v, want %s alone", bound, gpu.Name)
+		}
+	})
+
+	t.Run("training operator", func(t *testing.T) {
+		if err := cp.StartTrainingOperator(ctx); err != nil {
+			t.Fatal(err)
+		}
+		tfJobs := cp.dynamic.Resource(TFJobs).Namespace("default")
+		// The operator's webhook refuses a TFJob without a container
+		// named tensorflow.
+		_, err := tfJobs.Create(ctx, tfJob("unnamed", "main"), metav1.CreateOptions{})
+		if err == nil || !strings.Contains(err.Error(), "must have at least one container with name tensorflow") {
+			t.Errorf("creating a TFJob without a container named tensorflow: %v, want the operator's webhook to deny it", err)
+		}
+		if _, err := tfJobs.Create(ctx, tfJob("smoke", "tensorflow"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// The operator names its pods <job>-<replica type>-<index>; the
+		// default scheduler places them.
+		waitPodsRunning(ctx, t, cp, "default", "smoke-worker-0", "smoke-worker-1")
+	})
+
 	t.Run("aggregated API", func(t *testing.T) {
 		const groupVersion = "external.metrics.k8s.io/v1beta1"
 		certPEM, keyPEM, err := cp.ServingCert("gpupool-adapter.gpupool.svc")
@@ -145,6 +290,49 @@ func TestControlPlane(t *testing.T) {
 			t.Errorf("discovery of %s through the apiserver: %+v", groupVersion, resources.APIResources)
 		}
 	})
+}
+
+// kwokPod is a pod for kwok's nodes, asking for resources, for
+// kube-scheduler to place.
+func kwokPod(name string, resources corev1.ResourceList) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{
+			Tolerations: []corev1.Toleration{KwokToleration},
+			Containers: []corev1.Container{{
+				Name:      "main",
+				Image:     "registry.k8s.io/pause:3.10",
+				Resources: corev1.ResourceRequirements{Requests: resources, Limits: resources},
+			}},
+		},
+	}
+}
+
+// waitPodsRunning waits until the pods namespace/names exist and run, and returns
+// the node each runs on.
+func waitPodsRunning(ctx context.Context, t *testing.T, cp *ControlPlane, namespace string, names ...string) map[string]string {
+	t.Helper()
+	nodes := map[string]string{}
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		for _, name := range names {
+			pod, err := cp.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			if err != nil {
+				return false, err
+			}
+			if pod.Status.Phase != corev1.PodRunning {
+				return false, nil
+			}
+			nodes[name] = pod.Spec.NodeName
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("pods %v Running: %v (running: %v)", names, err, nodes)
+	}
+	return nodes
 }
 
 // kubeVersion is the Kubernetes version build.sh builds: the one

@@ -3,12 +3,17 @@ package kube
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
+	"maps"
+	"sync"
+	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 )
 
 // kwokStages tell kwok how fake nodes and pods move through their lives.
@@ -16,11 +21,25 @@ import (
 //go:embed testdata/kwok-stages.yaml
 var kwokStages []byte
 
+// kwokConfig sizes kwok's workers for a thousand nodes.
+//
+//go:embed testdata/kwok.yaml
+var kwokConfig []byte
+
 // kwokNodeKey is the key of the annotation that marks the nodes kwok
 // manages (set to "fake"), and of the taint on them.
 const kwokNodeKey = "kwok.x-k8s.io/node"
 
-// KwokToleration tolerates the taint that AddKwokNode puts on its nodes,
+// nodeLeaseDuration is how long a node lease lasts. kwok renews each a
+// quarter of the way through, as kubelets do; at 1,213 nodes, the
+// kubelets' 40 s would make 120 lease updates a second, which would take
+// much of two cores from the apiserver and etcd.
+const nodeLeaseDuration = 5 * time.Minute
+
+// nodeCreators bounds how many node creations AddKwokNodes has in flight.
+const nodeCreators = 32
+
+// KwokToleration tolerates the taint that AddKwokNodes puts on its nodes,
 // which keeps pods that are not meant for fake nodes off them.
 var KwokToleration = corev1.Toleration{
 	Key:      kwokNodeKey,
@@ -28,43 +47,118 @@ var KwokToleration = corev1.Toleration{
 	Effect:   corev1.TaintEffectNoSchedule,
 }
 
-// AddKwokNode creates a node that kwok manages, with capacity (and as much
-// allocatable) such as {"cpu": "32", "nvidia.com/gpu": "8"}, and returns
-// once kwok has made it Ready. Pods run on it when they name it in
-// spec.nodeName and carry KwokToleration.
+// Node describes a node for AddKwokNodes.
+type Node struct {
+	Name string
+	// Capacity (and as much allocatable) such as {"cpu": "32",
+	// "nvidia.com/gpu": "8"}.
+	Capacity map[string]string
+	// Labels go beside kubernetes.io/hostname=<name> and type=kwok, which
+	// they may override.
+	Labels map[string]string
+}
+
+// AddKwokNode adds one node, as AddKwokNodes does.
 func (c *ControlPlane) AddKwokNode(ctx context.Context, name string, capacity map[string]string) error {
+	return c.AddKwokNodes(ctx, []Node{{Name: name, Capacity: capacity}})
+}
+
+// AddKwokNodes creates nodes that kwok manages, several at a time, and
+// returns once kwok has made them all Ready. Pods run on them once bound,
+// by a scheduler or by naming the node in spec.nodeName, if they carry
+// KwokToleration.
+func (c *ControlPlane) AddKwokNodes(ctx context.Context, nodes []Node) error {
+	objects := make([]*corev1.Node, len(nodes))
+	for i, n := range nodes {
+		node, err := kwokNode(n)
+		if err != nil {
+			return err
+		}
+		objects[i] = node
+	}
+	notReady := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		notReady[n.Name] = true
+	}
+	// One watch sees the nodes become Ready, rather than a GET per node.
+	var mu sync.Mutex
+	markReady := func(obj any) {
+		node, ok := obj.(*corev1.Node)
+		if ok && nodeReady(node) {
+			mu.Lock()
+			delete(notReady, node.Name)
+			mu.Unlock()
+		}
+	}
+	factory := informers.NewSharedInformerFactory(c.Client, 0)
+	informer := factory.Core().V1().Nodes().Informer()
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    markReady,
+		UpdateFunc: func(_, obj any) { markReady(obj) },
+	}); err != nil {
+		return err
+	}
+	stop := make(chan struct{})
+	factory.Start(stop)
+	defer func() {
+		close(stop)
+		factory.Shutdown()
+	}()
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(nodeCreators)
+	for _, node := range objects {
+		g.Go(func() error {
+			if _, err := c.Client.CoreV1().Nodes().Create(gctx, node, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("creating node %s: %w", node.Name, err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	what := fmt.Sprintf("%d nodes to be Ready", len(nodes))
+	return c.kwok.waitFor(ctx, what, func(context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for name := range notReady {
+			return fmt.Errorf("%d not Ready, such as %s", len(notReady), name)
+		}
+		return nil
+	})
+}
+
+// kwokNode is the Node object for n: marked and tainted for kwok.
+func kwokNode(n Node) (*corev1.Node, error) {
 	resources := corev1.ResourceList{}
-	for k, v := range capacity {
+	for k, v := range n.Capacity {
 		q, err := resource.ParseQuantity(v)
 		if err != nil {
-			return fmt.Errorf("node %s: capacity %s: %w", name, k, err)
+			return nil, fmt.Errorf("node %s: capacity %s: %w", n.Name, k, err)
 		}
 		resources[corev1.ResourceName(k)] = q
 	}
-	node := &corev1.Node{
+	labels := map[string]string{"kubernetes.io/hostname": n.Name, "type": "kwok"}
+	maps.Copy(labels, n.Labels)
+	return &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:        name,
+			Name:        n.Name,
 			Annotations: map[string]string{kwokNodeKey: "fake"},
-			Labels:      map[string]string{"kubernetes.io/hostname": name, "type": "kwok"},
+			Labels:      labels,
 		},
 		Spec: corev1.NodeSpec{
 			Taints: []corev1.Taint{{Key: kwokNodeKey, Value: "fake", Effect: corev1.TaintEffectNoSchedule}},
 		},
 		Status: corev1.NodeStatus{Capacity: resources, Allocatable: resources},
-	}
-	if _, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	return c.kwok.waitFor(ctx, "node "+name+" to be Ready", func(ctx context.Context) error {
-		node, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
+	}, nil
+}
+
+func nodeReady(node *corev1.Node) bool {
+	for _, cond := range node.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return cond.Status == corev1.ConditionTrue
 		}
-		for _, cond := range node.Status.Conditions {
-			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-				return nil
-			}
-		}
-		return errors.New("not Ready")
-	})
+	}
+	return false
 }

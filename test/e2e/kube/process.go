@@ -31,7 +31,7 @@ type process struct {
 	err     error         // what cmd.Wait returned; read after exited is closed
 }
 
-func startProcess(name, bin string, args []string, logFile string) (*process, error) {
+func startProcess(name, bin string, env, args []string, logFile string) (*process, error) {
 	log, err := os.Create(logFile)
 	if err != nil {
 		return nil, err
@@ -39,6 +39,7 @@ func startProcess(name, bin string, args []string, logFile string) (*process, er
 	// The child writes to its own copy of the descriptor.
 	defer func() { _ = log.Close() }()
 	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {

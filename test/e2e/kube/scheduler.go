@@ -1,0 +1,134 @@
+package kube
+
+import (
+	"context"
+	"crypto/x509/pkix"
+	"errors"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	componentbaseconfigv1alpha1 "k8s.io/component-base/config/v1alpha1"
+	schedulerconfigv1 "k8s.io/kube-scheduler/config/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	gpukube "github.com/gpupool/gpupool/kube"
+)
+
+// SchedulerOptions configure StartScheduler.
+type SchedulerOptions struct {
+	// ExtenderURL is the URL prefix of gpupool's scheduler extender, which
+	// kube-scheduler asks to filter (POST <ExtenderURL>/filter) and bind
+	// (POST <ExtenderURL>/bind) the pods that ask for bitfusion.io/gpu;
+	// empty means no extender. An https server must present a certificate
+	// that the cluster CA signed, such as ServingCert issues.
+	ExtenderURL string
+	// ExtenderTimeout bounds each call to the extender; zero means
+	// kube-scheduler's default, 5s.
+	ExtenderTimeout time.Duration
+}
+
+// StartScheduler starts kube-scheduler, with two profiles, default-scheduler
+// and gpupool's (kube.SchedulerName), and returns once it is ready (its informers
+// have synced, so that it sees pods created from then on). It acts as
+// system:kube-scheduler, the identity Kubernetes' default RBAC grants what
+// a scheduler needs. Its error, like Start's, ends with the tail of its log.
+//
+// Extenders apply to every profile in kube-scheduler; the extender marks
+// bitfusion.io/gpu as its managed resource, so that kube-scheduler asks it
+// about those pods alone, and leaves that resource to it rather than look
+// for it in the nodes' allocatable.
+func (c *ControlPlane) StartScheduler(ctx context.Context, o SchedulerOptions) error {
+	ports, err := freePorts(1)
+	if err != nil {
+		return err
+	}
+	port := strconv.Itoa(ports[0])
+	f := &files{dir: c.dir}
+	cert, key := f.issue(c.ca, "kube-scheduler", leaf{
+		subject: pkix.Name{CommonName: "kube-scheduler"},
+		ips:     loopback,
+		usages:  serverAuth,
+	})
+	kubeconfig := f.kubeconfig("kube-scheduler", c.URL, c.ca, leaf{
+		subject: pkix.Name{CommonName: "system:kube-scheduler"},
+		usages:  clientAuth,
+	})
+	config, err := c.schedulerConfig(kubeconfig, o)
+	if err != nil {
+		return err
+	}
+	configFile := f.write("kube-scheduler.yaml", config)
+	if f.err != nil {
+		return f.err
+	}
+	scheduler, err := c.start("kube-scheduler", filepath.Join(c.binDir, "kube-scheduler"), nil,
+		"--config="+configFile,
+		"--authentication-kubeconfig="+kubeconfig,
+		"--authorization-kubeconfig="+kubeconfig,
+		"--bind-address=127.0.0.1",
+		"--secure-port="+port,
+		"--tls-cert-file="+cert,
+		"--tls-private-key-file="+key,
+	)
+	if err != nil {
+		return err
+	}
+	readyz := "https://127.0.0.1:" + port + "/readyz"
+	return scheduler.waitFor(ctx, "/readyz", getOK(httpsClient(c.roots), readyz))
+}
+
+// schedulerConfig is kube-scheduler's KubeSchedulerConfiguration, as YAML.
+func (c *ControlPlane) schedulerConfig(kubeconfig string, o SchedulerOptions) ([]byte, error) {
+	config := schedulerconfigv1.KubeSchedulerConfiguration{
+		TypeMeta: metav1.TypeMeta{
+			APIVersion: schedulerconfigv1.SchemeGroupVersion.String(),
+			Kind:       "KubeSchedulerConfiguration",
+		},
+		LeaderElection: componentbaseconfigv1alpha1.LeaderElectionConfiguration{LeaderElect: ptr.To(false)},
+		// The default, 50 requests a second, would cap binding below the
+		// rate the scale test asks for: each pod takes a binding and an
+		// event.
+		ClientConnection: componentbaseconfigv1alpha1.ClientConnectionConfiguration{
+			Kubeconfig: kubeconfig,
+			QPS:        1000,
+			Burst:      2000,
+		},
+		// Every feasible node, not a sample: placement must not depend on
+		// which nodes kube-scheduler happened to look at.
+		PercentageOfNodesToScore: ptr.To[int32](100),
+		Profiles: []schedulerconfigv1.KubeSchedulerProfile{
+			{SchedulerName: ptr.To("default-scheduler")},
+			{SchedulerName: ptr.To(gpukube.SchedulerName)},
+		},
+	}
+	if o.ExtenderURL != "" {
+		extenderURL, err := url.Parse(o.ExtenderURL)
+		if err != nil {
+			return nil, err
+		}
+		if extenderURL.Scheme != "http" && extenderURL.Scheme != "https" {
+			return nil, errors.New("SchedulerOptions.ExtenderURL must be an http or https URL: " + o.ExtenderURL)
+		}
+		extender := schedulerconfigv1.Extender{
+			URLPrefix:        o.ExtenderURL,
+			FilterVerb:       "filter",
+			BindVerb:         "bind",
+			Weight:           1,
+			HTTPTimeout:      metav1.Duration{Duration: o.ExtenderTimeout},
+			NodeCacheCapable: true,
+			ManagedResources: []schedulerconfigv1.ExtenderManagedResource{
+				{Name: gpukube.ResourceGPU, IgnoredByScheduler: true},
+			},
+		}
+		if extenderURL.Scheme == "https" {
+			extender.EnableHTTPS = true
+			extender.TLSConfig = &schedulerconfigv1.ExtenderTLSConfig{CAData: c.CA}
+		}
+		config.Extenders = []schedulerconfigv1.Extender{extender}
+	}
+	return yaml.Marshal(config)
+}
