@@ -36,8 +36,9 @@ const kwokNodeKey = "kwok.x-k8s.io/node"
 // much of two cores from the apiserver and etcd.
 const nodeLeaseDuration = 5 * time.Minute
 
-// nodeCreators bounds how many node creations AddKwokNodes has in flight.
-const nodeCreators = 32
+// concurrentCreates bounds how many creations AddKwokNodes (and the scale
+// benchmark, for pods) has in flight: enough to keep the apiserver busy.
+const concurrentCreates = 32
 
 // KwokToleration tolerates the taint that AddKwokNodes puts on its nodes,
 // which keeps pods that are not meant for fake nodes off them.
@@ -106,7 +107,7 @@ func (c *ControlPlane) AddKwokNodes(ctx context.Context, nodes []Node) error {
 	}()
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(nodeCreators)
+	g.SetLimit(concurrentCreates)
 	for _, node := range objects {
 		g.Go(func() error {
 			if _, err := c.Client.CoreV1().Nodes().Create(gctx, node, metav1.CreateOptions{}); err != nil {
