@@ -56,9 +56,8 @@ var TFJobs = schema.GroupVersionResource{Group: "kubeflow.org", Version: "v1", R
 // StartTrainingOperator starts the Kubeflow training operator for TFJobs
 // (kubeflow.org/v1) alone, and returns once it is ready: its CRD is
 // Established, its controller runs, and the apiserver calls its validating
-// webhook.
-// TFJobs' pods are then created, and deleted with their TFJob, by the
-// operator.
+// webhook. TFJobs' pods are then created, and deleted with their TFJob, by
+// the operator.
 //
 // It runs as the user "training-operator", bound to the ClusterRole that
 // the operator's own manifests grant it, so that it runs with the
@@ -88,7 +87,8 @@ func (c *ControlPlane) StartTrainingOperator(ctx context.Context) error {
 	// the operator's certificate is mounted: it starts with one that the
 	// apiserver does not trust for the webhook, and reads the directory
 	// again when mountWebhookCert replaces it.
-	certDir := filepath.Join(c.dir, "training-operator-tmp", webhookCertDir)
+	tmp := filepath.Join(c.dir, "training-operator-tmp")
+	certDir := filepath.Join(tmp, webhookCertDir)
 	if err := os.MkdirAll(certDir, 0o700); err != nil {
 		return err
 	}
@@ -106,7 +106,7 @@ func (c *ControlPlane) StartTrainingOperator(ctx context.Context) error {
 		return err
 	}
 	operator, err := c.start("training-operator", filepath.Join(c.binDir, "training-operator.v1"),
-		[]string{"TMPDIR=" + filepath.Join(c.dir, "training-operator-tmp"), "MY_POD_NAMESPACE=" + trainingOperatorNamespace},
+		[]string{"TMPDIR=" + tmp, "MY_POD_NAMESPACE=" + trainingOperatorNamespace},
 		"--kubeconfig="+kubeconfig,
 		"--enable-scheme=tfjob",
 		"--leader-elect=false",
