@@ -55,7 +55,20 @@ func New(endpoints []string, token string) (*Client, error) {
 	if len(eps) == 0 {
 		return nil, errors.New("no allocator address given")
 	}
-	return &Client{endpoints: eps, token: token, http: &http.Client{}, Retries: 20, Backoff: 250 * time.Millisecond, Timeout: 30 * time.Second}, nil
+	return &Client{endpoints: eps, token: token, http: &http.Client{Transport: keepAlive()}, Retries: 20, Backoff: 250 * time.Millisecond, Timeout: 30 * time.Second}, nil
+}
+
+// idleConnections is how many connections to each endpoint a client keeps
+// open between calls: as many as a scheduler's concurrent binds and its
+// filter make at once, where http.DefaultTransport keeps 2 and closes the
+// rest after every burst, to open them again at the next.
+const idleConnections = 64
+
+// keepAlive is http.DefaultTransport keeping idleConnections per endpoint.
+func keepAlive() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost, t.MaxIdleConns = idleConnections, 0
+	return t
 }
 
 // RegisterServer registers or updates a GPU server.

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -111,5 +113,51 @@ func TestQuotaRequests(t *testing.T) {
 	want := []string{`PUT /v1/quotas/team-a {"hardPercent":146.6}`, "DELETE /v1/quotas/team-a "}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("requests %q, want %q", got, want)
+	}
+}
+
+// TestBurstsReuseConnections: the connections a burst of concurrent calls
+// opens stay open for the next burst, which opens none.
+func TestBurstsReuseConnections(t *testing.T) {
+	const burst = 8
+	var arrived sync.WaitGroup
+	var mu sync.Mutex
+	opened := 0
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		// Every call of the burst is in flight at once, each on a
+		// connection of its own.
+		arrived.Done()
+		arrived.Wait()
+		_, _ = io.WriteString(w, `{"quotas":[]}`)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			opened++
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	c, err := New([]string{srv.URL}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 {
+		arrived.Add(burst)
+		var calls sync.WaitGroup
+		for range burst {
+			calls.Go(func() {
+				if _, err := c.Quotas(context.Background()); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		calls.Wait()
+		mu.Lock()
+		if opened != burst {
+			t.Errorf("after burst %d of %d calls, %d connections opened in all, want %d", round+1, burst, opened, burst)
+		}
+		mu.Unlock()
 	}
 }
