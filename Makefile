@@ -77,23 +77,25 @@ e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the 
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -count=1 ./test/e2e/...
 
 .PHONY: bench
-bench: deps build ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, daemon scrape and sampling cost, adapter latency, HPA reaction time, kwok at 1,213 nodes
+bench: deps build ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, daemon scrape and sampling cost, a scheduler-extender filter at 1,213 nodes, adapter latency, HPA reaction time, kwok at 1,213 nodes
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./simulate
 	$(GO) test -run '^$$' -bench AcquireRelease -benchtime 4000x ./test/e2e
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench 'AdapterThroughAPIServer|HPAReaction' -benchtime 1x -timeout 30m ./test/e2e
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench KwokScale -benchtime 1x ./test/e2e/kube
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./gpuserver
+	$(GO) test -run '^$$' -bench Filter1213Nodes -benchtime 1000x ./kube/scheduler
 	@echo "whole replay, all policies x seeds 42-51, default trace:"
 	bin/gpupool simulate --seeds 42-51 --policies all
 
 .PHONY: fuzz
-fuzz: ## fuzz the pool's operation stream, server registration, request and process-report decoding, leases on the wire and quantity parsing (60s each)
+fuzz: ## fuzz the pool's operation stream, server registration, request and process-report decoding, leases on the wire, quantity parsing and the extender's node names (60s each)
 	$(GO) test ./allocator -run '^$$' -fuzz FuzzPool -fuzztime 60s
 	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzRegisterServer -fuzztime 60s
 	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzAcquireRequest -fuzztime 60s
 	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzLeaseWire -fuzztime 60s
 	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzParseGPUMemory -fuzztime 60s
 	$(GO) test ./gpuserver -run '^$$' -fuzz FuzzProcessReport -fuzztime 60s
+	$(GO) test ./kube/scheduler -run '^$$' -fuzz FuzzNodeNames -fuzztime 60s
 
 .PHONY: rewrite
 rewrite: ## rewrite the scenario files' expected output (read the diff!)

@@ -1,0 +1,75 @@
+package scheduler
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpupool/gpupool/internal/metricdef"
+)
+
+// The extender's table: it builds its series from these rows, and
+// docs/metrics.md's extender section is checked against them.
+var (
+	requestsTotal = metricdef.Counter("bitfusion_extender_requests_total", "requests", metricdef.Labels{"verb", "result"},
+		"kube-scheduler's calls answered, by verb (filter, bind) and result (placed, unschedulable, bound, error).")
+	requestDuration = metricdef.Histogram("bitfusion_extender_request_duration_seconds", "seconds", metricdef.Labels{"verb"},
+		"Time to answer a kube-scheduler call, the allocator's and kube-apiserver's answers included, by verb.",
+		prometheus.ExponentialBuckets(0.0005, 2, 14))
+)
+
+// MetricFamilies is the table of the extender's metrics.
+var MetricFamilies = []*metricdef.Family{requestsTotal, requestDuration}
+
+// result is how a call ended, as bitfusion_extender_requests_total counts it.
+type result string
+
+const (
+	// resultPlaced is a filter that answered the lease's node.
+	resultPlaced result = "placed"
+	// resultUnschedulable is a filter that failed every node with the
+	// pool's reason: no capacity, quota, a request it refuses, or no
+	// request.
+	resultUnschedulable result = "unschedulable"
+	// resultBound is a bind that bound the pod.
+	resultBound result = "bound"
+	// resultError is a call answered with an error: the allocator or
+	// kube-apiserver did not answer, or the call was malformed.
+	resultError result = "error"
+)
+
+// The verbs, as kube-scheduler's extender configuration names them
+// (filterVerb, bindVerb) and the paths the extender serves.
+const (
+	verbFilter = "filter"
+	verbBind   = "bind"
+)
+
+// verbResults are the results each verb can end with; their series exist
+// from the start, so that a rate over them is never missing.
+var verbResults = map[string][]result{
+	verbFilter: {resultPlaced, resultUnschedulable, resultError},
+	verbBind:   {resultBound, resultError},
+}
+
+type metrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{requests: requestsTotal.NewCounterVec(), duration: requestDuration.NewHistogramVec()}
+	for verb, results := range verbResults {
+		for _, r := range results {
+			m.requests.WithLabelValues(verb, string(r))
+		}
+		m.duration.WithLabelValues(verb)
+	}
+	reg.MustRegister(m.requests, m.duration)
+	return m
+}
+
+func (m *metrics) answered(verb string, r result, start time.Time) {
+	m.requests.WithLabelValues(verb, string(r)).Inc()
+	m.duration.WithLabelValues(verb).Observe(time.Since(start).Seconds())
+}

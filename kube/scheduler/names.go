@@ -1,0 +1,111 @@
+package scheduler
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"sync"
+	"unicode/utf8"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// filterArgs is kube-scheduler's extenderv1.ExtenderArgs as the filter
+// decodes it: the candidate names into a slice kept between calls, each
+// name as the string decoded for it before. The same thousand names come
+// with every pod; a string each per call would be most of what a call
+// allocates.
+type filterArgs struct {
+	Pod *v1.Pod
+	// Nodes are whole nodes, sent instead of names by a kube-scheduler
+	// configured with nodeCacheCapable: false; the filter refuses them.
+	Nodes     *v1.NodeList
+	NodeNames nodeNames
+}
+
+// nodeNames decodes a JSON array of node names.
+type nodeNames struct {
+	names []string
+	// given is false when the call had no names (null, or none at all).
+	given bool
+	known *nameTable
+}
+
+// UnmarshalJSON reads the array, which json.Unmarshal has checked is
+// valid JSON. Names with an escape or beyond ASCII, which no node name
+// needs, take encoding/json's way.
+func (n *nodeNames) UnmarshalJSON(data []byte) error {
+	n.names, n.given = n.names[:0], false
+	switch {
+	case string(data) == "null":
+		return nil
+	case data[0] != '[':
+		return errNotNames
+	case !plainASCII(data):
+		n.given = true
+		return json.Unmarshal(data, &n.names)
+	}
+	n.known.mu.Lock()
+	defer n.known.mu.Unlock()
+	rest := skipSpace(data[1:])
+	if rest[0] == ']' {
+		n.given = true
+		return nil
+	}
+	for {
+		end := bytes.IndexByte(rest[1:], '"') + 1 // the closing quote
+		if rest[0] != '"' || end == 0 {
+			return errNotNames
+		}
+		n.names = append(n.names, n.known.intern(rest[1:end]))
+		rest = skipSpace(rest[end+1:])
+		switch rest[0] {
+		case ',':
+			rest = skipSpace(rest[1:])
+		case ']':
+			n.given = true
+			return nil
+		default:
+			return errNotNames
+		}
+	}
+}
+
+var errNotNames = errors.New("NodeNames is not an array of node names")
+
+// plainASCII reports whether b holds no escape and nothing beyond ASCII.
+func plainASCII(b []byte) bool {
+	for _, c := range b {
+		if c == '\\' || c >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+func skipSpace(b []byte) []byte {
+	return bytes.TrimLeft(b, " \t\r\n")
+}
+
+// maxKnownNames bounds a nameTable: when nodes come and go for long
+// enough to fill it, it starts over from the names of the next calls.
+const maxKnownNames = 1 << 16
+
+// nameTable holds one string per node name seen.
+type nameTable struct {
+	mu    sync.Mutex
+	names map[string]string
+}
+
+// intern is the string of name; the caller holds mu.
+func (t *nameTable) intern(name []byte) string {
+	if s, ok := t.names[string(name)]; ok { // converting to look up allocates nothing
+		return s
+	}
+	if t.names == nil || len(t.names) >= maxKnownNames {
+		t.names = make(map[string]string)
+	}
+	s := string(name)
+	t.names[s] = s
+	return s
+}
