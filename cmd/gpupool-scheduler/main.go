@@ -1,0 +1,216 @@
+// Command gpupool-scheduler places pods through the GPU pool: it serves
+// kube-scheduler's extender (kube/scheduler).
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/cli"
+	"github.com/gpupool/gpupool/internal/httpserver"
+	"github.com/gpupool/gpupool/kube/scheduler"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gpupool-scheduler", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:8474", "address of the extender (POST /filter, POST /bind): plain HTTP on a loopback address only, else TLS with client certificates")
+	certFile := fs.String("tls-cert-file", "", "serving certificate (PEM) of the extender; read again when it changes")
+	keyFile := fs.String("tls-private-key-file", "", "private key (PEM) of --tls-cert-file")
+	clientCAFile := fs.String("client-ca-file", "", "CA (PEM) that signs kube-scheduler's client certificate; required off loopback")
+	metricsListen := fs.String("metrics-listen", "127.0.0.1:9474", "address of /metrics and /healthz (plain HTTP)")
+	allocatorURL := fs.String("allocator", "http://127.0.0.1:8470", "allocator address(es), comma-separated")
+	tokenFile := fs.String("token-file", "", "file holding an allocator admin token: the extender acquires leases in every namespace")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster; empty uses the in-cluster config")
+	qps := fs.Float64("kube-api-qps", 200, "requests per second to kube-apiserver (a bind reads the pod and creates its binding)")
+	burst := fs.Int("kube-api-burst", 400, "burst of requests to kube-apiserver above --kube-api-qps")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: gpupool-scheduler [flags]
+
+Places pods through the GPU pool as a kube-scheduler extender. kube-scheduler
+(the upstream one, as a second profile or scheduler named gpupool-scheduler)
+filters the nodes itself, then calls POST /filter with the feasible node
+names: the extender acquires the pod's lease from the allocator among them,
+with the pod as its owner and its UID as the idempotency key, and answers
+the lease's server as the only node. POST /bind acquires again pinned to the
+chosen node (the same lease) and binds the pod with the annotations
+gpupool.io/lease and gpupool.io/gpus. A pod the pool cannot place stays
+Pending with kube-scheduler's FailedScheduling event saying why.
+
+kube-scheduler's extender configuration: urlPrefix this address, filterVerb
+filter, bindVerb bind, nodeCacheCapable true, managedResources
+[{name: bitfusion.io/gpu, ignoredByScheduler: true}], and
+percentageOfNodesToScore 100 (else the extender sees a sample of the nodes).
+
+Serving: on a loopback address (a container beside kube-scheduler in its
+pod) the extender speaks plain HTTP; anywhere else it needs
+--tls-cert-file, --tls-private-key-file and --client-ca-file, and answers
+only a client certificate that CA signed (kube-scheduler's tlsConfig
+certFile/keyFile): whoever can call /bind binds pods and whoever can call
+/filter takes GPUs. The serving certificate is read again when it is
+renewed; the client CA is read at start.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if exit, ok := cli.Parse(fs, args, stdout, stderr); !ok {
+		return exit
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	bad := func(err error) int {
+		log.Error("bad flag", "err", err)
+		return cli.ExitUsage
+	}
+	tlsConfig, err := servingTLS(*listen, *certFile, *keyFile, *clientCAFile, log)
+	if err != nil {
+		return bad(err)
+	}
+	token := ""
+	if *tokenFile != "" {
+		b, err := os.ReadFile(*tokenFile)
+		if err != nil {
+			return bad(fmt.Errorf("--token-file: %w", err))
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	alloc, err := client.New([]string{*allocatorURL}, token)
+	if err != nil {
+		return bad(fmt.Errorf("--allocator: %w", err))
+	}
+	// kube-scheduler waits 5 s for a filter (its httpTimeout) while its
+	// one scheduling loop waits with it: fail over between replicas once
+	// and answer within that, so the pod's event says why.
+	alloc.Retries, alloc.Timeout = 2*len(strings.Split(*allocatorURL, ",")), 3*time.Second
+	var kubeConfig *rest.Config
+	if *kubeconfig != "" {
+		kubeConfig, err = clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	} else {
+		kubeConfig, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return bad(fmt.Errorf("no cluster (--kubeconfig, or run in a pod): %w", err))
+	}
+	kubeConfig.QPS, kubeConfig.Burst, kubeConfig.UserAgent = float32(*qps), *burst, "gpupool-scheduler"
+	kubeClient, err := kubernetes.NewForConfig(kubeConfig)
+	if err != nil {
+		return bad(fmt.Errorf("--kubeconfig: %w", err))
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ext := scheduler.New(scheduler.Config{Allocator: alloc, Kube: kubeClient, Registry: reg, Logger: log})
+
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		log.Error("listening for the extender", "err", err)
+		return 1
+	}
+	metricsLn, err := net.Listen("tcp", *metricsListen)
+	if err != nil {
+		_ = ln.Close()
+		log.Error("listening for /metrics", "err", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	metricsMux := http.NewServeMux()
+	metricsMux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	metricsMux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	extender := httpserver.New(ext.Handler(), httpserver.Default)
+	extender.TLSConfig = tlsConfig
+	metrics := httpserver.New(metricsMux, httpserver.Default)
+	failed := make(chan error, 2)
+	go func() {
+		if tlsConfig != nil {
+			failed <- extender.ServeTLS(ln, "", "")
+		} else {
+			failed <- extender.Serve(ln)
+		}
+	}()
+	go func() { failed <- metrics.Serve(metricsLn) }()
+	scheme := "http"
+	if tlsConfig != nil {
+		scheme = "https"
+	}
+	log.Info("extender serving", "url", scheme+"://"+ln.Addr().String(), "metrics", "http://"+metricsLn.Addr().String()+"/metrics", "allocator", *allocatorURL)
+
+	code := 0
+	select {
+	case <-ctx.Done():
+	case err := <-failed:
+		log.Error("serving", "err", err)
+		code = 1
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = extender.Shutdown(shutdown)
+	_ = metrics.Shutdown(shutdown)
+	return code
+}
+
+// servingTLS is the extender's TLS, or nil for plain HTTP, which only a
+// loopback address may serve: anyone who reaches /bind binds pods, and
+// anyone who reaches /filter takes GPUs, so off loopback the extender
+// answers only clients with a certificate from clientCAFile.
+func servingTLS(listen, certFile, keyFile, clientCAFile string, log *slog.Logger) (*tls.Config, error) {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("--listen %q: %w", listen, err)
+	}
+	ip := net.ParseIP(host)
+	loopback := host == "localhost" || ip != nil && ip.IsLoopback()
+	switch {
+	case (certFile == "") != (keyFile == ""):
+		return nil, errors.New("--tls-cert-file and --tls-private-key-file go together")
+	case certFile == "" && clientCAFile != "":
+		return nil, errors.New("--client-ca-file needs --tls-cert-file and --tls-private-key-file")
+	case certFile == "" && loopback:
+		return nil, nil
+	case certFile == "":
+		return nil, fmt.Errorf("--listen %s is not a loopback address: serving there needs --tls-cert-file, --tls-private-key-file and --client-ca-file", listen)
+	case clientCAFile == "" && !loopback:
+		return nil, fmt.Errorf("--listen %s is not a loopback address: --client-ca-file must name the CA of kube-scheduler's client certificate", listen)
+	}
+	pair, err := httpserver.LoadKeyPair(certFile, keyFile, log)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: pair.GetCertificate}
+	if clientCAFile != "" {
+		pem, err := os.ReadFile(clientCAFile) //nolint:gosec // the operator names the CA file
+		if err != nil {
+			return nil, fmt.Errorf("--client-ca-file: %w", err)
+		}
+		cfg.ClientCAs = x509.NewCertPool()
+		if !cfg.ClientCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--client-ca-file %s holds no PEM certificate", clientCAFile)
+		}
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return cfg, nil
+}
