@@ -1,5 +1,6 @@
 // Command gpupool-scheduler places pods through the GPU pool: it serves
-// kube-scheduler's extender (kube/scheduler).
+// kube-scheduler's extender (kube/scheduler) and runs the controller that
+// ends each pod's lease with the pod (kube/leases).
 package main
 
 import (
@@ -29,6 +30,8 @@ import (
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/httpserver"
+	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/leases"
 	"github.com/gpupool/gpupool/kube/scheduler"
 )
 
@@ -46,6 +49,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	allocatorURL := fs.String("allocator", "http://127.0.0.1:8470", "allocator address(es), comma-separated")
 	tokenFile := fs.String("token-file", "", "file holding an allocator admin token: the extender acquires leases in every namespace")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster; empty uses the in-cluster config")
+	unitName := fs.String("unit", string(kube.UnitPercent), "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 is one GPU, as BFK) or gpus; the unit the ResourceQuotas' requests.bitfusion.io/gpu are read in")
+	resync := fs.Duration("resync", leases.DefaultResync, "how often every lease is compared with its pod and every quota with its ResourceQuotas (and once at start)")
 	qps := fs.Float64("kube-api-qps", 200, "requests per second to kube-apiserver (a bind reads the pod and creates its binding)")
 	burst := fs.Int("kube-api-burst", 400, "burst of requests to kube-apiserver above --kube-api-qps")
 	fs.Usage = func() {
@@ -65,6 +70,12 @@ kube-scheduler's extender configuration: urlPrefix this address, filterVerb
 filter, bindVerb bind, nodeCacheCapable true, managedResources
 [{name: bitfusion.io/gpu, ignoredByScheduler: true}], and
 percentageOfNodesToScore 100 (else the extender sees a sample of the nodes).
+
+It also runs the lease controller: a pod's lease, which has no TTL, ends
+when the pod is deleted, succeeds or fails, or its node is deleted; a resync
+at start and every --resync releases leases whose pod is gone and acquires
+again those of bound pods that lost theirs; the namespaces' ResourceQuotas on
+requests.bitfusion.io/gpu (in --unit) are the allocator's quotas.
 
 Serving: on a loopback address (a container beside kube-scheduler in its
 pod) the extender speaks plain HTTP; anywhere else it needs
@@ -89,6 +100,10 @@ Flags:
 	tlsConfig, err := servingTLS(*listen, *certFile, *keyFile, *clientCAFile, log)
 	if err != nil {
 		return bad(err)
+	}
+	unit, err := kube.ParseUnit(*unitName)
+	if err != nil {
+		return bad(fmt.Errorf("--unit: %w", err))
 	}
 	token := ""
 	if *tokenFile != "" {
@@ -124,6 +139,10 @@ Flags:
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ext := scheduler.New(scheduler.Config{Allocator: alloc, Kube: kubeClient, Registry: reg, Logger: log})
+	controller, err := leases.NewController(leases.Config{Client: kubeClient, Allocator: alloc, Unit: unit, Resync: *resync, Logger: log, Registry: reg})
+	if err != nil {
+		return bad(err)
+	}
 
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -144,7 +163,7 @@ Flags:
 	extender := httpserver.New(ext.Handler(), httpserver.Default)
 	extender.TLSConfig = tlsConfig
 	metrics := httpserver.New(metricsMux, httpserver.Default)
-	failed := make(chan error, 2)
+	failed := make(chan error, 3) // one per server and the controller: none waits to send
 	go func() {
 		if tlsConfig != nil {
 			failed <- extender.ServeTLS(ln, "", "")
@@ -153,17 +172,22 @@ Flags:
 		}
 	}()
 	go func() { failed <- metrics.Serve(metricsLn) }()
+	go func() {
+		if err := controller.Run(ctx); err != nil && ctx.Err() == nil {
+			failed <- fmt.Errorf("lease controller: %w", err)
+		}
+	}()
 	scheme := "http"
 	if tlsConfig != nil {
 		scheme = "https"
 	}
-	log.Info("extender serving", "url", scheme+"://"+ln.Addr().String(), "metrics", "http://"+metricsLn.Addr().String()+"/metrics", "allocator", *allocatorURL)
+	log.Info("extender serving", "url", scheme+"://"+ln.Addr().String(), "metrics", "http://"+metricsLn.Addr().String()+"/metrics", "allocator", *allocatorURL, "unit", unit)
 
 	code := 0
 	select {
 	case <-ctx.Done():
 	case err := <-failed:
-		log.Error("serving", "err", err)
+		log.Error("stopping", "err", err)
 		code = 1
 	}
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
