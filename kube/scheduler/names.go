@@ -14,12 +14,11 @@ import (
 // decodes it: the candidate names into a slice kept between calls, each
 // name as the string decoded for it before. The same thousand names come
 // with every pod; a string each per call would be most of what a call
-// allocates.
+// allocates. Whole nodes (Nodes), which a kube-scheduler configured with
+// nodeCacheCapable: false sends instead of names, are skipped unread: the
+// filter refuses the call for want of names.
 type filterArgs struct {
-	Pod *v1.Pod
-	// Nodes are whole nodes, sent instead of names by a kube-scheduler
-	// configured with nodeCacheCapable: false; the filter refuses them.
-	Nodes     *v1.NodeList
+	Pod       *v1.Pod
 	NodeNames nodeNames
 }
 
