@@ -3,8 +3,6 @@ package leases
 import (
 	"context"
 	"log/slog"
-	"net"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -21,91 +19,21 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
-	"github.com/gpupool/gpupool/allocator/service"
-	"github.com/gpupool/gpupool/allocator/store"
+	"github.com/gpupool/gpupool/allocator/service/servicetest"
 	"github.com/gpupool/gpupool/internal/metricstest"
 	"github.com/gpupool/gpupool/kube"
 )
 
-const (
-	adminToken = "admin-token-0123456789"
-	namespace  = "team-a"
-)
-
-// testAllocator is a real allocator service over HTTP, with tokens on and
-// a bolt store that a restart recovers, as deployed.
-type testAllocator struct {
-	t    *testing.T
-	dir  string
-	addr string
-	srv  *httptest.Server
-	st   *store.Bolt
-}
-
-func startAllocator(t *testing.T) *testAllocator {
-	t.Helper()
-	a := &testAllocator{t: t, dir: t.TempDir()}
-	a.start()
-	t.Cleanup(a.stop)
-	return a
-}
-
-// start serves the allocator from its store, at the address it had
-// before a stop: the controller's client keeps pointing at it.
-func (a *testAllocator) start() {
-	a.t.Helper()
-	st, err := store.OpenBolt(a.dir, time.Second)
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	log := slog.New(slog.DiscardHandler)
-	svc, err := service.New(context.Background(), service.Config{
-		Store: st, Policy: "best-fit", DefaultTTL: time.Minute, MaxTTL: time.Hour, HeartbeatTimeout: time.Hour,
-		Registry: reg, Logger: log,
-	})
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	auth := service.NewAuthenticator(&service.FileConfig{Admin: service.TokenSet{Tokens: []string{adminToken}}})
-	a.srv = httptest.NewUnstartedServer(service.Handler(svc, auth, reg, log))
-	if a.addr != "" {
-		l, err := net.Listen("tcp", a.addr)
-		if err != nil {
-			a.t.Fatal(err)
-		}
-		_ = a.srv.Listener.Close()
-		a.srv.Listener = l
-	}
-	a.srv.Start()
-	a.addr, a.st = a.srv.Listener.Addr().String(), st
-}
-
-func (a *testAllocator) stop() {
-	if a.srv != nil {
-		a.srv.Close()
-		_ = a.st.Close()
-		a.srv = nil
-	}
-}
-
-func (a *testAllocator) client() *client.Client {
-	a.t.Helper()
-	c, err := client.New([]string{"http://" + a.addr}, adminToken)
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	c.Retries = 1
-	return c
-}
+const namespace = "team-a"
 
 // testEnv is a cluster (a fake clientset) of GPU-server nodes s1 and s2,
-// registered in a real allocator with two GPUs each.
+// registered in a real allocator with two GPUs each. The controller's
+// allocator client tries once, as the test's does: an outage shows at once.
 type testEnv struct {
 	t      *testing.T
 	ctx    context.Context
 	kube   *fake.Clientset
-	alloc  *testAllocator
+	alloc  *servicetest.Allocator
 	admin  *client.Client
 	events *record.FakeRecorder
 	reg    *prometheus.Registry
@@ -115,21 +43,15 @@ type testEnv struct {
 
 func newEnv(t *testing.T, unit kube.Unit) *testEnv {
 	t.Helper()
-	e := &testEnv{t: t, ctx: t.Context(), kube: fake.NewClientset(), alloc: startAllocator(t),
+	e := &testEnv{t: t, ctx: t.Context(), kube: fake.NewClientset(), alloc: servicetest.Start(t, nil),
 		events: record.NewFakeRecorder(100), reg: prometheus.NewRegistry(), log: &logLines{}}
-	e.admin = e.alloc.client()
+	e.admin = e.alloc.Client(t)
+	e.alloc.Register(t, []api.Server{servicetest.Server("s1", 2), servicetest.Server("s2", 2)})
 	for _, name := range []string{"s1", "s2"} {
-		s := api.Server{Name: name, CPUMilli: 64000, MemoryBytes: 256 << 30}
-		for i := range 2 {
-			s.GPUs = append(s.GPUs, api.GPU{Index: i, UUID: name + "-gpu" + string(rune('0'+i)), Model: "A100", MemoryBytes: 80 << 30, Healthy: true})
-		}
-		if err := e.admin.RegisterServer(e.ctx, s); err != nil {
-			t.Fatal(err)
-		}
 		e.create(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	}
 	var err error
-	e.ctrl, err = NewController(Config{Client: e.kube, Allocator: e.alloc.client(), Unit: unit, Resync: time.Hour,
+	e.ctrl, err = NewController(Config{Client: e.kube, Allocator: e.alloc.Client(t), Unit: unit, Resync: time.Hour,
 		Recorder: e.events, Logger: slog.New(slog.NewTextHandler(e.log, nil)), Registry: e.reg})
 	if err != nil {
 		t.Fatal(err)
@@ -406,13 +328,13 @@ func TestAllocatorOutage(t *testing.T) {
 	e.run()
 	pod := gpuPod("trainer", "s1", 50)
 	l := e.place(pod)
-	e.alloc.stop()
+	e.alloc.Stop()
 	e.deletePod(pod.Name)
 	failed := func() float64 {
 		return testutil.ToFloat64(e.ctrl.metrics.reconciles.WithLabelValues(string(kindPod), resultError))
 	}
 	eventually(t, "the release failed twice", func() bool { return failed() >= 2 })
-	e.alloc.start()
+	e.alloc.Restart()
 	eventually(t, "the lease is released once the allocator is back", func() bool { return e.released(reasonPodDeleted) == 1 })
 	if e.leaseExists(l.ID) {
 		t.Error("the lease is still there")
@@ -423,7 +345,7 @@ func TestAllocatorOutage(t *testing.T) {
 }
 
 func TestNewControllerChecksItsConfig(t *testing.T) {
-	alloc, err := client.New([]string{"http://127.0.0.1:1"}, adminToken)
+	alloc, err := client.New([]string{"http://127.0.0.1:1"}, servicetest.AdminToken)
 	if err != nil {
 		t.Fatal(err)
 	}

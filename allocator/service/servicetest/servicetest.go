@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -31,29 +33,70 @@ const AdminToken = "servicetest-admin-token"
 type Allocator struct {
 	URL     string
 	Service *service.Service
+
+	t      testing.TB
+	quotas map[string]allocator.Share
+	dir    string
+	srv    *httptest.Server
+	st     *store.Bolt
 }
 
 // Start serves an allocator with the given namespace quotas until the test
 // ends.
 func Start(t testing.TB, quotas map[string]allocator.Share) *Allocator {
 	t.Helper()
-	st, err := store.OpenBolt(t.TempDir(), time.Second)
+	a := &Allocator{t: t, quotas: quotas, dir: t.TempDir()}
+	a.serve()
+	t.Cleanup(a.Stop)
+	return a
+}
+
+// serve recovers the allocator from its store and serves it, at its URL
+// once it has one, so that clients made before find it again.
+func (a *Allocator) serve() {
+	a.t.Helper()
+	st, err := store.OpenBolt(a.dir, time.Second)
 	if err != nil {
-		t.Fatal(err)
+		a.t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := prometheus.NewRegistry()
 	svc, err := service.New(context.Background(), service.Config{
 		Store: st, Policy: "best-fit", DefaultTTL: time.Minute, MaxTTL: time.Hour, HeartbeatTimeout: time.Hour,
-		Quotas: quotas, Registry: reg, Logger: log,
+		Quotas: a.quotas, Registry: reg, Logger: log,
 	})
 	if err != nil {
-		t.Fatal(err)
+		a.t.Fatal(err)
 	}
 	auth := service.NewAuthenticator(&service.FileConfig{Admin: service.TokenSet{Tokens: []string{AdminToken}}})
-	srv := httptest.NewServer(service.Handler(svc, auth, reg, log))
-	t.Cleanup(func() { srv.Close(); _ = st.Close() })
-	return &Allocator{URL: srv.URL, Service: svc}
+	a.srv = httptest.NewUnstartedServer(service.Handler(svc, auth, reg, log))
+	if a.URL != "" {
+		l, err := net.Listen("tcp", strings.TrimPrefix(a.URL, "http://"))
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		_ = a.srv.Listener.Close()
+		a.srv.Listener = l
+	}
+	a.srv.Start()
+	a.URL, a.Service, a.st = a.srv.URL, svc, st
+}
+
+// Stop stops the allocator as a crash leaves it: what it acknowledged is
+// in its store, and its address refuses connections.
+func (a *Allocator) Stop() {
+	if a.srv != nil {
+		a.srv.Close()
+		_ = a.st.Close()
+		a.srv = nil
+	}
+}
+
+// Restart serves the stopped allocator again, recovered from its store,
+// at the same URL.
+func (a *Allocator) Restart() {
+	a.t.Helper()
+	a.serve()
 }
 
 // Client is an admin client that tries once: a test sees a failure as it
