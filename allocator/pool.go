@@ -373,12 +373,19 @@ func (p *Pool) Expire(now time.Time) []Lease {
 	return out
 }
 
+// expireDue ends the leases due at now, in ID order. Every call of the
+// pool makes it, so it sorts the few that are due rather than all.
 func (p *Pool) expireDue(now time.Time) {
-	for _, id := range sortedIDs(p.leases) {
-		if l := p.leases[id]; !l.UntilReleased() && !now.Before(l.ExpiresAt) {
-			p.end(l)
-			p.expired = append(p.expired, *l)
+	var due []*Lease
+	for _, l := range p.leases {
+		if !l.UntilReleased() && !now.Before(l.ExpiresAt) {
+			due = append(due, l)
 		}
+	}
+	slices.SortFunc(due, func(a, b *Lease) int { return compareIDs(a.ID, b.ID) })
+	for _, l := range due {
+		p.end(l)
+		p.expired = append(p.expired, *l)
 	}
 }
 
@@ -397,9 +404,12 @@ func (p *Pool) live(now time.Time, id string) (*Lease, error) {
 // zero-padded to a minimum width.
 func sortedIDs(leases map[string]*Lease) []string {
 	ids := slices.Collect(maps.Keys(leases))
-	slices.SortFunc(ids, func(a, b string) int { return cmp.Or(cmp.Compare(len(a), len(b)), cmp.Compare(a, b)) })
+	slices.SortFunc(ids, compareIDs)
 	return ids
 }
+
+// compareIDs orders lease IDs by their number.
+func compareIDs(a, b string) int { return cmp.Or(cmp.Compare(len(a), len(b)), cmp.Compare(a, b)) }
 
 func (p *Pool) end(l *Lease) {
 	p.cluster.hold(p.nodeIndex[l.Server], l, -1)
