@@ -65,16 +65,7 @@ func TestAdmission(t *testing.T) {
 		}
 	})
 
-	cert, key, err := cp.ServingCert()
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile := filepath.Join(dir, "webhook.crt"), filepath.Join(dir, "webhook.key")
-	for path, b := range map[string][]byte{certFile: cert, keyFile: key} {
-		if err := os.WriteFile(path, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	certFile, keyFile := writeServingCert(t, cp, dir)
 	c := cp.Client
 	webhooks := map[kube.Unit]*exec.Cmd{}
 	for _, unit := range kube.Units {

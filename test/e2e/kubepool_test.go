@@ -1,0 +1,208 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+
+	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/kube"
+	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
+)
+
+// kubePoolOptions configure startKubePool.
+type kubePoolOptions struct {
+	// Unit is the cluster's unit of bitfusion.io/gpu, the webhook's and
+	// gpupool-scheduler's --unit; empty is kube.UnitPercent.
+	Unit kube.Unit
+	// Namespaces are created, each with its token in the allocator's
+	// config and no quota there (the lease controller sets it from the
+	// namespace's ResourceQuotas), and the webhook admits their pods.
+	Namespaces []string
+}
+
+// kubePool is gpupool deployed on a real control plane as users deploy
+// it, tokens on: the allocator, gpupool-webhook registered with
+// kube-apiserver, gpupool-scheduler (extender and lease controller) and a
+// kube-scheduler whose gpupool profile calls it. No node is added: tests
+// add kwok nodes and register those that are GPU servers.
+type kubePool struct {
+	CP *e2ekube.ControlPlane
+	// Admin is an operator's allocator client; Servers registers GPU
+	// servers, as their daemons do.
+	Admin, Servers *client.Client
+	// Allocator is the running allocator; restartAllocator replaces it.
+	Allocator *allocatorProcess
+	// Logs gather gpupool-webhook's and gpupool-scheduler's output.
+	Logs *syncBuffer
+
+	unit          kube.Unit
+	config        *poolConfig
+	allocatorArgs []string
+	extender      string
+}
+
+// startKubePool starts a control plane and gpupool on it, until the test
+// ends; it skips the test where KUBE_BIN_DIR does not name the control
+// plane's binaries.
+func startKubePool(t *testing.T, ctx context.Context, o kubePoolOptions) *kubePool {
+	t.Helper()
+	bins := os.Getenv("KUBE_BIN_DIR")
+	if bins == "" {
+		t.Skip("KUBE_BIN_DIR is not set: `make e2e` builds the control plane (test/e2e/kube/build.sh) and sets it")
+	}
+	if o.Unit == "" {
+		o.Unit = kube.UnitPercent
+	}
+	dir := t.TempDir()
+	cp, err := e2ekube.Start(ctx, e2ekube.Options{BinDir: bins, Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Stop)
+	p := &kubePool{CP: cp, Logs: &syncBuffer{}, unit: o.Unit}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("control plane:\n%s\nallocator:\n%s\ngpupool:\n%s", cp.Logs(20), tail(p.Allocator.logs.String(), 20), tail(p.Logs.String(), 40))
+		}
+	})
+
+	namespaces := map[string]int64{}
+	for _, ns := range o.Namespaces {
+		namespaces[ns] = noQuota
+	}
+	p.config = writePoolConfig(t, namespaces)
+	// A port of its own, so that a restarted allocator serves where
+	// gpupool-scheduler looks for it.
+	p.allocatorArgs = []string{"--listen", "127.0.0.1:" + freePort(t), "--data-dir", t.TempDir(), "--config", p.config.Path, "--heartbeat-timeout", "1h"}
+	p.Allocator = startAllocator(t, p.allocatorArgs...)
+	p.Admin, p.Servers = newClient(t, p.Allocator.URL, p.config.Admin), newClient(t, p.Allocator.URL, p.config.Servers)
+
+	certFile, keyFile := writeServingCert(t, cp, dir)
+	webhook := "127.0.0.1:" + freePort(t)
+	startBinary(t, p.Logs, "gpupool-webhook", regexp.MustCompile(`webhook serving`), "--listen", webhook, "--unit", string(o.Unit),
+		"--tls-cert-file", certFile, "--tls-private-key-file", keyFile)
+	registerWebhook(t, cp.Client, "gpupool", "https://"+webhook, cp.CA, o.Namespaces)
+	for _, ns := range o.Namespaces {
+		if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitForWebhook(t, cp.Client, ns)
+	}
+
+	p.extender = "127.0.0.1:" + freePort(t)
+	p.startScheduler(t)
+	if err := cp.StartScheduler(ctx, e2ekube.SchedulerOptions{ExtenderURL: "http://" + p.extender}); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// startScheduler starts gpupool-scheduler as deployed beside kube-scheduler
+// (the extender in plain HTTP on loopback, the allocator's admin token).
+func (p *kubePool) startScheduler(t *testing.T) {
+	t.Helper()
+	startBinary(t, p.Logs, "gpupool-scheduler", regexp.MustCompile(`extender serving`), "--listen", p.extender,
+		"--metrics-listen", "127.0.0.1:0", "--allocator", p.Allocator.URL, "--token-file", p.config.adminTokenFile(t),
+		"--kubeconfig", p.CP.Kubeconfig, "--unit", string(p.unit))
+}
+
+// restartAllocator starts the allocator again, once killed, on its port
+// and data directory: it keeps the leases, servers and quotas it had.
+func (p *kubePool) restartAllocator(t *testing.T) {
+	t.Helper()
+	p.Allocator = startAllocator(t, p.allocatorArgs...)
+}
+
+// addNodes adds a kwok node for each name, with labels, and registers each
+// as a GPU server of gpus GPUs (none: a node that is no GPU server).
+func (p *kubePool) addNodes(t *testing.T, ctx context.Context, gpus int, labels map[string]string, names ...string) {
+	t.Helper()
+	nodes := make([]e2ekube.Node, len(names))
+	for i, name := range names {
+		nodes[i] = e2ekube.Node{Name: name, Labels: labels, Capacity: map[string]string{"cpu": "96", "memory": "512Gi", "pods": "110"}}
+	}
+	if err := p.CP.AddKwokNodes(ctx, nodes); err != nil {
+		t.Fatal(err)
+	}
+	if gpus == 0 {
+		return
+	}
+	for _, name := range names {
+		register(t, p.Servers, gpuServer(name, gpus))
+	}
+}
+
+// bfkPod is a pod as BFK's users write it, for the kwok nodes: amount
+// GPUs, percent of each (0: whole GPUs), and 2 CPUs.
+func bfkPod(name string, amount, percent int) *corev1.Pod {
+	limits := corev1.ResourceList{kube.ResourceGPUAmount: *resource.NewQuantity(int64(amount), resource.DecimalSI)}
+	if percent != 0 {
+		limits[kube.ResourceGPUPercent] = *resource.NewQuantity(int64(percent), resource.DecimalSI)
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": "tf-training"}},
+		Spec: corev1.PodSpec{
+			Tolerations: []corev1.Toleration{e2ekube.KwokToleration},
+			Containers: []corev1.Container{{Name: "trainer", Image: "trainer", Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}, Limits: limits}}},
+		},
+	}
+}
+
+// leasesOf is the leases that pod holds, found by its UID.
+func (p *kubePool) leasesOf(t *testing.T, ctx context.Context, pod *corev1.Pod) []api.Lease {
+	t.Helper()
+	leases, err := p.Admin.Leases(ctx, client.LeaseFilter{Namespace: pod.Namespace, OwnerUID: string(pod.UID)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return leases
+}
+
+// waitFailedScheduling waits for a FailedScheduling event of pod whose
+// message holds why.
+func (p *kubePool) waitFailedScheduling(t *testing.T, ctx context.Context, pod *corev1.Pod, why string) {
+	t.Helper()
+	selector := fields.Set{"involvedObject.name": pod.Name, "reason": "FailedScheduling"}.String()
+	var seen []string
+	defer func() {
+		if t.Failed() {
+			t.Logf("FailedScheduling events of %s: %q", pod.Name, seen)
+		}
+	}()
+	waitFor(t, func() bool {
+		events, err := p.CP.Client.CoreV1().Events(pod.Namespace).List(ctx, metav1.ListOptions{FieldSelector: selector})
+		seen = seen[:0]
+		for _, e := range events.Items {
+			seen = append(seen, e.Message)
+		}
+		return err == nil && strings.Contains(strings.Join(seen, "\n"), why)
+	})
+}
+
+// writeServingCert writes, into dir, a serving certificate for loopback
+// that the control plane's CA signs, the webhook's, and its key.
+func writeServingCert(t *testing.T, cp *e2ekube.ControlPlane, dir string) (certFile, keyFile string) {
+	t.Helper()
+	cert, key, err := cp.ServingCert()
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "webhook.crt"), filepath.Join(dir, "webhook.key")
+	for path, b := range map[string][]byte{certFile: cert, keyFile: key} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return certFile, keyFile
+}
