@@ -96,7 +96,7 @@ func TestAdmission(t *testing.T) {
 	})
 	t.Run("refusals", func(t *testing.T) { checkRefusals(t, c) })
 	t.Run("update", func(t *testing.T) { checkUpdateRefused(t, c) })
-	t.Run("quota", func(t *testing.T) { checkQuota(t, c) })
+	t.Run("quota", func(t *testing.T) { checkQuota(t, c, quotaNamespace) })
 	t.Run("webhook down", func(t *testing.T) {
 		if err := webhooks[kube.UnitGPUs].Process.Kill(); err != nil {
 			t.Fatal(err)
@@ -316,28 +316,24 @@ func checkUpdateRefused(t *testing.T, c kubernetes.Interface) {
 	}
 }
 
-// checkQuota: under requests.bitfusion.io/gpu: 100, two pods of half a GPU
-// are admitted and kube-apiserver refuses the third with its own message;
-// deleting one lets a new one in.
-func checkQuota(t *testing.T, c kubernetes.Interface) {
+// checkQuota: under requests.bitfusion.io/gpu: 100 in ns (in percent), two
+// pods of half a GPU are admitted and kube-apiserver refuses the third with
+// its own message; deleting one lets a new one in.
+func checkQuota(t *testing.T, c kubernetes.Interface, ns string) {
 	ctx := context.Background()
 	quota := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "bf-gpu"},
 		Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{"requests." + kube.ResourceGPU: resource.MustParse("100")}}}
-	if _, err := c.CoreV1().ResourceQuotas(quotaNamespace).Create(ctx, quota, metav1.CreateOptions{}); err != nil {
+	if _, err := c.CoreV1().ResourceQuotas(ns).Create(ctx, quota, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// Until kube-controller-manager has filled in the quota's status, the
 	// apiserver refuses every pod that it counts.
 	waitFor(t, func() bool {
-		q, err := c.CoreV1().ResourceQuotas(quotaNamespace).Get(ctx, quota.Name, metav1.GetOptions{})
+		q, err := c.CoreV1().ResourceQuotas(ns).Get(ctx, quota.Name, metav1.GetOptions{})
 		return err == nil && q.Status.Hard != nil
 	})
-	pods := c.CoreV1().Pods(quotaNamespace)
-	half := func(name string) *corev1.Pod {
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "trainer", Image: "trainer",
-			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
-				kube.ResourceGPUAmount: resource.MustParse("1"), kube.ResourceGPUPercent: resource.MustParse("50")}}}}}}
-	}
+	pods := c.CoreV1().Pods(ns)
+	half := func(name string) *corev1.Pod { return bfkPod(name, 1, 50) }
 	for _, name := range []string{"first", "second"} {
 		if _, err := pods.Create(ctx, half(name), metav1.CreateOptions{}); err != nil {
 			t.Fatalf("%s pod: %v", name, err)
@@ -360,7 +356,7 @@ func checkQuota(t *testing.T, c kubernetes.Interface) {
 		return err == nil
 	})
 	waitFor(t, func() bool {
-		q, err := c.CoreV1().ResourceQuotas(quotaNamespace).Get(ctx, quota.Name, metav1.GetOptions{})
+		q, err := c.CoreV1().ResourceQuotas(ns).Get(ctx, quota.Name, metav1.GetOptions{})
 		used := q.Status.Used["requests."+kube.ResourceGPU]
 		return err == nil && used.Value() == 100
 	})

@@ -294,12 +294,18 @@ func grep(s, substr string) string {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	waitForUpTo(t, 10*time.Second, cond)
+}
+
+// waitForUpTo is waitFor for what may take longer than 10 s.
+func waitForUpTo(t *testing.T, limit time.Duration, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if cond() {
 			return
 		}
 	}
-	t.Fatal("condition not met within 10s")
+	t.Fatalf("condition not met within %s", limit)
 }
 
 // TestRunForwardsSignalsAndStopsWhenTheLeaseIsGone: SIGTERM to `gpupool run`

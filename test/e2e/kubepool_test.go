@@ -3,10 +3,12 @@ package e2e
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -49,6 +51,7 @@ type kubePool struct {
 	config        *poolConfig
 	allocatorArgs []string
 	extender      string
+	scheduler     *exec.Cmd
 }
 
 // startKubePool starts a control plane and gpupool on it, until the test
@@ -108,12 +111,20 @@ func startKubePool(t *testing.T, ctx context.Context, o kubePoolOptions) *kubePo
 }
 
 // startScheduler starts gpupool-scheduler as deployed beside kube-scheduler
-// (the extender in plain HTTP on loopback, the allocator's admin token).
+// (the extender in plain HTTP on loopback, the allocator's admin token),
+// or starts it again, where it served, after killScheduler.
 func (p *kubePool) startScheduler(t *testing.T) {
 	t.Helper()
-	startBinary(t, p.Logs, "gpupool-scheduler", regexp.MustCompile(`extender serving`), "--listen", p.extender,
+	p.scheduler = startBinary(t, p.Logs, "gpupool-scheduler", regexp.MustCompile(`extender serving`), "--listen", p.extender,
 		"--metrics-listen", "127.0.0.1:0", "--allocator", p.Allocator.URL, "--token-file", p.config.adminTokenFile(t),
 		"--kubeconfig", p.CP.Kubeconfig, "--unit", string(p.unit))
+}
+
+// killScheduler kills gpupool-scheduler: kube-scheduler's calls to the
+// extender fail until startScheduler.
+func (p *kubePool) killScheduler() {
+	_ = p.scheduler.Process.Kill()
+	_ = p.scheduler.Wait()
 }
 
 // restartAllocator starts the allocator again, once killed, on its port
@@ -205,4 +216,18 @@ func writeServingCert(t *testing.T, cp *e2ekube.ControlPlane, dir string) (certF
 		}
 	}
 	return certFile, keyFile
+}
+
+// waitBound waits until pod is bound to a node, and returns it then.
+// kube-scheduler retries a pod it could not place after a backoff of up to
+// 10 s, hence the longer wait.
+func (p *kubePool) waitBound(t *testing.T, ctx context.Context, pod *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	var bound *corev1.Pod
+	waitForUpTo(t, 30*time.Second, func() bool {
+		var err error
+		bound, err = p.CP.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		return err == nil && bound.Spec.NodeName != ""
+	})
+	return bound
 }

@@ -38,16 +38,7 @@ func TestSchedulerPlacesThroughThePool(t *testing.T) {
 	}
 
 	trainer := create("trainer-0", 1, 50)
-	waitBound := func(pod *corev1.Pod) *corev1.Pod {
-		t.Helper()
-		var bound *corev1.Pod
-		waitFor(t, func() bool {
-			var err error
-			bound, err = pods.Get(ctx, pod.Name, metav1.GetOptions{})
-			return err == nil && bound.Spec.NodeName != ""
-		})
-		return bound
-	}
+	waitBound := func(pod *corev1.Pod) *corev1.Pod { return pool.waitBound(t, ctx, pod) }
 	bound := waitBound(trainer)
 	held := pool.leasesOf(t, ctx, trainer)
 	if len(held) != 1 {
