@@ -7,20 +7,28 @@ package deploy_test
 
 import (
 	"encoding/json"
+	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	schedulerconfigv1 "k8s.io/kube-scheduler/config/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gpupool/gpupool/allocator/service"
+	"github.com/gpupool/gpupool/kube"
 )
 
 // build runs `kustomize build dir`.
@@ -45,11 +53,16 @@ func build(t *testing.T, dir string) []*unstructured.Unstructured {
 	return out
 }
 
-func overlays(t *testing.T) []string {
+// kustomizations are what users apply: the overlays and the examples.
+func kustomizations(t *testing.T) []string {
 	t.Helper()
-	dirs, err := filepath.Glob("overlays/*")
-	if err != nil || len(dirs) == 0 {
-		t.Fatalf("no overlays: %v", err)
+	var dirs []string
+	for _, pattern := range []string{"overlays/*", "examples/*"} {
+		found, err := filepath.Glob(pattern)
+		if err != nil || len(found) == 0 {
+			t.Fatalf("nothing in %s: %v", pattern, err)
+		}
+		dirs = append(dirs, found...)
 	}
 	return dirs
 }
@@ -71,11 +84,27 @@ func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string, in
 	t.Fatalf("no %s %s", kind, name)
 }
 
+// podSpec is the pod template's spec of a workload o; false when o has
+// none.
+func podSpec(t *testing.T, o *unstructured.Unstructured) (corev1.PodSpec, bool) {
+	t.Helper()
+	var pod corev1.PodSpec
+	spec, found, err := unstructured.NestedMap(o.Object, "spec", "template", "spec")
+	if err != nil || !found {
+		return pod, false
+	}
+	b, _ := json.Marshal(spec)
+	if err := json.Unmarshal(b, &pod); err != nil {
+		t.Fatal(err)
+	}
+	return pod, true
+}
+
 // clusterScoped are the kinds the overlays hold that live in no namespace.
-var clusterScoped = []string{"Namespace", "ClusterRoleBinding", "APIService"}
+var clusterScoped = []string{"Namespace", "ClusterRole", "ClusterRoleBinding", "APIService", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
 
 func TestOverlaysBuild(t *testing.T) {
-	for _, dir := range overlays(t) {
+	for _, dir := range kustomizations(t) {
 		objs := build(t, dir)
 		for _, o := range objs {
 			scoped := slices.Contains(clusterScoped, o.GetKind())
@@ -87,30 +116,30 @@ func TestOverlaysBuild(t *testing.T) {
 	}
 }
 
+// callTheAPI are the workloads that call the Kubernetes API, and so mount
+// a ServiceAccount token.
+var callTheAPI = []string{"gpupool-adapter", "gpupool-scheduler", "gpupool-kube-scheduler"}
+
 // TestPodPrivileges checks every gpupool pod: no privilege, no capability,
 // a read-only root; only the daemon shares the host's PID namespace and
-// mounts a host path, read-only; only the adapter has a Kubernetes token.
+// mounts a host path, read-only; only the workloads of callTheAPI have a
+// Kubernetes token; no token is on a command line.
 func TestPodPrivileges(t *testing.T) {
-	for _, dir := range overlays(t) {
+	for _, dir := range kustomizations(t) {
 		for _, o := range build(t, dir) {
 			if o.GetLabels()["app.kubernetes.io/part-of"] != "gpupool" {
 				continue // the example workload is the user's
 			}
-			spec, found, err := unstructured.NestedMap(o.Object, "spec", "template", "spec")
-			if err != nil || !found {
+			pod, ok := podSpec(t, o)
+			if !ok {
 				continue
-			}
-			var pod corev1.PodSpec
-			b, _ := json.Marshal(spec)
-			if err := json.Unmarshal(b, &pod); err != nil {
-				t.Fatal(err)
 			}
 			what := dir + ": " + o.GetKind() + " " + o.GetName()
 			daemon := o.GetName() == "gpupool-server"
 			if pod.HostPID != daemon || pod.HostNetwork || pod.HostIPC {
 				t.Errorf("%s: hostPID %v, hostNetwork %v, hostIPC %v", what, pod.HostPID, pod.HostNetwork, pod.HostIPC)
 			}
-			if token := pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken; token != (o.GetName() == "gpupool-adapter") {
+			if token := pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken; token != slices.Contains(callTheAPI, o.GetName()) {
 				t.Errorf("%s: mounts a ServiceAccount token: %v", what, token)
 			}
 			if sc := pod.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
@@ -128,7 +157,7 @@ func TestPodPrivileges(t *testing.T) {
 					readOnly[m.Name] = readOnly[m.Name] || m.ReadOnly
 				}
 				for _, a := range c.Args {
-					if strings.HasPrefix(a, "--token") {
+					if a == "--token" || strings.HasPrefix(a, "--token=") {
 						t.Errorf("%s: a token on the command line: %s", what, a)
 					}
 				}
@@ -183,29 +212,41 @@ func TestEtcdEndpoints(t *testing.T) {
 	}
 }
 
+// userOverlay writes the kustomization.yaml of a user's overlay and the
+// files beside it into a new directory, which it returns. $DEPLOY in the
+// kustomization stands for this directory: kustomize takes relative paths
+// only, as a user's overlay would use.
+func userOverlay(t *testing.T, kustomization string, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	abs, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deploy, err := filepath.Rel(dir, abs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files["kustomization.yaml"] = strings.ReplaceAll(kustomization, "$DEPLOY", deploy)
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
 // TestTokens checks the placeholders keep the allocator from starting, and
-// that the README's way of replacing them reaches the pods.
+// that the README's way of replacing them reaches every pod that reads
+// them.
 func TestTokens(t *testing.T) {
 	if _, err := service.LoadConfig("base/config/allocator-config.yaml"); err == nil || !strings.Contains(err.Error(), "shorter than 16") {
 		t.Errorf("the placeholder config loads: %v", err)
 	}
 
-	dir := t.TempDir()
-	// kustomize takes relative paths only, as a user's overlay would use.
-	abs, err := filepath.Abs("overlays/embedded")
-	if err != nil {
-		t.Fatal(err)
-	}
-	embedded, err := filepath.Rel(dir, abs)
-	if err != nil {
-		t.Fatal(err)
-	}
 	config := "admin: {tokens: [admin-0123456789abcdef]}\nservers: {tokens: [server-0123456789abcdef]}\n"
-	files := map[string]string{
-		"config.yaml": config,
-		"tokens.env":  "admin-token=admin-0123456789abcdef\nserver-token=server-0123456789abcdef\n",
-		"kustomization.yaml": `resources:
-  - ` + embedded + `
+	dir := userOverlay(t, `resources:
+  - $DEPLOY/overlays/full
 secretGenerator:
   - name: gpupool-allocator-config
     namespace: gpupool
@@ -215,13 +256,10 @@ secretGenerator:
     namespace: gpupool
     behavior: replace
     envs: [tokens.env]
-`,
-	}
-	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+`, map[string]string{
+		"config.yaml": config,
+		"tokens.env":  "admin-token=admin-0123456789abcdef\nserver-token=server-0123456789abcdef\n",
+	})
 	if _, err := service.LoadConfig(filepath.Join(dir, "config.yaml")); err != nil {
 		t.Fatal(err)
 	}
@@ -235,18 +273,377 @@ secretGenerator:
 	if string(tokens.Data["server-token"]) != "server-0123456789abcdef" || string(tokens.Data["admin-token"]) != "admin-0123456789abcdef" {
 		t.Errorf("tokens: %q", tokens.Data)
 	}
-	var alloc appsv1.Deployment
-	find(t, objs, "Deployment", "gpupool-allocator", &alloc)
-	for _, v := range alloc.Spec.Template.Spec.Volumes {
-		if v.Name == "config" && v.Secret.SecretName != configSecret.Name {
-			t.Errorf("the allocator mounts %s, not %s", v.Secret.SecretName, configSecret.Name)
+	replaced := map[string]string{"gpupool-allocator-config": configSecret.Name, "gpupool-tokens": tokens.Name}
+	readers := map[string]bool{}
+	for _, o := range objs {
+		pod, ok := podSpec(t, o)
+		if !ok {
+			continue
+		}
+		var names []string
+		for _, v := range pod.Volumes {
+			if v.Secret != nil {
+				names = append(names, v.Secret.SecretName)
+			}
+		}
+		for _, c := range pod.Containers {
+			for _, e := range c.Env {
+				if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+					names = append(names, e.ValueFrom.SecretKeyRef.Name)
+				}
+			}
+		}
+		for _, name := range names {
+			for placeholder, secret := range replaced {
+				if strings.HasPrefix(name, placeholder) {
+					readers[o.GetName()] = true
+					if name != secret {
+						t.Errorf("%s %s reads %s, not %s", o.GetKind(), o.GetName(), name, secret)
+					}
+				}
+			}
 		}
 	}
-	var ds appsv1.DaemonSet
-	find(t, objs, "DaemonSet", "gpupool-server", &ds)
-	for _, e := range ds.Spec.Template.Spec.Containers[0].Env {
-		if e.Name == "GPUPOOL_TOKEN" && e.ValueFrom.SecretKeyRef.Name != tokens.Name {
-			t.Errorf("the daemon reads %s, not %s", e.ValueFrom.SecretKeyRef.Name, tokens.Name)
+	for _, want := range []string{"gpupool-allocator", "gpupool-server", "gpupool-adapter", "gpupool-scheduler"} {
+		if !readers[want] {
+			t.Errorf("%s reads neither Secret", want)
+		}
+	}
+}
+
+// TestArgsNameDefinedVariables: every $(VAR) in a container's args is one of
+// its env variables; Kubernetes passes an undefined one on as the literal
+// text "$(VAR)".
+func TestArgsNameDefinedVariables(t *testing.T) {
+	reference := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+	for _, dir := range kustomizations(t) {
+		for _, o := range build(t, dir) {
+			pod, ok := podSpec(t, o)
+			if !ok {
+				continue
+			}
+			for _, c := range pod.Containers {
+				defined := map[string]bool{}
+				for _, e := range c.Env {
+					defined[e.Name] = true
+				}
+				for _, a := range c.Args {
+					for _, m := range reference.FindAllStringSubmatch(a, -1) {
+						if !defined[m[1]] {
+							t.Errorf("%s: %s %s, container %s: %s names $(%s), which its env does not define", dir, o.GetKind(), o.GetName(), c.Name, a, m[1])
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestWebhookReachable follows kube-apiserver's way to the webhook in the
+// full overlay: each webhook names a Service and port that reach the
+// webhook's HTTPS port, and the cert-manager Certificate whose CA is
+// injected is the one the webhook serves, issued for the name
+// kube-apiserver checks.
+func TestWebhookReachable(t *testing.T) {
+	objs := build(t, "overlays/full")
+	var mutating admissionregistrationv1.MutatingWebhookConfiguration
+	var validating admissionregistrationv1.ValidatingWebhookConfiguration
+	find(t, objs, "MutatingWebhookConfiguration", "gpupool", &mutating)
+	find(t, objs, "ValidatingWebhookConfiguration", "gpupool", &validating)
+	type webhook struct {
+		name     string
+		client   admissionregistrationv1.WebhookClientConfig
+		injectCA string
+	}
+	var webhooks []webhook
+	for _, w := range mutating.Webhooks {
+		webhooks = append(webhooks, webhook{w.Name, w.ClientConfig, mutating.Annotations["cert-manager.io/inject-ca-from"]})
+	}
+	for _, w := range validating.Webhooks {
+		webhooks = append(webhooks, webhook{w.Name, w.ClientConfig, validating.Annotations["cert-manager.io/inject-ca-from"]})
+	}
+	for _, w := range webhooks {
+		ref := w.client.Service
+		if ref == nil || ref.Port == nil {
+			t.Fatalf("%s: clientConfig %+v names no Service and port", w.name, w.client)
+		}
+		certNamespace, certName, _ := strings.Cut(w.injectCA, "/")
+		if certNamespace != ref.Namespace {
+			t.Errorf("%s: the CA comes from %s, not from namespace %s", w.name, w.injectCA, ref.Namespace)
+		}
+		served := serving(t, objs, ref.Namespace, ref.Name, *ref.Port, "gpupool-webhook")
+		checkCertificate(t, objs, certName, served, "server auth", ref.Name+"."+ref.Namespace+".svc")
+	}
+}
+
+// TestExtenderReachable follows the second kube-scheduler's way to the
+// extender: its configuration names the Service and port that reach the
+// extender's HTTPS port, which serves a certificate for that name and
+// checks client certificates against the CA that signs kube-scheduler's.
+func TestExtenderReachable(t *testing.T) {
+	objs := build(t, "overlays/full")
+	config := kubeSchedulerConfig(t, objs)
+	if len(config.Extenders) != 1 {
+		t.Fatalf("extenders: %+v, want gpupool-scheduler's", config.Extenders)
+	}
+	e := config.Extenders[0]
+	u, err := url.Parse(e.URLPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, namespace, _ := strings.Cut(strings.TrimSuffix(u.Hostname(), ".svc"), ".")
+	port, err := strconv.Atoi(u.Port())
+	if err != nil || u.Scheme != "https" || !e.EnableHTTPS || e.TLSConfig == nil {
+		t.Fatalf("extender %s: want https://<service>.<namespace>.svc:<port> with enableHTTPS and a tlsConfig", e.URLPrefix)
+	}
+	served := serving(t, objs, namespace, name, int32(port), "gpupool-scheduler")
+	checkCertificate(t, objs, "gpupool-scheduler", served, "server auth", u.Hostname())
+	if !slices.Contains(served.args, "--client-ca-file="+served.mountPath+"/ca.crt") {
+		t.Errorf("the extender does not check client certificates against its Secret's CA: %q", served.args)
+	}
+
+	var sched appsv1.Deployment
+	find(t, objs, "Deployment", "gpupool-kube-scheduler", &sched)
+	client := mountedSecret(t, sched.Spec.Template.Spec, filepath.Dir(e.TLSConfig.CertFile))
+	for _, f := range []string{e.TLSConfig.CertFile, e.TLSConfig.KeyFile, e.TLSConfig.CAFile} {
+		if dir := filepath.Dir(f); dir != client.mountPath {
+			t.Errorf("kube-scheduler's %s is not in the Secret %s mounted at %s", f, client.secret, client.mountPath)
+		}
+	}
+	checkCertificate(t, objs, "gpupool-kube-scheduler-client", client, "client auth")
+}
+
+// TestKubeSchedulerConfig checks the second kube-scheduler's configuration
+// against what the rest of gpupool expects of it: the profile the webhook
+// names, the extender for bitfusion.io/gpu, every node sent to it, a leader
+// lease its Role lets it hold, and the Kubernetes release the tests run.
+func TestKubeSchedulerConfig(t *testing.T) {
+	objs := build(t, "overlays/full")
+	config := kubeSchedulerConfig(t, objs)
+	if len(config.Profiles) != 1 || config.Profiles[0].SchedulerName == nil || *config.Profiles[0].SchedulerName != kube.SchedulerName {
+		t.Errorf("profiles %+v: want the one the webhook names, %s", config.Profiles, kube.SchedulerName)
+	}
+	if p := config.PercentageOfNodesToScore; p == nil || *p != 100 {
+		t.Errorf("percentageOfNodesToScore %v: want 100, every feasible node to the extender", p)
+	}
+	e := config.Extenders[0]
+	managed := []schedulerconfigv1.ExtenderManagedResource{{Name: kube.ResourceGPU, IgnoredByScheduler: true}}
+	if e.FilterVerb != "filter" || e.BindVerb != "bind" || !e.NodeCacheCapable || !slices.Equal(e.ManagedResources, managed) {
+		t.Errorf("extender %+v: want filter, bind, nodeCacheCapable and %+v", e, managed)
+	}
+
+	le := config.LeaderElection
+	if le.LeaderElect == nil || !*le.LeaderElect || le.ResourceLock != "leases" {
+		t.Fatalf("leaderElection %+v: want leases", le)
+	}
+	var role rbacv1.Role
+	find(t, objs, "Role", "gpupool-kube-scheduler-leader", &role)
+	if role.Namespace != le.ResourceNamespace || len(role.Rules) != 1 || !slices.Equal(role.Rules[0].ResourceNames, []string{le.ResourceName}) {
+		t.Errorf("the leader Role %s/%s %+v does not name the lease %s/%s", role.Namespace, role.Name, role.Rules, le.ResourceNamespace, le.ResourceName)
+	}
+
+	var sched appsv1.Deployment
+	find(t, objs, "Deployment", "gpupool-kube-scheduler", &sched)
+	goMod, err := os.ReadFile("../tools/kube/go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tested := regexp.MustCompile(`(?m)^require k8s\.io/kubernetes (v\S+)$`).FindSubmatch(goMod)
+	if tested == nil {
+		t.Fatal("tools/kube/go.mod pins no k8s.io/kubernetes")
+	}
+	if image := sched.Spec.Template.Spec.Containers[0].Image; image != "registry.k8s.io/kube-scheduler:"+string(tested[1]) {
+		t.Errorf("kube-scheduler image %s, want the release the tests run, %s", image, tested[1])
+	}
+}
+
+// kubeSchedulerConfig reads the second kube-scheduler's configuration from
+// the ConfigMap its Deployment mounts at the directory of its --config,
+// refusing fields kube-scheduler does not know.
+func kubeSchedulerConfig(t *testing.T, objs []*unstructured.Unstructured) schedulerconfigv1.KubeSchedulerConfiguration {
+	t.Helper()
+	var sched appsv1.Deployment
+	find(t, objs, "Deployment", "gpupool-kube-scheduler", &sched)
+	pod := sched.Spec.Template.Spec
+	var file string
+	for _, a := range pod.Containers[0].Command {
+		if f, ok := strings.CutPrefix(a, "--config="); ok {
+			file = f
+		}
+	}
+	var mounted *corev1.ConfigMapVolumeSource
+	for _, m := range pod.Containers[0].VolumeMounts {
+		for _, v := range pod.Volumes {
+			if m.Name == v.Name && m.MountPath == filepath.Dir(file) && v.ConfigMap != nil {
+				mounted = v.ConfigMap
+			}
+		}
+	}
+	if mounted == nil {
+		t.Fatalf("kube-scheduler's --config %q is in no mounted ConfigMap", file)
+	}
+	var cm corev1.ConfigMap
+	find(t, objs, "ConfigMap", mounted.Name, &cm)
+	var config schedulerconfigv1.KubeSchedulerConfiguration
+	if err := yaml.UnmarshalStrict([]byte(cm.Data[filepath.Base(file)]), &config); err != nil {
+		t.Fatalf("ConfigMap %s, %s: %v", cm.Name, filepath.Base(file), err)
+	}
+	if config.APIVersion != schedulerconfigv1.SchemeGroupVersion.String() || config.Kind != "KubeSchedulerConfiguration" {
+		t.Fatalf("ConfigMap %s, %s: %s %s", cm.Name, filepath.Base(file), config.APIVersion, config.Kind)
+	}
+	return config
+}
+
+// servedSecret is a Secret mounted into a workload's first container, and
+// that container's args.
+type servedSecret struct {
+	secret, mountPath string
+	args              []string
+}
+
+// serving checks that the Service namespace/name selects deployment's pods
+// and that its port reaches a port of their container, which serves TLS
+// with the key pair of a Secret it mounts; it returns that Secret.
+func serving(t *testing.T, objs []*unstructured.Unstructured, namespace, name string, port int32, deployment string) servedSecret {
+	t.Helper()
+	var d appsv1.Deployment
+	find(t, objs, "Deployment", deployment, &d)
+	pod := d.Spec.Template
+	var svc corev1.Service
+	find(t, objs, "Service", name, &svc)
+	if svc.Namespace != namespace || !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(pod.Labels)) {
+		t.Errorf("Service %s/%s (selector %v) does not select %s's pods %v", svc.Namespace, svc.Name, svc.Spec.Selector, deployment, pod.Labels)
+	}
+	i := slices.IndexFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Port == port })
+	if i < 0 || !slices.ContainsFunc(pod.Spec.Containers[0].Ports, func(p corev1.ContainerPort) bool { return p.Name == svc.Spec.Ports[i].TargetPort.StrVal }) {
+		t.Errorf("port %d of Service %s reaches no port of %s's container", port, svc.Name, deployment)
+	}
+	args := pod.Spec.Containers[0].Args
+	for _, a := range args {
+		if f, ok := strings.CutPrefix(a, "--tls-cert-file="); ok {
+			s := mountedSecret(t, pod.Spec, filepath.Dir(f))
+			if !slices.Contains(args, "--tls-private-key-file="+s.mountPath+"/tls.key") {
+				t.Errorf("%s serves %s without its key: %q", deployment, f, args)
+			}
+			s.args = args
+			return s
+		}
+	}
+	t.Fatalf("%s serves no --tls-cert-file: %q", deployment, args)
+	return servedSecret{}
+}
+
+// mountedSecret is the Secret mounted at dir in pod's first container.
+func mountedSecret(t *testing.T, pod corev1.PodSpec, dir string) servedSecret {
+	t.Helper()
+	for _, m := range pod.Containers[0].VolumeMounts {
+		for _, v := range pod.Volumes {
+			if m.Name == v.Name && m.MountPath == dir && v.Secret != nil {
+				return servedSecret{secret: v.Secret.SecretName, mountPath: dir}
+			}
+		}
+	}
+	t.Fatalf("no Secret is mounted at %s", dir)
+	return servedSecret{}
+}
+
+// checkCertificate checks that the cert-manager Certificate name issues
+// the Secret s for usage and, for a server, each of dnsNames.
+func checkCertificate(t *testing.T, objs []*unstructured.Unstructured, name string, s servedSecret, usage string, dnsNames ...string) {
+	t.Helper()
+	var cert struct {
+		Spec struct {
+			SecretName string
+			DNSNames   []string
+			Usages     []string
+		}
+	}
+	find(t, objs, "Certificate", name, &cert)
+	if cert.Spec.SecretName != s.secret || !slices.Contains(cert.Spec.Usages, usage) {
+		t.Errorf("Certificate %s issues %s for %q, want %s for %s", name, cert.Spec.SecretName, cert.Spec.Usages, s.secret, usage)
+	}
+	for _, n := range dnsNames {
+		if !slices.Contains(cert.Spec.DNSNames, n) {
+			t.Errorf("Certificate %s is issued for %q, not %s", name, cert.Spec.DNSNames, n)
+		}
+	}
+}
+
+// unitReaders are the Deployments of components/kubernetes that read the
+// cluster's unit of bitfusion.io/gpu.
+var unitReaders = []string{"gpupool-scheduler", "gpupool-webhook"}
+
+// TestOneUnit checks that every binary that reads the unit reads it from
+// the one ConfigMap, and that an overlay which changes it there, as
+// docs/kubernetes.md says, changes it for all of them.
+func TestOneUnit(t *testing.T) {
+	dir := userOverlay(t, `resources:
+  - $DEPLOY/overlays/full
+configMapGenerator:
+  - {name: gpupool-kubernetes, namespace: gpupool, behavior: merge, literals: [unit=gpus]}
+`, map[string]string{})
+	for dir, want := range map[string]string{"overlays/full": "percent", dir: "gpus"} {
+		objs := build(t, dir)
+		var settings corev1.ConfigMap
+		find(t, objs, "ConfigMap", "gpupool-kubernetes", &settings)
+		if settings.Data["unit"] != want {
+			t.Errorf("%s: unit %q, want %q", dir, settings.Data["unit"], want)
+		}
+		var readers []string
+		for _, o := range objs {
+			if o.GetKind() != "Deployment" {
+				continue
+			}
+			var d appsv1.Deployment
+			find(t, objs, "Deployment", o.GetName(), &d)
+			for _, c := range d.Spec.Template.Spec.Containers {
+				if !slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--unit=") }) {
+					continue
+				}
+				readers = append(readers, d.Name)
+				if !slices.Contains(c.Args, "--unit=$(GPUPOOL_UNIT)") {
+					t.Errorf("%s: %s reads the unit from elsewhere: %q", dir, d.Name, c.Args)
+				}
+				for _, e := range c.Env {
+					if ref := e.ValueFrom; e.Name == "GPUPOOL_UNIT" && (ref == nil || ref.ConfigMapKeyRef == nil || ref.ConfigMapKeyRef.Name != settings.Name || ref.ConfigMapKeyRef.Key != "unit") {
+						t.Errorf("%s: %s's GPUPOOL_UNIT is not the unit of ConfigMap %s: %+v", dir, d.Name, settings.Name, e)
+					}
+				}
+			}
+		}
+		if slices.Sort(readers); !slices.Equal(readers, unitReaders) {
+			t.Errorf("%s: the unit is read by %q, want %q", dir, readers, unitReaders)
+		}
+	}
+}
+
+// TestOneImage checks that every gpupool container runs the one image, and
+// that an overlay that pins it, as deploy/README.md says, pins it for all
+// of them.
+func TestOneImage(t *testing.T) {
+	dir := userOverlay(t, `resources:
+  - $DEPLOY/overlays/full
+images:
+  - {name: ghcr.io/gpupool/gpupool, newName: registry.example.com/gpupool, newTag: v1.2.3}
+`, map[string]string{})
+	for dir, want := range map[string]string{"overlays/full": "ghcr.io/gpupool/gpupool:latest", dir: "registry.example.com/gpupool:v1.2.3"} {
+		n := 0
+		for _, o := range build(t, dir) {
+			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+			for _, c := range containers {
+				command, _, _ := unstructured.NestedStringSlice(c.(map[string]any), "command")
+				image, _, _ := unstructured.NestedString(c.(map[string]any), "image")
+				if len(command) == 0 || !strings.HasPrefix(command[0], "gpupool") {
+					continue
+				}
+				n++
+				if image != want {
+					t.Errorf("%s: %s %s runs %s, not %s", dir, o.GetKind(), o.GetName(), image, want)
+				}
+			}
+		}
+		if n == 0 {
+			t.Errorf("%s: no gpupool container", dir)
 		}
 	}
 }

@@ -6,23 +6,23 @@ import (
 	"testing"
 )
 
-// TestRulesUpToDate checks that the PrometheusRule in the
-// prometheus-operator component is alerts/gpupool-rules.yaml as it is now.
-func TestRulesUpToDate(t *testing.T) {
-	src, err := os.ReadFile("../../alerts/gpupool-rules.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := Render(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	have, err := os.ReadFile("../components/prometheus-operator/rules.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(have) != string(want) {
-		t.Fatal("deploy/components/prometheus-operator/rules.yaml is not alerts/gpupool-rules.yaml as it is now: run `go run ./deploy/gen`")
+// TestGeneratedUpToDate checks that every file gen writes is what it
+// would write now: the PrometheusRule is alerts/gpupool-rules.yaml as it
+// is, the webhook configurations are kube/admission's.
+func TestGeneratedUpToDate(t *testing.T) {
+	t.Chdir("../..")
+	for _, g := range generated {
+		want, err := g.render()
+		if err != nil {
+			t.Fatalf("%s: %v", g.path, err)
+		}
+		have, err := os.ReadFile(g.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(have) != string(want) {
+			t.Errorf("%s is not up to date: run `go run ./deploy/gen`", g.path)
+		}
 	}
 }
 

@@ -26,7 +26,6 @@ import (
 	"github.com/gpupool/gpupool/internal/golden"
 	"github.com/gpupool/gpupool/kube"
 	"github.com/gpupool/gpupool/kube/admission"
-	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
 )
 
 // admissionExamples are the webhook's own examples, as users write them.
@@ -47,23 +46,10 @@ const quotaNamespace = "bfk-quota"
 // counting bitfusion.io/gpu, and which pods wait on a webhook that is down.
 // No scheduler runs: the pods stay Pending, which is all admission needs.
 func TestAdmission(t *testing.T) {
-	bins := os.Getenv("KUBE_BIN_DIR")
-	if bins == "" {
-		t.Skip("KUBE_BIN_DIR is not set: `make e2e` builds the control plane (test/e2e/kube/build.sh) and sets it")
-	}
 	ctx := context.Background()
-	dir := t.TempDir()
-	cp, err := e2ekube.Start(ctx, e2ekube.Options{BinDir: bins, Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cp.Stop)
 	logs := &syncBuffer{}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("control plane:\n%s\nwebhooks:\n%s", cp.Logs(20), tail(logs.String(), 40))
-		}
-	})
+	cp, _ := startControlPlane(ctx, t, logs)
+	dir := t.TempDir()
 
 	certFile, keyFile := writeServingCert(t, cp, dir)
 	c := cp.Client

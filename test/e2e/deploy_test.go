@@ -25,15 +25,14 @@ import (
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
-
-	"github.com/gpupool/gpupool/test/e2e/kube"
 )
 
 // deployDir holds the kustomize overlays and components users apply.
 const deployDir = "../../deploy"
 
-// TestDeployManifestsValidate builds every overlay in deploy/overlays with
-// kustomize and has a real kube-apiserver validate each object, as
+// TestDeployManifestsValidate builds every overlay in deploy/overlays and
+// every example in deploy/examples with kustomize and has a real
+// kube-apiserver validate each object, as
 // `kubectl apply --dry-run=server --validate=strict` does: a dry-run create
 // with strict field validation, so an unknown or misplaced field, a bad
 // quantity or a missing required field fails the test. Namespaces are
@@ -41,22 +40,9 @@ const deployDir = "../../deploy"
 // validated. The CRDs of prometheus-operator and cert-manager the full
 // overlay uses are stood in for by deploy/testdata/crds.yaml.
 func TestDeployManifestsValidate(t *testing.T) {
-	bins := os.Getenv("KUBE_BIN_DIR")
-	if bins == "" {
-		t.Skip("KUBE_BIN_DIR is not set: `make e2e` builds the control plane (test/e2e/kube/build.sh) and sets it")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cp, err := kube.Start(ctx, kube.Options{BinDir: bins, Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cp.Stop)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("control plane:\n%s", cp.Logs(20))
-		}
-	})
+	cp, _ := startControlPlane(ctx, t, nil)
 	v := newValidator(t, cp.Config)
 
 	crds := readObjects(t, filepath.Join(deployDir, "testdata", "crds.yaml"))
@@ -85,17 +71,21 @@ func TestDeployManifestsValidate(t *testing.T) {
 			},
 		},
 	}}
-	err = v.create(ctx, broken, true)
+	err := v.create(ctx, broken, true)
 	if !apierrors.IsBadRequest(err) || !strings.Contains(err.Error(), "replicaz") {
 		t.Fatalf("a Deployment with spec.replicaz: got %v, want BadRequest naming the field", err)
 	}
 	t.Logf("refused, as it should be: %v", err)
 
-	overlays, err := filepath.Glob(filepath.Join(deployDir, "overlays", "*"))
-	if err != nil || len(overlays) == 0 {
-		t.Fatalf("no overlays in %s/overlays: %v", deployDir, err)
+	var kustomizations []string
+	for _, what := range []string{"overlays", "examples"} {
+		dirs, err := filepath.Glob(filepath.Join(deployDir, what, "*"))
+		if err != nil || len(dirs) == 0 {
+			t.Fatalf("nothing in %s/%s: %v", deployDir, what, err)
+		}
+		kustomizations = append(kustomizations, dirs...)
 	}
-	for _, dir := range overlays {
+	for _, dir := range kustomizations {
 		objs, err := kustomizeBuild(dir)
 		if err != nil {
 			t.Errorf("%s: %v", dir, err)
@@ -109,13 +99,13 @@ func TestDeployManifestsValidate(t *testing.T) {
 					continue
 				}
 				if err := v.create(ctx, o, !namespaces); err != nil {
-					t.Errorf("%s: %s %s/%s: %v", filepath.Base(dir), o.GetKind(), o.GetNamespace(), o.GetName(), err)
+					t.Errorf("%s: %s %s/%s: %v", dir, o.GetKind(), o.GetNamespace(), o.GetName(), err)
 					continue
 				}
 				n++
 			}
 		}
-		t.Logf("overlay %s: %d of %d objects validated", filepath.Base(dir), n, len(objs))
+		t.Logf("%s: %d of %d objects validated", dir, n, len(objs))
 	}
 	if w := v.warnings(); len(w) > 0 {
 		t.Errorf("the apiserver warned:\n%s", strings.Join(w, "\n"))

@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
+	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
 )
 
 // binDir holds the binaries built once for all tests.
@@ -255,4 +256,32 @@ func startDaemon(t testing.TB, logs *syncBuffer, token string, args ...string) *
 	t.Helper()
 	return startBinaryEnv(t, logs, []string{"GPUPOOL_TOKEN=" + token}, "gpupool-server", regexp.MustCompile(`gpu server serving`),
 		append([]string{"--process-socket="}, args...)...)
+}
+
+// startControlPlane starts the Kubernetes control plane that `make kube`
+// built into $KUBE_BIN_DIR (the test is skipped without it), stopped when
+// the test ends, and returns it with that directory. If the test fails, its
+// log ends with the control plane's logs and the tail of logs, where the
+// test's own processes write (nil: none).
+func startControlPlane(ctx context.Context, t *testing.T, logs *syncBuffer) (*e2ekube.ControlPlane, string) {
+	t.Helper()
+	bins := os.Getenv("KUBE_BIN_DIR")
+	if bins == "" {
+		t.Skip("KUBE_BIN_DIR is not set: `make e2e` builds the control plane (test/e2e/kube/build.sh) and sets it")
+	}
+	cp, err := e2ekube.Start(ctx, e2ekube.Options{BinDir: bins, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Stop)
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		t.Logf("control plane:\n%s", cp.Logs(20))
+		if logs != nil {
+			t.Logf("the test's processes:\n%s", tail(logs.String(), 60))
+		}
+	})
+	return cp, bins
 }
