@@ -182,7 +182,16 @@ func startBinary(t testing.TB, logs *syncBuffer, name string, ready *regexp.Rege
 // startBinaryEnv is startBinary with env added to the binary's environment.
 func startBinaryEnv(t testing.TB, logs *syncBuffer, env []string, name string, ready *regexp.Regexp, args ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, name), args...)
+	return startCommand(t, logs, env, filepath.Join(binDir, name), ready, args...)
+}
+
+// startCommand runs the program at path as startBinaryEnv runs a binary of
+// gpupool's: until the test ends, its output in logs under its base name,
+// waiting until it logs a line matching ready.
+func startCommand(t testing.TB, logs *syncBuffer, env []string, path string, ready *regexp.Regexp, args ...string) *exec.Cmd {
+	t.Helper()
+	name := filepath.Base(path)
+	cmd := exec.Command(path, args...)
 	if env != nil {
 		cmd.Env = append(os.Environ(), env...)
 	}

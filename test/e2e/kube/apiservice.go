@@ -25,7 +25,7 @@ var apiServices = schema.GroupVersionResource{Group: "apiregistration.k8s.io", V
 // <service>.<namespace>.svc, the name the aggregator checks, such as
 // ServingCert issues.
 func (c *ControlPlane) RegisterAPIService(ctx context.Context, group, version, namespace, service string, port int32) error {
-	if err := c.localService(ctx, namespace, service, port); err != nil {
+	if err := c.LocalService(ctx, namespace, service, port); err != nil {
 		return err
 	}
 	apiService := &unstructured.Unstructured{Object: map[string]any{
@@ -45,11 +45,11 @@ func (c *ControlPlane) RegisterAPIService(ctx context.Context, group, version, n
 	return err
 }
 
-// localService creates the namespace if missing, and the Service
+// LocalService creates the namespace if missing, and the Service
 // namespace/service, of type ExternalName pointing to localhost, which the
 // apiserver resolves to 127.0.0.1:port without kube-proxy or endpoints,
 // when it calls an aggregated API's server or a webhook.
-func (c *ControlPlane) localService(ctx context.Context, namespace, service string, port int32) error {
+func (c *ControlPlane) LocalService(ctx context.Context, namespace, service string, port int32) error {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err

@@ -205,7 +205,7 @@ func (c *ControlPlane) bindTrainingOperatorRole(ctx context.Context) error {
 // that it fills with its certificates, and the ValidatingWebhookConfiguration
 // for TFJobs, whose caBundle it fills.
 func (c *ControlPlane) registerTrainingOperatorWebhook(ctx context.Context, port int32) error {
-	if err := c.localService(ctx, trainingOperatorNamespace, trainingOperatorService, port); err != nil {
+	if err := c.LocalService(ctx, trainingOperatorNamespace, trainingOperatorService, port); err != nil {
 		return err
 	}
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: trainingOperatorSecret, Namespace: trainingOperatorNamespace}}
