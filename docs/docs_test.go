@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 var (
@@ -101,6 +103,31 @@ func TestMarkdownProblems(t *testing.T) {
 	} {
 		if got := markdownProblems(root, "README.md", tc.text); len(got) != tc.want {
 			t.Errorf("%q: %d problems %q, want %d", tc.text, len(got), got, tc.want)
+		}
+	}
+}
+
+// TestKubernetesListsEveryRefusal: docs/kubernetes.md shows each refusal of
+// the admission webhook with its message, as the webhook's tests pin them.
+func TestKubernetesListsEveryRefusal(t *testing.T) {
+	doc, err := os.ReadFile("kubernetes.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("../kube/admission/testdata/refusals.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refusals []struct{ Name, Denied string }
+	if err := yaml.Unmarshal(b, &refusals); err != nil {
+		t.Fatal(err)
+	}
+	if len(refusals) == 0 {
+		t.Fatal("kube/admission/testdata/refusals.yaml lists no refusal")
+	}
+	for _, r := range refusals {
+		if !strings.Contains(string(doc), "`"+r.Denied+"`") {
+			t.Errorf("docs/kubernetes.md does not show the refusal %q: `%s`", r.Name, r.Denied)
 		}
 	}
 }
