@@ -1,0 +1,103 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/kube"
+	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
+)
+
+// TestTFJobThroughThePool runs the articles' TFJob, as their users write
+// it, in their unit (gpus), by the real Kubeflow training operator: its
+// four workers are admitted by the webhook, counted against the
+// namespace's quota, placed by the pool on the labelled GPU servers alone,
+// each on the server of its lease with the lease's two GPUs; deleting the
+// TFJob ends the leases.
+func TestTFJobThroughThePool(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	const ns = "training"
+	pool := startKubePool(t, ctx, kubePoolOptions{Unit: kube.UnitGPUs, Namespaces: []string{ns}})
+	bitfusionNode := map[string]string{"bitfusion-node": "enabled"}
+	pool.addNodes(t, ctx, 4, bitfusionNode, "gpu-0", "gpu-1", "gpu-2")
+	// A GPU server too, but not labelled as Bitfusion's: the TFJob's
+	// nodeSelector keeps its workers off it.
+	pool.addNodes(t, ctx, 4, nil, "unlabelled-0")
+	c := pool.CP.Client
+	quota := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "bf-gpu"},
+		Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{"requests." + kube.ResourceGPU: resource.MustParse("32")}}}
+	if _, err := c.CoreV1().ResourceQuotas(ns).Create(ctx, quota, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.CP.StartTrainingOperator(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	b, err := os.ReadFile("testdata/kube/tfjob-resnet50-bf.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal(b, &job.Object); err != nil {
+		t.Fatal(err)
+	}
+	tfJobs := dynamic.NewForConfigOrDie(pool.CP.Config).Resource(e2ekube.TFJobs).Namespace(ns)
+	if _, err := tfJobs.Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	const workers, gpusEach = 4, 2
+	pods := c.CoreV1().Pods(ns)
+	selector := metav1.ListOptions{LabelSelector: "training.kubeflow.org/job-name=resnet50-bf"}
+	var list *corev1.PodList
+	waitForUpTo(t, time.Minute, func() bool {
+		list, err = pods.List(ctx, selector)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bound := 0
+		for _, p := range list.Items {
+			if p.Spec.NodeName != "" {
+				bound++
+			}
+		}
+		return bound == workers
+	})
+	for _, p := range list.Items {
+		requested := p.Spec.Containers[0].Resources.Requests[kube.ResourceGPU]
+		if requested.Value() != gpusEach || p.Annotations[kube.AnnotationRequest] != `{"gpuAmount":2}` {
+			t.Errorf("worker %s: requests %s %s, annotations %v; want %d, normalised by the webhook", p.Name, requested.String(), kube.ResourceGPU, p.Annotations, gpusEach)
+		}
+		leases := pool.leasesOf(t, ctx, &p)
+		if len(leases) != 1 || leases[0].Server != p.Spec.NodeName || len(leases[0].GPUs) != gpusEach || p.Annotations[kube.AnnotationLease] != leases[0].ID {
+			t.Errorf("worker %s on %s holds %+v; want one lease of %d GPUs on its node", p.Name, p.Spec.NodeName, leases, gpusEach)
+		}
+		if p.Spec.NodeName == "unlabelled-0" {
+			t.Errorf("worker %s is on a node without bitfusion-node=enabled", p.Name)
+		}
+	}
+	waitFor(t, func() bool {
+		q, err := c.CoreV1().ResourceQuotas(ns).Get(ctx, quota.Name, metav1.GetOptions{})
+		used := q.Status.Used["requests."+kube.ResourceGPU]
+		return err == nil && used.Value() == workers*gpusEach
+	})
+
+	if err := tfJobs.Delete(ctx, job.GetName(), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitForUpTo(t, time.Minute, func() bool {
+		leases, err := pool.Admin.Leases(ctx, client.LeaseFilter{Namespace: ns})
+		return err == nil && len(leases) == 0
+	})
+}
