@@ -342,6 +342,18 @@ func (c *ControlPlane) Logs(lines int) string {
 	return b.String()
 }
 
+// PID is the process ID of the component started as name ("etcd",
+// "kube-apiserver", "kube-scheduler", ...), or 0 when none was; a
+// benchmark reads the component's CPU time and peak memory from /proc.
+func (c *ControlPlane) PID(name string) int {
+	for _, p := range c.procs {
+		if p.name == name {
+			return p.cmd.Process.Pid
+		}
+	}
+	return 0
+}
+
 // ServingCert issues a key and a certificate signed by the cluster CA for a
 // server the apiserver connects to, such as an aggregated API's. The
 // aggregator checks the name <service>.<namespace>.svc, so dnsNames must

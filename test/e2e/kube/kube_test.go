@@ -61,6 +61,16 @@ func TestControlPlane(t *testing.T) {
 		t.Errorf("server version %s, want %s (the version tools/kube pins)", version.GitVersion, want)
 	}
 
+	t.Run("PID", func(t *testing.T) {
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cp.PID("kube-apiserver")))
+		if err != nil || strings.TrimSpace(string(comm)) != "kube-apiserver" {
+			t.Errorf("PID(kube-apiserver) names %q (%v), want the running kube-apiserver", comm, err)
+		}
+		if pid := cp.PID("kube-proxy"); pid != 0 {
+			t.Errorf("PID(kube-proxy) = %d, want 0: no such component runs", pid)
+		}
+	})
+
 	t.Run("kwok runs pods", func(t *testing.T) {
 		const node = "gpu-node-0"
 		err := cp.AddKwokNode(ctx, node, map[string]string{
