@@ -13,24 +13,11 @@ import (
 
 func loadTrace(t testing.TB, pods string) *Trace {
 	t.Helper()
-	var tr Trace
-	nf, err := Open(DefaultNodes)
+	tr, err := LoadTrace(DefaultNodes, pods)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nf.Close()
-	if tr.Servers, err = ReadNodes(nf); err != nil {
-		t.Fatal(err)
-	}
-	pf, err := Open(pods)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pf.Close()
-	if tr.Pods, err = ReadPods(pf); err != nil {
-		t.Fatal(err)
-	}
-	return &tr
+	return tr
 }
 
 func TestEmbeddedOpenBCluster(t *testing.T) {

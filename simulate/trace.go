@@ -66,6 +66,31 @@ func Open(name string) (io.ReadCloser, error) {
 	return nil, fmt.Errorf("%w; the embedded traces are %s", err, strings.Join(names, ", "))
 }
 
+// LoadTrace reads a node list and a pod list, each opened as Open does.
+func LoadTrace(nodesFile, podsFile string) (*Trace, error) {
+	var tr Trace
+	if err := readFile(nodesFile, func(r io.Reader) (err error) { tr.Servers, err = ReadNodes(r); return err }); err != nil {
+		return nil, err
+	}
+	if err := readFile(podsFile, func(r io.Reader) (err error) { tr.Pods, err = ReadPods(r); return err }); err != nil {
+		return nil, err
+	}
+	return &tr, nil
+}
+
+// readFile opens name as Open does and reads it; an error names the file.
+func readFile(name string, read func(io.Reader) error) error {
+	f, err := Open(name)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := read(f); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
 // ReadNodes reads an OpenB node list (sn,cpu_milli,memory_mib,gpu,model).
 func ReadNodes(r io.Reader) ([]allocator.Server, error) {
 	var servers []allocator.Server

@@ -55,7 +55,7 @@ Flags:
 		fmt.Fprintf(stderr, "gpupool simulate: --output %q is not one of table, json\n", *output)
 		return exitUsage
 	}
-	tr, err := loadTrace(*nodes, *pods)
+	tr, err := simulate.LoadTrace(*nodes, *pods)
 	if err != nil {
 		fmt.Fprintln(stderr, "gpupool simulate:", err)
 		return exitFailed
@@ -107,27 +107,4 @@ func parsePolicies(list string) ([]string, error) {
 		out = append(out, name)
 	}
 	return out, nil
-}
-
-func loadTrace(nodesFile, podsFile string) (*simulate.Trace, error) {
-	var tr simulate.Trace
-	if err := readFile(nodesFile, func(r io.Reader) (err error) { tr.Servers, err = simulate.ReadNodes(r); return err }); err != nil {
-		return nil, err
-	}
-	if err := readFile(podsFile, func(r io.Reader) (err error) { tr.Pods, err = simulate.ReadPods(r); return err }); err != nil {
-		return nil, err
-	}
-	return &tr, nil
-}
-
-func readFile(name string, read func(io.Reader) error) error {
-	f, err := simulate.Open(name)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := read(f); err != nil {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	return nil
 }
