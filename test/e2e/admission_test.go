@@ -93,7 +93,7 @@ func TestAdmission(t *testing.T) {
 
 // registerWebhook registers the webhook at url with kube-apiserver for pods in
 // namespaces, as admission.Webhooks builds the configurations.
-func registerWebhook(t *testing.T, c kubernetes.Interface, name, url string, ca []byte, namespaces []string) {
+func registerWebhook(t testing.TB, c kubernetes.Interface, name, url string, ca []byte, namespaces []string) {
 	t.Helper()
 	mutating, validating := admission.Webhooks(name, func(path string) admissionregistrationv1.WebhookClientConfig {
 		return admissionregistrationv1.WebhookClientConfig{URL: ptr.To(url + path), CABundle: ca}
@@ -112,7 +112,7 @@ func registerWebhook(t *testing.T, c kubernetes.Interface, name, url string, ca 
 
 // waitForWebhook waits until kube-apiserver calls the webhook for pods in
 // ns (it loads configurations asynchronously), asking with a dry run.
-func waitForWebhook(t *testing.T, c kubernetes.Interface, ns string) {
+func waitForWebhook(t testing.TB, c kubernetes.Interface, ns string) {
 	t.Helper()
 	probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "probe"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{
 		Name: "probe", Image: "probe", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{kube.ResourceGPUAmount: resource.MustParse("0")}}}}}}

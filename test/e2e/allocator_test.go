@@ -292,13 +292,13 @@ func grep(s, substr string) string {
 	return strings.Join(out, "\n")
 }
 
-func waitFor(t *testing.T, cond func() bool) {
+func waitFor(t testing.TB, cond func() bool) {
 	t.Helper()
 	waitForUpTo(t, 10*time.Second, cond)
 }
 
 // waitForUpTo is waitFor for what may take longer than 10 s.
-func waitForUpTo(t *testing.T, limit time.Duration, cond func() bool) {
+func waitForUpTo(t testing.TB, limit time.Duration, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if cond() {

@@ -30,6 +30,8 @@ type kubePoolOptions struct {
 	// config and no quota there (the lease controller sets it from the
 	// namespace's ResourceQuotas), and the webhook admits their pods.
 	Namespaces []string
+	// AllocatorArgs are more flags for the allocator, such as --policy.
+	AllocatorArgs []string
 }
 
 // kubePool is gpupool deployed on a real control plane as users deploy
@@ -57,7 +59,7 @@ type kubePool struct {
 // startKubePool starts a control plane and gpupool on it, until the test
 // ends; it skips the test where KUBE_BIN_DIR does not name the control
 // plane's binaries.
-func startKubePool(t *testing.T, ctx context.Context, o kubePoolOptions) *kubePool {
+func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePool {
 	t.Helper()
 	bins := os.Getenv("KUBE_BIN_DIR")
 	if bins == "" {
@@ -87,6 +89,7 @@ func startKubePool(t *testing.T, ctx context.Context, o kubePoolOptions) *kubePo
 	// A port of its own, so that a restarted allocator serves where
 	// gpupool-scheduler looks for it.
 	p.allocatorArgs = []string{"--listen", "127.0.0.1:" + freePort(t), "--data-dir", t.TempDir(), "--config", p.config.Path, "--heartbeat-timeout", "1h"}
+	p.allocatorArgs = append(p.allocatorArgs, o.AllocatorArgs...)
 	p.Allocator = startAllocator(t, p.allocatorArgs...)
 	p.Admin, p.Servers = newClient(t, p.Allocator.URL, p.config.Admin), newClient(t, p.Allocator.URL, p.config.Servers)
 
@@ -113,7 +116,7 @@ func startKubePool(t *testing.T, ctx context.Context, o kubePoolOptions) *kubePo
 // startScheduler starts gpupool-scheduler as deployed beside kube-scheduler
 // (the extender in plain HTTP on loopback, the allocator's admin token),
 // or starts it again, where it served, after killScheduler.
-func (p *kubePool) startScheduler(t *testing.T) {
+func (p *kubePool) startScheduler(t testing.TB) {
 	t.Helper()
 	p.scheduler = startBinary(t, p.Logs, "gpupool-scheduler", regexp.MustCompile(`extender serving`), "--listen", p.extender,
 		"--metrics-listen", "127.0.0.1:0", "--allocator", p.Allocator.URL, "--token-file", p.config.adminTokenFile(t),
@@ -203,7 +206,7 @@ func (p *kubePool) waitFailedScheduling(t *testing.T, ctx context.Context, pod *
 
 // writeServingCert writes, into dir, a serving certificate for loopback
 // that the control plane's CA signs, the webhook's, and its key.
-func writeServingCert(t *testing.T, cp *e2ekube.ControlPlane, dir string) (certFile, keyFile string) {
+func writeServingCert(t testing.TB, cp *e2ekube.ControlPlane, dir string) (certFile, keyFile string) {
 	t.Helper()
 	cert, key, err := cp.ServingCert()
 	if err != nil {
