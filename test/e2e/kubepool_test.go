@@ -115,7 +115,8 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 
 // startScheduler starts gpupool-scheduler as deployed beside kube-scheduler
 // (the extender in plain HTTP on loopback, the allocator's admin token),
-// or starts it again, where it served, after killScheduler.
+// or starts it again, where it served, after killScheduler. It runs until
+// t ends, hence no subtest restarts it for the tests after it.
 func (p *kubePool) startScheduler(t testing.TB) {
 	t.Helper()
 	p.scheduler = startBinary(t, p.Logs, "gpupool-scheduler", regexp.MustCompile(`extender serving`), "--listen", p.extender,

@@ -18,7 +18,7 @@ import (
 // percent, with pods as BFK's users write them: the namespace quota
 // counts them in kube-apiserver and, set by the lease controller, in the
 // allocator, alike; and no pod or lease is lost or doubled when
-// gpupool-scheduler dies mid-burst.
+// gpupool-scheduler dies mid-burst, or when a node goes.
 func TestPoolQuotaAndFaults(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -70,34 +70,63 @@ func TestPoolQuotaAndFaults(t *testing.T) {
 		}
 	})
 
-	t.Run("scheduler restarted mid-burst", func(t *testing.T) {
-		pods := pool.CP.Client.CoreV1().Pods(burstNS)
-		const burst = 30
-		for i := range burst {
-			if _, err := pods.Create(ctx, bfkPod(fmt.Sprintf("burst-%d", i), 1, 25), metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			if i == burst/3 {
-				waitFor(t, func() bool { return boundPods(t, ctx, pool, burstNS) > 0 })
-				pool.killScheduler()
-			}
-		}
-		pool.startScheduler(t)
-		waitForUpTo(t, time.Minute, func() bool { return boundPods(t, ctx, pool, burstNS) == burst })
-		list, err := pods.List(ctx, metav1.ListOptions{})
-		if err != nil {
+	// Not subtests: a gpupool-scheduler started again lives until the
+	// test that starts it ends, and the node's deletion needs it.
+	checkSchedulerRestartedMidBurst(t, ctx, pool, burstNS)
+	checkNodeDeleted(t, ctx, pool, "gpu-0")
+}
+
+// checkSchedulerRestartedMidBurst kills gpupool-scheduler once some of a
+// burst of pods in ns are bound, and starts it again: every pod ends bound
+// once, holding one lease, on its node, and no lease is left without its
+// pod.
+func checkSchedulerRestartedMidBurst(t *testing.T, ctx context.Context, pool *kubePool, ns string) {
+	t.Helper()
+	pods := pool.CP.Client.CoreV1().Pods(ns)
+	const burst = 30
+	for i := range burst {
+		if _, err := pods.Create(ctx, bfkPod(fmt.Sprintf("burst-%d", i), 1, 25), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		for _, pod := range list.Items {
-			leases := pool.leasesOf(t, ctx, &pod)
-			if len(leases) != 1 || leases[0].Server != pod.Spec.NodeName || leases[0].ID != pod.Annotations[kube.AnnotationLease] {
-				t.Errorf("pod %s on %s, annotated %s, holds %+v; want one lease, that one, on its node",
-					pod.Name, pod.Spec.NodeName, pod.Annotations[kube.AnnotationLease], leases)
-			}
+		if i == burst/3 {
+			waitFor(t, func() bool { return boundPods(t, ctx, pool, ns) > 0 })
+			pool.killScheduler()
 		}
-		if all, err := pool.Admin.Leases(ctx, client.LeaseFilter{Namespace: burstNS}); err != nil || len(all) != burst {
-			t.Errorf("namespace %s has %d leases (%v), want one per pod, %d", burstNS, len(all), err, burst)
+	}
+	pool.startScheduler(t)
+	waitForUpTo(t, time.Minute, func() bool { return boundPods(t, ctx, pool, ns) == burst })
+	list, err := pods.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pod := range list.Items {
+		leases := pool.leasesOf(t, ctx, &pod)
+		if len(leases) != 1 || leases[0].Server != pod.Spec.NodeName || leases[0].ID != pod.Annotations[kube.AnnotationLease] {
+			t.Errorf("pod %s on %s, annotated %s, holds %+v; want one lease, that one, on its node",
+				pod.Name, pod.Spec.NodeName, pod.Annotations[kube.AnnotationLease], leases)
 		}
+	}
+	if all, err := pool.Admin.Leases(ctx, client.LeaseFilter{Namespace: ns}); err != nil || len(all) != burst {
+		t.Errorf("namespace %s has %d leases (%v), want one per pod, %d", ns, len(all), err, burst)
+	}
+}
+
+// checkNodeDeleted deletes a node that holds leases: the lease controller
+// releases them.
+func checkNodeDeleted(t *testing.T, ctx context.Context, pool *kubePool, node string) {
+	t.Helper()
+	held, err := pool.Admin.Leases(ctx, client.LeaseFilter{Server: node})
+	if err != nil || len(held) == 0 {
+		t.Fatalf("%s holds %d leases (%v); want some to release", node, len(held), err)
+	}
+	if err := pool.CP.Client.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Before kube-controller-manager deletes the node's pods (40 s
+	// later): the lease controller releases their leases itself.
+	waitFor(t, func() bool {
+		held, err := pool.Admin.Leases(ctx, client.LeaseFilter{Server: node})
+		return err == nil && len(held) == 0
 	})
 }
 
