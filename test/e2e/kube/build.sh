@@ -25,7 +25,7 @@ for cmd in "${kube_cmds[@]}"; do
   [ -x "$dir/$cmd" ] || missing+=("$cmd")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "building ${kube_cmds[*]} $version into $dir (cold: about 10 minutes)" >&2
+  echo "building ${kube_cmds[*]} $version into $dir (cold: about 11 minutes on 2 cores)" >&2
   minor="$(echo "$version" | cut -d. -f2)"
   ldflags=""
   # Without a version the binaries say v0.0.0-master and kubectl refuses them.
