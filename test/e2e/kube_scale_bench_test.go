@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"slices"
@@ -28,10 +29,6 @@ import (
 const (
 	// scaleNamespace holds BenchmarkKubeScale's pods.
 	scaleNamespace = "openb"
-	// scaleRate is how many pods a second BenchmarkKubeScale creates: above
-	// the 100 a second the pool must bind, below the 160-220 that kwok
-	// keeps up with at this size (BenchmarkKwokScale).
-	scaleRate = 150
 	// scaleCreators create the pods, so that one slow create does not hold
 	// back the next ones; each pod still goes out at its own time.
 	scaleCreators = 8
@@ -48,6 +45,12 @@ const (
 	scaleTolerancePoints = 0.5
 )
 
+// scaleRate is how many pods a second BenchmarkKubeScale creates: by
+// default above the 100 a second the pool must bind, below the 160-220 that
+// kwok keeps up with at this size (BenchmarkKwokScale). A lower rate shows
+// the latency at an arrival rate the machine sustains, without queueing.
+var scaleRate = flag.Float64("kubescale.rate", 150, "pods a second BenchmarkKubeScale creates")
+
 // BenchmarkKubeScale places the OpenB cluster's workload through
 // Kubernetes: the 1,213 servers of the node list (6,212 GPUs) as kwok
 // nodes, registered in the allocator in the trace's order with fgd-cpu,
@@ -58,7 +61,7 @@ const (
 // CPU-only pods are left out of both sides. Each pod is written as users
 // write it (bitfusion.io/gpu-amount, and gpu-percent for a fraction; the
 // trace's CPU and memory as requests), created through the webhook at
-// scaleRate pods a second, open loop, and placed by kube-scheduler with
+// -kubescale.rate pods a second (150 by default), open loop, and placed by kube-scheduler with
 // gpupool's extender.
 //
 // It reports pods bound per second, p50 and p99 from a pod's creation to
@@ -186,7 +189,7 @@ type scaleRun struct {
 	settled       int         // pods bound or unschedulable
 }
 
-// submit creates pods in order at scaleRate a second and returns once
+// submit creates pods in order at -kubescale.rate a second and returns once
 // each is bound or unschedulable, as a pod informer sees them.
 func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, pods []simulate.Pod) *scaleRun {
 	b.Helper()
@@ -224,7 +227,7 @@ func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, pods []
 	func() {
 		defer close(next)
 		for i := range pods {
-			time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / scaleRate)))
+			time.Sleep(time.Until(start.Add(time.Duration(float64(i) * float64(time.Second) / *scaleRate))))
 			select {
 			case next <- i:
 			case <-gctx.Done():
@@ -315,7 +318,7 @@ func (r *scaleRun) report(b *testing.B, before, after map[string]procUsage) {
 	perSecond := float64(len(latencies)) / lastBound.Sub(r.created[0]).Seconds()
 	var table strings.Builder
 	fmt.Fprintf(&table, "%d pods created in %v (%.0f/s asked, %.0f/s sent)\n", len(r.created), created.Round(time.Millisecond),
-		float64(scaleRate), float64(len(r.created)-1)/created.Seconds())
+		*scaleRate, float64(len(r.created)-1)/created.Seconds())
 	fmt.Fprintf(&table, "%d bound, %d unschedulable; %.1f pods bound/s; creation to bound p50 %v, p99 %v, max %v\n",
 		len(latencies), len(r.created)-len(latencies), perSecond, quantile(0.5).Round(time.Millisecond),
 		quantile(0.99).Round(time.Millisecond), latencies[len(latencies)-1].Round(time.Millisecond))
