@@ -50,7 +50,7 @@ type Image struct {
 
 // Built is an image assembled in memory, ready to be written or pushed.
 type Built struct {
-	Ref    string
+	Ref string
 	// Digest is the manifest's: what a registry reports after a push.
 	// `ctr images import` writes a manifest of its own, with another digest.
 	Digest string
