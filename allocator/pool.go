@@ -109,6 +109,12 @@ func sameDevices(a, b []GPU) bool {
 	})
 }
 
+// LeasesOn counts the leases live at now on a server.
+func (p *Pool) LeasesOn(now time.Time, server string) int {
+	p.expireDue(now)
+	return p.leasesOn(server)
+}
+
 func (p *Pool) leasesOn(server string) int {
 	n := 0
 	for _, l := range p.leases {
@@ -498,11 +504,25 @@ type ServerState struct {
 func (p *Pool) ServerStates() []ServerState {
 	out := make([]ServerState, len(p.servers))
 	for i := range p.servers {
-		n := p.cluster.Nodes[i]
-		n.GPUs = slices.Clone(n.GPUs)
-		out[i] = ServerState{Server: cloneServer(&p.servers[i]), Node: n}
+		out[i] = p.serverState(i)
 	}
 	return out
+}
+
+// ServerState returns a copy of one registered server with what it has
+// free.
+func (p *Pool) ServerState(name string) (ServerState, bool) {
+	i, known := p.nodeIndex[name]
+	if !known {
+		return ServerState{}, false
+	}
+	return p.serverState(i), true
+}
+
+func (p *Pool) serverState(i int) ServerState {
+	n := p.cluster.Nodes[i]
+	n.GPUs = slices.Clone(n.GPUs)
+	return ServerState{Server: cloneServer(&p.servers[i]), Node: n}
 }
 
 // The clones below keep callers from reaching into the pool's state

@@ -162,6 +162,14 @@ func (c *Client) Pool(ctx context.Context) (api.PoolStatus, error) {
 	return out, err
 }
 
+// Server returns one server of the pool, its GPUs and their health, as
+// Pool shows it.
+func (c *Client) Server(ctx context.Context, name string) (api.ServerStatus, error) {
+	var out api.ServerStatus
+	err := c.do(ctx, http.MethodGet, "/v1/servers/"+url.PathEscape(name), nil, &out)
+	return out, err
+}
+
 // Quotas returns quota and use per namespace.
 func (c *Client) Quotas(ctx context.Context) ([]api.QuotaStatus, error) {
 	var out api.QuotaList

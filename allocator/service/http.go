@@ -27,6 +27,7 @@ func Handler(s *Service, auth *Authenticator, gatherer prometheus.Gatherer, log 
 	h := &handler{s: s, auth: auth, log: log}
 	mux := http.NewServeMux()
 	mux.HandleFunc("PUT /v1/servers/{name}", h.registerServer)
+	mux.HandleFunc("GET /v1/servers/{name}", h.server)
 	mux.HandleFunc("POST /v1/servers/{name}/heartbeat", h.heartbeat)
 	mux.HandleFunc("POST /v1/leases", h.acquire)
 	mux.HandleFunc("GET /v1/leases", h.listLeases)
@@ -257,6 +258,16 @@ func (h *handler) pool(w http.ResponseWriter, r *http.Request) {
 		st.Pending = slices.DeleteFunc(st.Pending, func(pr api.PendingRequest) bool { return !p.mayUse(pr.Namespace) })
 	}
 	h.reply(w, http.StatusOK, st, nil)
+}
+
+// server answers one server of the pool, as GET /v1/pool shows it to
+// every token.
+func (h *handler) server(w http.ResponseWriter, r *http.Request) {
+	if _, ok := h.principal(w, r); !ok {
+		return
+	}
+	st, err := h.s.Server(r.PathValue("name"))
+	h.reply(w, http.StatusOK, st, err)
 }
 
 func (h *handler) quotas(w http.ResponseWriter, r *http.Request) {

@@ -655,19 +655,7 @@ func (s *Service) Status() api.PoolStatus {
 	}
 	var st api.PoolStatus
 	for _, state := range s.pool.ServerStates() {
-		srv, n := &state.Server, &state.Node
-		ss := api.ServerStatus{
-			Name: srv.Name, Labels: srv.Labels, Schedulable: n.Schedulable, LastHeartbeat: s.lastSeen[srv.Name],
-			CPUMilli: n.CPUCap, CPUFreeMilli: n.CPUFree, Leases: leases[srv.Name],
-		}
-		for gi, g := range srv.GPUs {
-			ng := &n.GPUs[gi]
-			ss.GPUs = append(ss.GPUs, api.GPUStatus{
-				Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: ng.Healthy,
-				AllocatedPercent: (allocator.WholeGPU - ng.Free).Percent(), AllocatedBytes: ng.MemoryBytes - ng.FreeBytes,
-			})
-		}
-		st.Servers = append(st.Servers, ss)
+		st.Servers = append(st.Servers, s.serverStatus(&state, leases[state.Server.Name]))
 	}
 	for r, since := range s.waiting {
 		st.Pending = append(st.Pending, api.PendingRequest{Namespace: r.Namespace, Owner: api.NewOwner(r.Owner), GPUs: r.GPUs,
@@ -675,6 +663,36 @@ func (s *Service) Status() api.PoolStatus {
 	}
 	slices.SortFunc(st.Pending, func(a, b api.PendingRequest) int { return a.Since.Compare(b.Since) })
 	return st
+}
+
+// Server reports one server as Status does: what the node side of a
+// GPU server polls, which would be the whole pool's status times the
+// number of servers if it read Status.
+func (s *Service) Server(name string) (api.ServerStatus, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	state, known := s.pool.ServerState(name)
+	if !known {
+		return api.ServerStatus{}, &allocator.ServerNotFoundError{Name: name}
+	}
+	return s.serverStatus(&state, s.pool.LeasesOn(s.clock(), name)), nil
+}
+
+// serverStatus is one server and what is leased on it; s.mu is held.
+func (s *Service) serverStatus(state *allocator.ServerState, leases int) api.ServerStatus {
+	srv, n := &state.Server, &state.Node
+	ss := api.ServerStatus{
+		Name: srv.Name, Labels: srv.Labels, Schedulable: n.Schedulable, LastHeartbeat: s.lastSeen[srv.Name],
+		CPUMilli: n.CPUCap, CPUFreeMilli: n.CPUFree, Leases: leases,
+	}
+	for gi, g := range srv.GPUs {
+		ng := &n.GPUs[gi]
+		ss.GPUs = append(ss.GPUs, api.GPUStatus{
+			Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: ng.Healthy,
+			AllocatedPercent: (allocator.WholeGPU - ng.Free).Percent(), AllocatedBytes: ng.MemoryBytes - ng.FreeBytes,
+		})
+	}
+	return ss
 }
 
 // CheckInvariants checks the pool's bookkeeping (tests and debugging).

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -311,6 +312,48 @@ func TestSilentServerTakesNoNewLeases(t *testing.T) {
 	}
 	if err := admin.Heartbeat(ctx, "nope", api.Heartbeat{}); !client.IsReason(err, api.ReasonNotFound) {
 		t.Errorf("heartbeat of an unknown server: %v, want NotFound (the daemon then registers)", err)
+	}
+}
+
+// TestServerStatus: GET /v1/servers/{name} answers one server as the
+// pool's status shows it, to every token, with a GPU the daemon reports
+// unhealthy and a server gone silent as such.
+func TestServerStatus(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1e9, 0)}
+	a := startAllocator(t, t.TempDir(), clock, nil)
+	ctx := context.Background()
+	admin := a.client(t, adminToken)
+	for _, s := range []api.Server{gpuServer("s1", 2), gpuServer("s2", 1)} {
+		if err := admin.RegisterServer(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, GPUPercent: 50, Servers: []string{"s1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Heartbeat(ctx, "s1", api.Heartbeat{GPUs: []api.GPUHealth{{Index: 1, Healthy: false}}}); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := admin.Pool(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, token := range []string{adminToken, serverToken, s1Token, teamBToken} {
+		got, err := a.client(t, token).Server(ctx, "s1")
+		if err != nil || !reflect.DeepEqual(got, pool.Servers[0]) {
+			t.Errorf("token %s reads s1 as %+v (%v), want the pool's %+v", token[:6], got, err, pool.Servers[0])
+		}
+	}
+	if got := pool.Servers[0]; got.Leases != 1 || got.GPUs[1].Healthy || !got.Schedulable {
+		t.Errorf("s1: %+v, want one lease, GPU 1 unhealthy, schedulable", got)
+	}
+	if _, err := admin.Server(ctx, "nope"); !client.IsReason(err, api.ReasonNotFound) {
+		t.Errorf("an unknown server: %v, want NotFound", err)
+	}
+	clock.Add(11 * time.Second)
+	a.svc.tick()
+	if got, err := admin.Server(ctx, "s2"); err != nil || got.Schedulable {
+		t.Errorf("s2 silent for 11s: %+v (%v), want not schedulable", got, err)
 	}
 }
 
