@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -55,7 +56,10 @@ allowed.
 
 The command sees GPUPOOL_LEASE_ID, GPUPOOL_SERVER, GPUPOOL_GPU_UUIDS,
 GPUPOOL_GPU_PERCENT, GPUPOOL_GPU_MEMORY_BYTES, and CUDA_VISIBLE_DEVICES and
-NVIDIA_VISIBLE_DEVICES set to the GPUs' UUIDs.
+NVIDIA_VISIBLE_DEVICES set to the GPUs' UUIDs; with -p or -m, also MPS's
+limits CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,
+which bind where the host runs the MPS control daemon. A pod's container
+gets the same from the device plugin.
 
 Flags:
 `)
@@ -160,7 +164,11 @@ func runLeased(ctx context.Context, cl *client.Client, token string, lease alloc
 	}
 	cmd := exec.CommandContext(ctx, command[0], command[1:]...) //nolint:gosec // running the user's command is the point
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
-	cmd.Env = append(os.Environ(), leaseEnv(lease)...)
+	cmd.Env = os.Environ()
+	env := api.LeaseEnv(lease)
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		cmd.Env = append(cmd.Env, k+"="+env[k])
+	}
 	signals := make(chan os.Signal, 4)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(signals)
@@ -306,22 +314,6 @@ func pushLatency(ctx context.Context, url string, hist *prometheus.HistogramVec,
 func hostname() string {
 	h, _ := os.Hostname()
 	return h
-}
-
-func leaseEnv(l allocator.Lease) []string {
-	uuids := make([]string, len(l.GPUs))
-	var share allocator.Share
-	var bytes int64
-	for i, g := range l.GPUs {
-		uuids[i], share, bytes = g.UUID, g.Share, g.MemoryBytes
-	}
-	list := strings.Join(uuids, ",")
-	return []string{
-		"GPUPOOL_LEASE_ID=" + l.ID, "GPUPOOL_SERVER=" + l.Server, "GPUPOOL_GPU_UUIDS=" + list,
-		"GPUPOOL_GPU_PERCENT=" + share.FormatPercent(),
-		"GPUPOOL_GPU_MEMORY_BYTES=" + strconv.FormatInt(bytes, 10),
-		"CUDA_VISIBLE_DEVICES=" + list, "NVIDIA_VISIBLE_DEVICES=" + list,
-	}
 }
 
 // exitStatus is the shell's view of how the command ended.
