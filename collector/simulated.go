@@ -5,18 +5,21 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
 )
 
 // Simulated is a host of GPUs whose use follows the leases placed on them:
-// each lease runs one process that keeps its share of the GPU busy as its
-// Demand says and holds most of the memory it was granted (a few leases,
-// chosen by their ID, hold more than granted). Everything follows from the
-// seed, the leases and the clock, so tests and the demo are repeatable.
+// each lease's work keeps its share of the GPU busy as its Demand says and
+// holds most of the memory it was granted (a few leases, chosen by their
+// ID, hold more than granted). Everything follows from the seed, the
+// leases, the clock and, with DeviceDir, which processes hold the GPUs, so
+// tests and the demo are repeatable.
 type Simulated struct {
 	Server string
 	Seed   uint64
@@ -30,9 +33,36 @@ type Simulated struct {
 	// (or all, when nil) follows a slow wave of its own.
 	Demand func(leases []allocator.Lease, t time.Time) map[string]float64
 	// PID returns the real process a lease's work runs as, when one was
-	// reported (by `gpupool run`); other leases get a made-up PID.
+	// reported (by `gpupool run`); other leases get a made-up PID. Not
+	// used with DeviceDir.
 	PID   func(lease string) (int, bool)
 	Clock func() time.Time
+
+	// DeviceDir, when set, makes each GPU a file there named by its UUID
+	// (CreateDeviceFiles) that real processes hold open, as a CUDA process
+	// holds /dev/nvidiaN: the processes on a GPU are those holding its
+	// file, found under Proc on the rounds that read processes, and each
+	// runs its part of the work of its pod's lease (the lease whose
+	// Owner.UID is PodOf's answer) on that GPU. A lease whose pod holds no
+	// file is idle, a process of no lease's pod uses nothing, and a GPU
+	// whose file is gone is lost. Without DeviceDir each lease runs one
+	// made-up process.
+	DeviceDir string
+	// Proc is the procfs mount the holders are found under.
+	Proc string
+	// PodOf returns the UID of the pod a process runs in, "" for none.
+	PodOf func(pid int) string
+
+	mu sync.Mutex
+	// held is, by GPU, the processes the last round that read processes
+	// found holding its device file: the rounds between keep them busy.
+	held [][]holder
+}
+
+// holder is a process holding a device file, and its pod.
+type holder struct {
+	pid int
+	pod string
 }
 
 // SimulatedGPU is one simulated device.
@@ -59,6 +89,25 @@ func (s *Simulated) Inventory(cpuMilli, memoryBytes int64, labels map[string]str
 // Sample implements Source. While the leases are not known it reports
 // the GPUs, healthy, with no readings.
 func (s *Simulated) Sample(_ context.Context, processes bool) (Reading, error) {
+	var files map[fileID]int
+	var lost map[int]error
+	if s.DeviceDir != "" {
+		files, lost = s.deviceFiles()
+	}
+	r, err := s.sample(processes, files)
+	if err != nil {
+		return Reading{}, err
+	}
+	for i, why := range lost {
+		r.GPUs[i] = GPU{Index: i, UUID: s.UUID(i), Model: s.GPUs[i].Model, Err: why,
+			Utilization: unknown, TemperatureCelsius: unknown, PowerWatts: unknown}
+	}
+	return r, nil
+}
+
+// sample reads the GPUs, and their processes when processes is true;
+// files are the device files by identity (with DeviceDir).
+func (s *Simulated) sample(processes bool, files map[fileID]int) (Reading, error) {
 	now := s.Clock()
 	gpus := make([]GPU, len(s.GPUs))
 	var leases []allocator.Lease
@@ -78,27 +127,26 @@ func (s *Simulated) Sample(_ context.Context, processes bool) (Reading, error) {
 			gpus[i].Processes = []Process{}
 		}
 	}
+	procs, err := s.processes(leases, files, processes)
+	if err != nil {
+		return Reading{}, err
+	}
 	var demands map[string]float64
 	if s.Demand != nil {
 		demands = s.Demand(leases, now)
 	}
-	for li := range leases {
-		l := &leases[li]
-		demand := s.demand(l, demands, now)
-		for _, lg := range l.GPUs {
-			if lg.Index >= len(gpus) {
-				continue
-			}
-			g := &gpus[lg.Index]
-			busy := lg.Share.GPUs() * demand
-			used := int64(float64(lg.MemoryBytes) * s.memoryFactor(l))
-			g.Utilization += busy
-			g.MemoryUsedBytes += used
-			if processes {
-				g.Processes = append(g.Processes, Process{
-					PID: s.pid(l), MemoryUsedBytes: used, SMUtilization: busy, PodUID: l.Owner.UID,
-				})
-			}
+	for _, p := range procs {
+		var busy float64
+		var used int64
+		if l := p.lease; l != nil {
+			busy = p.grant.Share.GPUs() * s.demand(l, demands, now) * p.part
+			used = int64(float64(p.grant.MemoryBytes) * s.memoryFactor(l) * p.part)
+		}
+		g := &gpus[p.gpu]
+		g.Utilization += busy
+		g.MemoryUsedBytes += used
+		if processes {
+			g.Processes = append(g.Processes, Process{PID: p.pid, MemoryUsedBytes: used, SMUtilization: busy, PodUID: p.pod})
 		}
 	}
 	for i := range gpus {
@@ -109,6 +157,97 @@ func (s *Simulated) Sample(_ context.Context, processes bool) (Reading, error) {
 		g.PowerWatts = 70 + 630*g.Utilization
 	}
 	return Reading{GPUs: gpus}, nil
+}
+
+// simProcess is a process on a simulated GPU: the lease whose work it
+// runs (nil for none), the lease's grant on the GPU and the part of its
+// work there that the process runs.
+type simProcess struct {
+	gpu, pid int
+	// pod is the pod UID the process reports, "" for the daemon to find.
+	pod   string
+	lease *allocator.Lease
+	grant allocator.LeaseGPU
+	part  float64
+}
+
+// processes lists the processes on the GPUs: without DeviceDir one made up
+// per lease and GPU, under the lease's pod (its PID only when scan is
+// true: only then are processes reported); with it the processes holding
+// files, found anew when scan is true, else as the last scan found them.
+func (s *Simulated) processes(leases []allocator.Lease, files map[fileID]int, scan bool) ([]simProcess, error) {
+	var out []simProcess
+	if s.DeviceDir == "" {
+		for li := range leases {
+			l := &leases[li]
+			for _, lg := range l.GPUs {
+				if lg.Index >= len(s.GPUs) {
+					continue
+				}
+				p := simProcess{gpu: lg.Index, pod: l.Owner.UID, lease: l, grant: lg, part: 1}
+				if scan {
+					p.pid = s.pid(l)
+				}
+				out = append(out, p)
+			}
+		}
+		return out, nil
+	}
+	held, err := s.holders(files, scan)
+	if err != nil {
+		return nil, err
+	}
+	ofPod := map[string]*allocator.Lease{}
+	for li := range leases {
+		if uid := leases[li].Owner.UID; uid != "" {
+			ofPod[uid] = &leases[li]
+		}
+	}
+	for gpu, hs := range held {
+		first := len(out)
+		processesOf := map[*allocator.Lease]int{} // the lease's processes on this GPU
+		for _, h := range hs {
+			p := simProcess{gpu: gpu, pid: h.pid}
+			if l := ofPod[h.pod]; l != nil {
+				if i := slices.IndexFunc(l.GPUs, func(g allocator.LeaseGPU) bool { return g.Index == gpu }); i >= 0 {
+					p.lease, p.grant = l, l.GPUs[i]
+					processesOf[l]++
+				}
+			}
+			out = append(out, p)
+		}
+		for i := first; i < len(out); i++ {
+			if l := out[i].lease; l != nil {
+				out[i].part = 1 / float64(processesOf[l])
+			}
+		}
+	}
+	return out, nil
+}
+
+// holders is, by GPU, the processes holding its device file: found under
+// Proc when scan is true, else those the last scan found.
+func (s *Simulated) holders(files map[fileID]int, scan bool) ([][]holder, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !scan {
+		return s.held, nil
+	}
+	pids, err := holdersOf(s.Proc, files)
+	if err != nil {
+		return nil, fmt.Errorf("finding the processes that hold the simulated GPUs: %w", err)
+	}
+	s.held = make([][]holder, len(s.GPUs))
+	for gpu, ps := range pids {
+		for _, pid := range ps {
+			h := holder{pid: pid}
+			if s.PodOf != nil {
+				h.pod = s.PodOf(pid)
+			}
+			s.held[gpu] = append(s.held[gpu], h)
+		}
+	}
+	return s.held, nil
 }
 
 func (s *Simulated) demand(l *allocator.Lease, demands map[string]float64, t time.Time) float64 {

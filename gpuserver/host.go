@@ -25,12 +25,15 @@ type HostConfig struct {
 	// Source is the telemetry, sampled every Interval; every ProcessEvery
 	// rounds also read per-process use (the expensive call). A
 	// *collector.Simulated is bound to the daemon: its GPUs follow the
-	// daemon's leases and reported processes, on the daemon's clock.
+	// daemon's leases and reported processes, on the daemon's clock, and
+	// the holders of its device files are found under Proc, in the pods
+	// the daemon finds them in.
 	Source       collector.Source
 	Interval     time.Duration
 	ProcessEvery int
 	// Proc is the procfs mount the daemon reads processes' parents, pods
-	// and start times from; "" reads none.
+	// and start times from, and a simulated source the holders of its
+	// device files; "" reads none.
 	Proc string
 	// Sysfs is the sysfs mount whose class/infiniband ports are read for
 	// the RDMA counters; "" reads none, and so does a host without RDMA
@@ -80,6 +83,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	h.Daemon = New(cfg.Config)
 	if sim, ok := cfg.Source.(*collector.Simulated); ok {
 		sim.Leases, sim.PID, sim.Clock = h.Daemon.Leases, h.Daemon.PIDOf, cfg.Clock
+		sim.Proc, sim.PodOf = cfg.Proc, h.Daemon.podOf
 	}
 	h.Registry = Registry(h.Daemon)
 	h.Handler = Handler(h.Daemon, h.Registry)

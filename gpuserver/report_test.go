@@ -166,10 +166,12 @@ var (
 	leaseB     = allocator.Lease{ID: "lease-000003", Namespace: "ml", Server: "gpu-b"}
 )
 
-// startChild starts a process the test process is the parent of.
-func startChild(t *testing.T) int {
+// startChild starts a process the test process is the parent of, holding
+// the files given open.
+func startChild(t *testing.T, holding ...*os.File) int {
 	t.Helper()
 	cmd := exec.Command("sleep", "60")
+	cmd.ExtraFiles = holding
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -60,6 +60,15 @@ const (
 	AnnotationGPUs  = "gpupool.io/gpus"
 )
 
+// SimulatedDeviceDir is where a container finds the simulated GPUs its pod
+// was given, on a node without GPUs whose gpupool-server simulates them
+// with device files (--simulated-device-dir): each GPU's file, named by
+// its UUID, is mounted at SimulatedDeviceDir/<UUID>, and a process that
+// holds it open is on that GPU for the daemon, as a CUDA process holding
+// /dev/nvidiaN is. The files carry no data: they stand for the GPUs in
+// tests and demos only.
+const SimulatedDeviceDir = "/dev/gpupool"
+
 // SchedulerName is the kube-scheduler profile that places pods through the
 // pool (its extender acquires their leases); the webhook writes it into
 // the spec.schedulerName of each pod it normalises.

@@ -44,6 +44,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	dcgmURL := fs.String("dcgm-url", "http://127.0.0.1:9400/metrics", "dcgm-exporter /metrics URL (--source dcgm)")
 	simulate := fs.String("simulate-gpus", "H100:80Gi:8", "simulated GPUs as model:memory:count (--source simulated)")
 	seed := fs.Uint64("seed", 1, "seed of the simulated GPUs")
+	deviceDir := fs.String("simulated-device-dir", "", "directory where the daemon makes each simulated GPU a file named by its UUID, which real processes hold open as CUDA processes hold /dev/nvidiaN: the processes on a GPU are those holding its file, each running its pod's lease's work; empty: each lease runs one made-up process (--source simulated)")
 	workload := fs.String("simulated-workload", "", "YAML list of workloads {namespace, selector, gpus} that keep the simulated GPUs busy; reread when it changes (--source simulated)")
 	interval := fs.Duration("interval", time.Second, "time between sampling rounds")
 	processEvery := fs.Int("process-every", 5, "read per-process use every this many rounds (the expensive call)")
@@ -77,6 +78,10 @@ Flags:
 		log.Error("bad flag", "err", err)
 		return cli.ExitUsage
 	}
+	if *deviceDir != "" && *source != "simulated" {
+		log.Error("bad flag", "err", "--simulated-device-dir needs --source simulated")
+		return cli.ExitUsage
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -101,6 +106,13 @@ Flags:
 				return cli.ExitUsage
 			}
 			sim.Demand = (&collector.WorkloadFile{Path: *workload}).Demand
+		}
+		if *deviceDir != "" {
+			sim.DeviceDir = *deviceDir
+			if err := sim.CreateDeviceFiles(); err != nil {
+				log.Error("creating the simulated GPUs", "err", err)
+				return 1
+			}
 		}
 		src, inv = sim, sim.Inventory(*cpu, 0, nil)
 	case "nvml":

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpupool/gpupool/internal/cli"
 )
 
 // TestDefaultProcessSocketOptional: a daemon that cannot create the
@@ -58,5 +60,16 @@ func TestDefaultProcessSocketOptional(t *testing.T) {
 func TestDefaultNameLowercase(t *testing.T) {
 	if got := defaultName("GPU-Host-7.Example.COM"); got != "gpu-host-7.example.com" {
 		t.Errorf("defaultName = %q", got)
+	}
+}
+
+// TestSimulatedDeviceDirNeedsTheSimulatedSource: device files stand for
+// simulated GPUs only; asked for beside a real source, the daemon says so
+// and stops before it starts anything.
+func TestSimulatedDeviceDirNeedsTheSimulatedSource(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	exit := run([]string{"--source", "nvml", "--simulated-device-dir", t.TempDir()}, &stdout, &stderr)
+	if exit != cli.ExitUsage || !strings.Contains(stderr.String(), "--simulated-device-dir needs --source simulated") {
+		t.Errorf("exit %d, stderr %q; want %d saying it needs the simulated source", exit, stderr.String(), cli.ExitUsage)
 	}
 }
