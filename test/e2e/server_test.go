@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"compress/gzip"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -113,4 +115,50 @@ func metricsOf(t *testing.T, url string) string {
 	defer func() { _ = resp.Body.Close() }()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
+}
+
+// TestSimulatedGPUsHeldByProcesses: gpupool-server with
+// --simulated-device-dir makes each simulated GPU a file named by its
+// UUID; gpuload, given one GPU's UUID as a GPU pod's container is, holds
+// that file, and the daemon sees a process on that GPU (nobody's: it runs
+// in no pod), until gpuload ends on SIGTERM. A GPU whose file is removed
+// is lost, and the pool marks it unhealthy.
+func TestSimulatedGPUsHeldByProcesses(t *testing.T) {
+	config := writePoolConfig(t, map[string]int64{"ml": noQuota})
+	a := startAllocator(t, "--data-dir", t.TempDir(), "--config", config.Path)
+	devices := t.TempDir()
+	addr := "127.0.0.1:" + freePort(t)
+	logs := &syncBuffer{}
+	startDaemon(t, logs, config.Servers, "--allocator", a.URL, "--name", "sim-0", "--listen", addr, "--probe-listen", "127.0.0.1:0",
+		"--simulate-gpus", "H100:80Gi:2", "--simulated-device-dir", devices, "--interval", "200ms", "--process-every", "1", "--heartbeat", "500ms")
+	processesOn := func(gpu, n int) bool {
+		return strings.Contains(metricsOf(t, "http://"+addr), fmt.Sprintf("bitfusion_gpu_unattributed_processes{gpu=\"%d\",server=\"sim-0\"} %d\n", gpu, n))
+	}
+	waitFor(t, func() bool { return processesOn(1, 0) }) // the leases are known
+
+	load := startBinaryEnv(t, logs, []string{"GPUPOOL_GPU_UUIDS=GPU-sim-sim-0-1"}, "gpuload", regexp.MustCompile(`gpuload: holding`),
+		"--device-dir", devices)
+	waitFor(t, func() bool { return processesOn(1, 1) })
+	if !processesOn(0, 0) {
+		t.Errorf("a process on GPU 0, which gpuload was not given:\n%s", grep(metricsOf(t, "http://"+addr), "unattributed"))
+	}
+	if err := load.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := load.Wait(); err != nil {
+		t.Errorf("gpuload on SIGTERM: %v, want exit 0", err)
+	}
+	if !strings.Contains(logs.String(), "gpuload: GPUPOOL_GPU_UUIDS=GPU-sim-sim-0-1\n") {
+		t.Errorf("gpuload did not print its environment:\n%s", grep(logs.String(), "gpuload"))
+	}
+	waitFor(t, func() bool { return processesOn(1, 0) })
+
+	if err := os.Remove(filepath.Join(devices, "GPU-sim-sim-0-0")); err != nil {
+		t.Fatal(err)
+	}
+	admin := newClient(t, a.URL, config.Admin)
+	waitFor(t, func() bool {
+		p, err := admin.Pool(context.Background())
+		return err == nil && len(p.Servers) == 1 && !p.Servers[0].GPUs[0].Healthy && p.Servers[0].GPUs[1].Healthy
+	})
 }
