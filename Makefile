@@ -77,12 +77,13 @@ e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the 
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -count=1 ./test/e2e/...
 
 .PHONY: bench
-bench: deps build ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, daemon scrape and sampling cost, a scheduler-extender filter at 1,213 nodes, adapter latency, HPA reaction time, kwok at 1,213 nodes, the OpenB workload placed through Kubernetes
+bench: deps build ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, daemon scrape and sampling cost, the simulated GPUs' /proc pass, a scheduler-extender filter at 1,213 nodes, adapter latency, HPA reaction time, kwok at 1,213 nodes, the OpenB workload placed through Kubernetes
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./simulate
 	$(GO) test -run '^$$' -bench AcquireRelease -benchtime 4000x ./test/e2e
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench 'AdapterThroughAPIServer|HPAReaction|KubeScale' -benchtime 1x -timeout 30m ./test/e2e
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench KwokScale -benchtime 1x ./test/e2e/kube
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./gpuserver
+	$(GO) test -run '^$$' -bench DeviceHoldersScan -benchtime 200x ./collector
 	$(GO) test -run '^$$' -bench Filter1213Nodes -benchtime 1000x ./kube/scheduler
 	@echo "whole replay, all policies x seeds 42-51, default trace:"
 	bin/gpupool simulate --seeds 42-51 --policies all

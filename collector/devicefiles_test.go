@@ -194,3 +194,23 @@ func TestSimulatedDeviceHeldByThisProcess(t *testing.T) {
 		t.Errorf("GPU 1 processes %+v once the file is closed, want none", r.GPUs[1].Processes)
 	}
 }
+
+// BenchmarkDeviceHoldersScan is the pass over this host's /proc that each
+// round reading the processes of simulated GPUs with device files makes,
+// and reports how many processes and descriptors it read.
+func BenchmarkDeviceHoldersScan(b *testing.B) {
+	sim := &Simulated{Server: "sim", GPUs: []SimulatedGPU{{Model: "H100"}}, DeviceDir: b.TempDir()}
+	if err := sim.CreateDeviceFiles(); err != nil {
+		b.Fatal(err)
+	}
+	files, _ := sim.deviceFiles()
+	for b.Loop() {
+		if _, err := holdersOf("/proc", files); err != nil {
+			b.Fatal(err)
+		}
+	}
+	processes, _ := filepath.Glob("/proc/[0-9]*/fd")
+	descriptors, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	b.ReportMetric(float64(len(processes)), "processes")
+	b.ReportMetric(float64(len(descriptors)), "descriptors")
+}
