@@ -11,6 +11,7 @@ package ociimage
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"io/fs"
@@ -21,10 +22,12 @@ import (
 	"slices"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
@@ -36,21 +39,22 @@ type File struct {
 	Source string
 }
 
-// An Image says what goes into one image. Layers are applied in order; the
-// directories above each file are added to its layer with mode 0755.
+// An Image says what goes into one image, for Linux on this machine's
+// architecture (the programs in it are built for it, or this program would
+// not run either). Layers are applied in order; the directories above each
+// file are added to its layer with mode 0755.
 type Image struct {
-	Ref          string // "gpupool/gpupool:v0.1.0"; a bare name means Docker Hub, as with docker
-	Architecture string // GOARCH of the programs in it; this machine's when empty
-	Layers       [][]File
-	Entrypoint   []string
-	Env          []string
-	Labels       map[string]string
-	User         string
+	Ref        string // "gpupool/gpupool:v0.1.0"; a bare name means Docker Hub, as with docker
+	Layers     [][]File
+	Entrypoint []string
+	Env        []string
+	Labels     map[string]string
+	User       string
 }
 
 // Built is an image assembled in memory, ready to be written or pushed.
 type Built struct {
-	Ref string
+	Ref string // where WriteTarball puts it
 	// Digest is the manifest's: what a registry reports after a push.
 	// `ctr images import` writes a manifest of its own, with another digest.
 	Digest string
@@ -84,10 +88,7 @@ func Build(spec Image) (Built, error) {
 		return Built{}, err
 	}
 	cfg.OS = "linux"
-	cfg.Architecture = spec.Architecture
-	if cfg.Architecture == "" {
-		cfg.Architecture = runtime.GOARCH
-	}
+	cfg.Architecture = runtime.GOARCH
 	cfg.Config.Entrypoint = spec.Entrypoint
 	cfg.Config.Env = spec.Env
 	cfg.Config.Labels = spec.Labels
@@ -184,4 +185,15 @@ func WriteTarball(path string, images ...Built) error {
 		refs[tag] = b.image
 	}
 	return tarball.MultiRefWriteToFile(path, refs)
+}
+
+// Push uploads the image to ref, a registry's repository and tag, with the
+// credentials `docker login` or `crane auth login` left in
+// ~/.docker/config.json. The registry reports b.Digest for it.
+func Push(ctx context.Context, b Built, ref string) error {
+	tag, err := name.NewTag(ref)
+	if err != nil {
+		return err
+	}
+	return remote.Write(tag, b.image, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain))
 }

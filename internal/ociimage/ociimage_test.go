@@ -4,8 +4,11 @@ import (
 	"archive/tar"
 	"bytes"
 	"io"
+	"log"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +16,8 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
@@ -32,8 +37,7 @@ func sources(t *testing.T, contents map[string]string) string {
 // from dir.
 func twoLayers(dir string) Image {
 	return Image{
-		Ref:          "example.com/team/tool:v1",
-		Architecture: "amd64",
+		Ref: "example.com/team/tool:v1",
 		Layers: [][]File{
 			{{Path: "lib/x86_64-linux-gnu/libc.so.6", Mode: 0o644, Source: filepath.Join(dir, "libc")}},
 			{{Path: "usr/local/bin/tool", Mode: 0o755, Source: filepath.Join(dir, "tool")}},
@@ -162,7 +166,7 @@ func TestTarballHoldsEveryRef(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.OS != "linux" || cfg.Architecture != "amd64" || !cfg.Created.IsZero() ||
+	if cfg.OS != "linux" || cfg.Architecture != runtime.GOARCH || !cfg.Created.IsZero() ||
 		!slices.Equal(cfg.Config.Entrypoint, []string{"/usr/local/bin/tool"}) ||
 		!slices.Equal(cfg.Config.Env, []string{"PATH=/usr/local/bin"}) ||
 		cfg.Config.Labels["org.example.libc"] != "2.36" || cfg.Config.User != "65532" {
@@ -256,5 +260,27 @@ func TestBuildRefusesBadLayers(t *testing.T) {
 		if _, err := Build(spec); err == nil {
 			t.Errorf("%s: built", what)
 		}
+	}
+}
+
+func TestPushGivesTheBuiltDigest(t *testing.T) {
+	registry := httptest.NewServer(ggcrregistry.New(ggcrregistry.Logger(log.New(io.Discard, "", 0))))
+	defer registry.Close()
+	built := build(t, twoLayers(sources(t, map[string]string{"libc": "the C library", "tool": "#!the program"})))
+
+	ref := strings.TrimPrefix(registry.URL, "http://") + "/team/tool:v1"
+	if err := Push(t.Context(), built, ref); err != nil {
+		t.Fatal(err)
+	}
+	tag, err := name.NewTag(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pushed, err := remote.Head(tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pushed.Digest.String() != built.Digest {
+		t.Errorf("the registry has %s, built %s", pushed.Digest, built.Digest)
 	}
 }
