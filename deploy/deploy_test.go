@@ -617,16 +617,23 @@ configMapGenerator:
 	}
 }
 
-// TestOneImage checks that every gpupool container runs the one image, and
-// that an overlay that pins it, as deploy/README.md says, pins it for all
-// of them.
+// TestOneImage checks that every gpupool container runs the one image, at
+// the tag `make image` builds, and that an overlay that points it elsewhere,
+// as deploy/README.md says, does so for all of them.
 func TestOneImage(t *testing.T) {
+	version, err := os.ReadFile("../VERSION")
+	if err != nil {
+		t.Fatal(err)
+	}
 	dir := userOverlay(t, `resources:
   - $DEPLOY/overlays/full
 images:
-  - {name: ghcr.io/gpupool/gpupool, newName: registry.example.com/gpupool, newTag: v1.2.3}
+  - {name: gpupool/gpupool, newName: registry.example.com/team/gpupool, newTag: v1.2.3}
 `, map[string]string{})
-	for dir, want := range map[string]string{"overlays/full": "ghcr.io/gpupool/gpupool:latest", dir: "registry.example.com/gpupool:v1.2.3"} {
+	for dir, want := range map[string]string{
+		"overlays/full": "gpupool/gpupool:" + strings.TrimSpace(string(version)),
+		dir:             "registry.example.com/team/gpupool:v1.2.3",
+	} {
 		n := 0
 		for _, o := range build(t, dir) {
 			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
