@@ -87,7 +87,10 @@ func run(ctx context.Context, w io.Writer, version, bin, out, registry string) e
 			return err
 		}
 		built = append(built, b)
-		fmt.Fprintf(w, "%-32s %s %6.1f MB\n", b.Ref, b.Digest, float64(b.Size)/1e6)
+		// The ID as crictl shows it on a node where the tarball was
+		// imported: ctr writes a manifest, and so a digest, of its own.
+		id := strings.TrimPrefix(b.ID, "sha256:")[:13]
+		fmt.Fprintf(w, "%-32s %s %6.1f MB  image ID %s\n", b.Ref, b.Digest, float64(b.Size)/1e6, id)
 	}
 	if err := ociimage.WriteTarball(out, built...); err != nil {
 		return err
