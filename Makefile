@@ -77,13 +77,16 @@ simulate: ## replay the embedded OpenB trace against every placement policy
 # Debian packages the tests run for real: promtool checks the metrics and
 # the rules, etcd backs the replicated allocator and the Kubernetes control
 # plane, Prometheus and VictoriaMetrics answer the adapter's PromQL,
-# Alertmanager delivers the alerts.
-DEBIAN_PACKAGES := prometheus etcd-server victoria-metrics prometheus-alertmanager
+# Alertmanager delivers the alerts, containerd, runc and the CNI plugins
+# run the pods of the e2e tests' kubelet node.
+DEBIAN_PACKAGES := prometheus etcd-server victoria-metrics prometheus-alertmanager \
+	containerd runc containernetworking-plugins
 
 .PHONY: deps
-deps: ## install the Debian packages the tests use (prometheus, etcd-server, victoria-metrics, prometheus-alertmanager) if missing
+deps: ## install the Debian packages the tests use (prometheus, etcd-server, victoria-metrics, prometheus-alertmanager, containerd, runc, containernetworking-plugins) if missing
 	@command -v promtool >/dev/null && command -v etcd >/dev/null && command -v victoria-metrics >/dev/null \
-		&& command -v prometheus-alertmanager >/dev/null || { \
+		&& command -v prometheus-alertmanager >/dev/null && command -v containerd >/dev/null \
+		&& command -v runc >/dev/null && test -x /usr/lib/cni/bridge || { \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES); }
 
 # Everything but the whole-binary tests, which `make e2e` runs.
@@ -95,18 +98,19 @@ test: deps verify ## vet; unit, scenario, property and integration tests (real e
 	$(GO) test -count=1 $(UNIT_PACKAGES)
 	$(GO) test -count=1 -race -short $(UNIT_PACKAGES)
 
-# The control plane the e2e tests start: kube-apiserver, kube-controller-manager
-# and kube-scheduler (tools/kube pins them), kwok and the Kubeflow training
-# operator, built once into ~/.cache/gpupool (or $KUBE_BIN_DIR). Lower case,
-# so that make does not export it to every recipe.
+# The cluster the e2e tests start: kube-apiserver, kube-controller-manager,
+# kube-scheduler and the kubelet (tools/kube pins them), kwok and the
+# Kubeflow training operator, built once into ~/.cache/gpupool (or
+# $KUBE_BIN_DIR). Lower case, so that make does not export it to every
+# recipe.
 kube_bin_dir = $(shell test/e2e/kube/build.sh | tail -n 1)
 
 .PHONY: kube
-kube: ## build the Kubernetes control plane and the training operator for the e2e tests once (about 15 minutes cold)
+kube: ## build the Kubernetes control plane, the kubelet and the training operator for the e2e tests once (about 16 minutes cold)
 	test/e2e/kube/build.sh
 
 .PHONY: e2e
-e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the daemon, the demo, the HPA on a real control plane
+e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the daemon, the demo, the HPA on a real control plane, pods on a real kubelet
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -count=1 ./test/e2e/...
 
 .PHONY: bench

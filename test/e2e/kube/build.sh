@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds what the end-to-end tests start into $KUBE_BIN_DIR, once: the
-# control plane (kube-apiserver, kube-controller-manager and kube-scheduler
-# at tools/kube's pinned version, in one go build, which compiles the
-# packages they share once), kwok, and the Kubeflow training operator with
-# its TFJob CRD and ClusterRole. What is there is reused while the pins are
-# unchanged; each file appears whole or not at all. Cold, on 2 cores, this
-# takes about 15 minutes. The last line of output is the directory.
+# control plane (kube-apiserver, kube-controller-manager, kube-scheduler)
+# and the kubelet at tools/kube's pinned version, in one go build, which
+# compiles the packages they share once; kwok; and the Kubeflow training
+# operator with its TFJob CRD and ClusterRole. What is there is reused
+# while the pins are unchanged; each file appears whole or not at all.
+# Cold, on 2 cores, this takes about 16 minutes. The last line of output
+# is the directory.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../../.." && pwd)"
 version="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$root/tools/kube/go.mod")"
@@ -19,13 +20,13 @@ tmp="$(mktemp -d "$dir/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 export GOTOOLCHAIN=local
 
-kube_cmds=(kube-apiserver kube-controller-manager kube-scheduler)
+kube_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 missing=()
 for cmd in "${kube_cmds[@]}"; do
   [ -x "$dir/$cmd" ] || missing+=("$cmd")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "building ${kube_cmds[*]} $version into $dir (cold: about 11 minutes on 2 cores)" >&2
+  echo "building ${kube_cmds[*]} $version into $dir (cold: about 13 minutes on 2 cores)" >&2
   minor="$(echo "$version" | cut -d. -f2)"
   ldflags=""
   # Without a version the binaries say v0.0.0-master and kubectl refuses them.
