@@ -19,14 +19,12 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -159,6 +157,12 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 		subject: pkix.Name{CommonName: "front-proxy-client"},
 		usages:  clientAuth,
 	})
+	// The apiserver's identity to kubelets, for logs and exec; StartNode
+	// grants it the kubelet API.
+	kubeletClientCert, kubeletClientKey := f.issue(ca, "apiserver-kubelet-client", leaf{
+		subject: pkix.Name{CommonName: apiserverKubeletClient},
+		usages:  clientAuth,
+	})
 	kcmCert, kcmKey := f.issue(ca, "kube-controller-manager", leaf{
 		subject: pkix.Name{CommonName: "kube-controller-manager"},
 		ips:     loopback,
@@ -231,7 +235,18 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 		"--tls-cert-file="+apiserverCert,
 		"--tls-private-key-file="+apiserverKey,
 		"--client-ca-file="+caFile,
-		"--authorization-mode=RBAC",
+		// As in clusters kubeadm sets up: the Node authorizer lets a
+		// kubelet (system:node:<name>) read what its own pods use, and
+		// NodeRestriction keeps it from writing other nodes and pods.
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
+		// A kubelet's node is reached at its InternalIP; its name
+		// resolves nowhere. Its serving certificate comes from the
+		// cluster CA, which the apiserver checks.
+		"--kubelet-preferred-address-types=InternalIP",
+		"--kubelet-certificate-authority="+caFile,
+		"--kubelet-client-certificate="+kubeletClientCert,
+		"--kubelet-client-key="+kubeletClientKey,
 		"--etcd-servers="+etcdURL,
 		"--etcd-cafile="+caFile,
 		"--etcd-certfile="+etcdClientCert,
@@ -335,11 +350,7 @@ func (c *ControlPlane) Stop() {
 // Logs returns the last lines of each component's log, for a failing test
 // to print.
 func (c *ControlPlane) Logs(lines int) string {
-	var b strings.Builder
-	for _, p := range c.procs {
-		fmt.Fprintf(&b, "==> %s <==\n%s\n", p.logFile, p.tail(lines))
-	}
-	return b.String()
+	return logTails(lines, c.procs...)
 }
 
 // PID is the process ID of the component started as name ("etcd",

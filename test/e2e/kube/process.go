@@ -31,8 +31,10 @@ type process struct {
 	err     error         // what cmd.Wait returned; read after exited is closed
 }
 
+// startProcess starts bin, its output appended to logFile, so that a
+// component started again (a kubelet restarted) keeps its earlier log.
 func startProcess(name, bin string, env, args []string, logFile string) (*process, error) {
-	log, err := os.Create(logFile)
+	log, err := os.OpenFile(logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -77,6 +79,18 @@ func (p *process) waitFor(ctx context.Context, what string, check func(context.C
 		err = fmt.Errorf("%s: waiting for %s: %w", p.name, what, err)
 	}
 	return fmt.Errorf("%w\nlast lines of %s:\n%s", err, p.logFile, p.tail(logTailLines))
+}
+
+// logTails returns the last lines of each process's log, under its name;
+// nil processes, never started, are left out.
+func logTails(lines int, procs ...*process) string {
+	var b strings.Builder
+	for _, p := range procs {
+		if p != nil {
+			fmt.Fprintf(&b, "==> %s <==\n%s\n", p.logFile, p.tail(lines))
+		}
+	}
+	return b.String()
 }
 
 // tail returns the last n lines of the process's log.
