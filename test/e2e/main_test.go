@@ -285,3 +285,31 @@ func startControlPlane(ctx context.Context, t *testing.T, logs *syncBuffer) (*e2
 	})
 	return cp, bins
 }
+
+// startKubeletNode starts the control plane as startControlPlane does and
+// a node of it named name, run by a real kubelet over containerd, both
+// stopped when the test ends (the node first). The test is skipped where
+// this machine cannot run containerd. If the test fails, its log ends with
+// containerd's and the kubelet's logs.
+func startKubeletNode(ctx context.Context, t *testing.T, name string) (*e2ekube.ControlPlane, *e2ekube.KubeletNode) {
+	t.Helper()
+	if err := e2ekube.CheckCanRunNode(); err != nil {
+		t.Skipf("no kubelet node on this machine: %v", err)
+	}
+	cp, _ := startControlPlane(ctx, t, nil)
+	start := time.Now()
+	node, err := cp.StartNode(ctx, e2ekube.NodeOptions{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("node %s Ready in %v: containerd, the pause image built and imported, the kubelet registered", name, time.Since(start).Round(100*time.Millisecond))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("node %s:\n%s", name, node.Logs(30))
+		}
+		if err := node.Stop(); err != nil {
+			t.Errorf("stopping node %s: %v", name, err)
+		}
+	})
+	return cp, node
+}
