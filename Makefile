@@ -46,13 +46,11 @@ image-binaries: ## the binaries of the images into bin/image/bin: the client and
 image: image-binaries ## the images gpupool/gpupool and gpupool/gpupool-client, tagged with VERSION, into bin/image/gpupool-images.tar, without Docker (IMAGE_REGISTRY=host/path pushes them)
 	$(GO) run ./deploy/image -version $(VERSION) -bin $(IMAGE_DIR)/bin -out $(IMAGE_DIR)/gpupool-images.tar $(if $(IMAGE_REGISTRY),-registry $(IMAGE_REGISTRY))
 
-# The commit, not the working tree: two clones of HEAD at two paths, the
-# second built with an empty Go build cache, so that nothing of the first
-# build is reused. About 15 minutes on 2 cores, most of it the cold build.
+# The commit, not the working tree: two clones of HEAD at two paths (about
+# 4 minutes warm on 2 cores). They share the build cache, which Go keys by
+# content; `make verify-image VERIFY_IMAGE_GOCACHE=$$(mktemp -d)` builds the
+# second from scratch too (about 11 minutes more).
 .PHONY: verify-image
-# make verify-image VERIFY_IMAGE_GOCACHE=$$(mktemp -d) also rebuilds the second clone's
-# binaries from scratch (about 11 minutes on 2 cores); CI shares the build
-# cache, which Go keys by content, so the check is of paths and times.
 VERIFY_IMAGE_GOCACHE ?= $(shell $(GO) env GOCACHE)
 verify-image: ## build the images twice from clean clones of HEAD in other directories, and fail if a digest differs
 	@dir=$$(mktemp -d) && trap 'rm -rf "$$dir"' EXIT && \
