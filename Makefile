@@ -113,7 +113,7 @@ kube: ## build the Kubernetes control plane, the kubelet and the training operat
 
 .PHONY: e2e
 e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the daemon, the demo, the HPA on a real control plane, pods on a real kubelet
-	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -count=1 ./test/e2e/...
+	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -count=1 -timeout 30m ./test/e2e/...
 
 .PHONY: bench
 bench: deps build ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, daemon scrape and sampling cost, the simulated GPUs' /proc pass, a scheduler-extender filter at 1,213 nodes, adapter latency, HPA reaction time, kwok at 1,213 nodes, the OpenB workload placed through Kubernetes
