@@ -82,13 +82,9 @@ Flags:
 	var be adapter.Backend
 	switch *backend {
 	case "direct":
-		token := ""
-		if *tokenFile != "" {
-			b, err := os.ReadFile(*tokenFile)
-			if err != nil {
-				return bad("--allocator-token-file: %v", err)
-			}
-			token = strings.TrimSpace(string(b))
+		token, err := cli.ReadToken(*tokenFile)
+		if err != nil {
+			return bad("--allocator-token-file: %v", err)
 		}
 		c, err := client.New([]string{*allocatorURL}, token)
 		if err != nil {

@@ -105,13 +105,9 @@ Flags:
 	if err != nil {
 		return bad(fmt.Errorf("--unit: %w", err))
 	}
-	token := ""
-	if *tokenFile != "" {
-		b, err := os.ReadFile(*tokenFile)
-		if err != nil {
-			return bad(fmt.Errorf("--token-file: %w", err))
-		}
-		token = strings.TrimSpace(string(b))
+	token, err := cli.ReadToken(*tokenFile)
+	if err != nil {
+		return bad(fmt.Errorf("--token-file: %w", err))
 	}
 	alloc, err := client.New([]string{*allocatorURL}, token)
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"strings"
 
 	"github.com/spf13/pflag"
 )
@@ -45,4 +47,17 @@ func Parse(fs FlagSet, args []string, stdout, stderr io.Writer) (exit int, ok bo
 		return ExitUsage, false
 	}
 	return 0, true
+}
+
+// ReadToken reads a bearer token from a file, as a Secret mounts one: the
+// newline an editor or `echo` leaves is no part of it. No file, no token.
+func ReadToken(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(path) //nolint:gosec // the operator names the token file
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -50,5 +52,23 @@ func TestParse(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestReadToken: a token file's trailing newline is not the token's; no
+// file is no token; a file that cannot be read is an error.
+func TestReadToken(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(path, []byte("servers-token-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if token, err := ReadToken(path); token != "servers-token-0123456789" || err != nil {
+		t.Errorf("ReadToken(%s) = %q, %v", path, token, err)
+	}
+	if token, err := ReadToken(""); token != "" || err != nil {
+		t.Errorf(`ReadToken("") = %q, %v`, token, err)
+	}
+	if _, err := ReadToken(path + ".missing"); err == nil {
+		t.Error("a missing token file reads")
 	}
 }
