@@ -19,13 +19,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/custom-metrics-apiserver/pkg/cmd/options"
 
 	"github.com/gpupool/gpupool/adapter"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/httpserver"
+	"github.com/gpupool/gpupool/internal/kubeconfig"
 )
 
 func main() {
@@ -41,7 +41,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	promURL := fs.String("prometheus-url", "http://127.0.0.1:9090", "Prometheus (or VictoriaMetrics) base URL (--backend prometheus)")
 	promQueries := fs.String("prometheus-queries", "", "YAML file of PromQL templates per metric; empty uses the built-in ones (--backend prometheus)")
 	maxAge := fs.Duration("max-age", 30*time.Second, "oldest value served; an older one is an error to the HPA, which then holds its size")
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster that delegates authentication and authorization to; empty uses the in-cluster config")
+	kubeconfigPath := fs.String("kubeconfig", "", "kubeconfig of the cluster that delegates authentication and authorization to; empty uses the in-cluster config")
 	noDelegation := fs.Bool("no-delegation", false, "serve every request without asking a cluster who may (loopback demos only: INSECURE)")
 	metricsListen := fs.String("metrics-listen", "127.0.0.1:9470", "address to serve the adapter's own /metrics on (plain HTTP)")
 	opts := options.NewCustomMetricsAdapterServerOptions()
@@ -109,12 +109,7 @@ Flags:
 		log.Warn("INSECURE: --no-delegation serves every request without authentication or authorization; use it on loopback only")
 	} else {
 		var err error
-		if *kubeconfig != "" {
-			kube, err = clientcmd.BuildConfigFromFlags("", *kubeconfig)
-		} else {
-			kube, err = rest.InClusterConfig()
-		}
-		if err != nil {
+		if kube, err = kubeconfig.Load(*kubeconfigPath); err != nil {
 			return bad("no cluster to delegate authentication to (--kubeconfig, or run in a pod; --no-delegation for a loopback demo): %v", err)
 		}
 	}

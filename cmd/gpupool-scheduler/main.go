@@ -24,12 +24,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/httpserver"
+	"github.com/gpupool/gpupool/internal/kubeconfig"
 	"github.com/gpupool/gpupool/kube"
 	"github.com/gpupool/gpupool/kube/leases"
 	"github.com/gpupool/gpupool/kube/scheduler"
@@ -48,7 +47,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	metricsListen := fs.String("metrics-listen", "127.0.0.1:9474", "address of /metrics and /healthz (plain HTTP)")
 	allocatorURL := fs.String("allocator", "http://127.0.0.1:8470", "allocator address(es), comma-separated")
 	tokenFile := fs.String("token-file", "", "file holding an allocator admin token: the extender acquires leases in every namespace")
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster; empty uses the in-cluster config")
+	kubeconfigPath := fs.String("kubeconfig", "", "kubeconfig of the cluster; empty uses the in-cluster config")
 	unitName := fs.String("unit", string(kube.UnitPercent), "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 is one GPU, as BFK) or gpus; the unit the ResourceQuotas' requests.bitfusion.io/gpu are read in")
 	resync := fs.Duration("resync", leases.DefaultResync, "how often every lease is compared with its pod and every quota with its ResourceQuotas (and once at start)")
 	qps := fs.Float64("kube-api-qps", 200, "requests per second to kube-apiserver (a bind reads the pod and creates its binding)")
@@ -117,12 +116,7 @@ Flags:
 	// one scheduling loop waits with it: fail over between replicas once
 	// and answer within that, so the pod's event says why.
 	alloc.Retries, alloc.Timeout = 2*len(strings.Split(*allocatorURL, ",")), 3*time.Second
-	var kubeConfig *rest.Config
-	if *kubeconfig != "" {
-		kubeConfig, err = clientcmd.BuildConfigFromFlags("", *kubeconfig)
-	} else {
-		kubeConfig, err = rest.InClusterConfig()
-	}
+	kubeConfig, err := kubeconfig.Load(*kubeconfigPath)
 	if err != nil {
 		return bad(fmt.Errorf("no cluster (--kubeconfig, or run in a pod): %w", err))
 	}
