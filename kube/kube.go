@@ -2,8 +2,9 @@
 // the YAML users write: the bitfusion.io resource names and BFK's
 // annotations they accept, the unit of bitfusion.io/gpu (one cluster
 // setting), and the annotations gpupool itself writes on a pod on its way
-// from admission (kube/admission) through placement (kube/scheduler) to
-// the end of its lease (kube/leases).
+// from admission (kube/admission) through placement (kube/scheduler) and
+// its node's device plugin (kube/deviceplugin) to the end of its lease
+// (kube/leases).
 package kube
 
 import (
@@ -58,6 +59,12 @@ const (
 	// its lease's ID and the GPUs it holds on the node, for the node side.
 	AnnotationLease = "gpupool.io/lease"
 	AnnotationGPUs  = "gpupool.io/gpus"
+	// AnnotationAllocated is written by the device plugin when the kubelet
+	// allocates the pod's GPU container: a digest of the device IDs the
+	// kubelet gave it. The plugin never hands a pod so marked a lease again,
+	// and checks by it, before the container starts, that the pod the
+	// kubelet gave those devices to is the one whose lease it answered.
+	AnnotationAllocated = "gpupool.io/allocated"
 )
 
 // SimulatedDeviceDir is where a container finds the simulated GPUs its pod

@@ -22,6 +22,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/service/servicetest"
 	"github.com/gpupool/gpupool/internal/metricstest"
 	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/kubetest"
 )
 
 const namespace = "team-a"
@@ -107,18 +108,7 @@ func gpuPod(name, node string, percent int) *corev1.Pod {
 // does, and writes it on the pod.
 func (e *testEnv) acquire(pod *corev1.Pod) api.Lease {
 	e.t.Helper()
-	req, err := kube.LeaseRequest(pod, []string{pod.Spec.NodeName})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	l, err := e.admin.Acquire(e.ctx, req)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for k, v := range kube.LeaseAnnotations(&l) {
-		pod.Annotations[k] = v
-	}
-	return l
+	return kubetest.Acquire(e.ctx, e.t, e.admin, pod, pod.Spec.NodeName)
 }
 
 // place creates the pod, then acquires its lease and writes it on the
