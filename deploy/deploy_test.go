@@ -101,7 +101,8 @@ func podSpec(t *testing.T, o *unstructured.Unstructured) (corev1.PodSpec, bool) 
 }
 
 // clusterScoped are the kinds the overlays hold that live in no namespace.
-var clusterScoped = []string{"Namespace", "ClusterRole", "ClusterRoleBinding", "APIService", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+var clusterScoped = []string{"Namespace", "ClusterRole", "ClusterRoleBinding", "APIService", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+	"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 func TestOverlaysBuild(t *testing.T) {
 	for _, dir := range kustomizations(t) {
@@ -118,12 +119,22 @@ func TestOverlaysBuild(t *testing.T) {
 
 // callTheAPI are the workloads that call the Kubernetes API, and so mount
 // a ServiceAccount token.
-var callTheAPI = []string{"gpupool-adapter", "gpupool-scheduler", "gpupool-kube-scheduler"}
+var callTheAPI = []string{"gpupool-adapter", "gpupool-scheduler", "gpupool-kube-scheduler", "gpupool-device-plugin"}
+
+// hostPaths are the host paths each workload mounts, and whether it may
+// write there: the daemon reads the host's /sys; the device plugin makes
+// its socket beside the kubelet's and asks the kubelet's pod-resources API.
+var hostPaths = map[string]map[string]bool{
+	"gpupool-server":        {"/sys": false},
+	"gpupool-device-plugin": {"/var/lib/kubelet/device-plugins": true, "/var/lib/kubelet/pod-resources": false},
+}
 
 // TestPodPrivileges checks every gpupool pod: no privilege, no capability,
-// a read-only root; only the daemon shares the host's PID namespace and
-// mounts a host path, read-only; only the workloads of callTheAPI have a
-// Kubernetes token; no token is on a command line.
+// a read-only root; only the daemon shares the host's PID namespace; only
+// the workloads of hostPaths mount a host path, those and as they say;
+// only the device plugin runs as root, whose the kubelet's sockets are;
+// only the workloads of callTheAPI have a Kubernetes token; no token is on
+// a command line.
 func TestPodPrivileges(t *testing.T) {
 	for _, dir := range kustomizations(t) {
 		for _, o := range build(t, dir) {
@@ -142,8 +153,9 @@ func TestPodPrivileges(t *testing.T) {
 			if token := pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken; token != slices.Contains(callTheAPI, o.GetName()) {
 				t.Errorf("%s: mounts a ServiceAccount token: %v", what, token)
 			}
-			if sc := pod.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
-				t.Errorf("%s: may run as root", what)
+			root := o.GetName() == "gpupool-device-plugin"
+			if sc := pod.SecurityContext; sc == nil || root != (sc.RunAsUser != nil && *sc.RunAsUser == 0) || !root && (sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot) {
+				t.Errorf("%s: securityContext %+v, want root %v", what, sc, root)
 			}
 			readOnly := map[string]bool{}
 			for _, c := range pod.Containers {
@@ -163,7 +175,11 @@ func TestPodPrivileges(t *testing.T) {
 				}
 			}
 			for _, v := range pod.Volumes {
-				if v.HostPath != nil && (!daemon || !readOnly[v.Name]) {
+				if v.HostPath == nil {
+					continue
+				}
+				writable, allowed := hostPaths[o.GetName()][v.HostPath.Path]
+				if !allowed || readOnly[v.Name] == writable {
 					t.Errorf("%s: host path %s (read-only: %v)", what, v.HostPath.Path, readOnly[v.Name])
 				}
 			}
@@ -304,7 +320,7 @@ secretGenerator:
 			}
 		}
 	}
-	for _, want := range []string{"gpupool-allocator", "gpupool-server", "gpupool-adapter", "gpupool-scheduler"} {
+	for _, want := range []string{"gpupool-allocator", "gpupool-server", "gpupool-adapter", "gpupool-scheduler", "gpupool-device-plugin"} {
 		if !readers[want] {
 			t.Errorf("%s reads neither Secret", want)
 		}
@@ -569,9 +585,9 @@ func checkCertificate(t *testing.T, objs []*unstructured.Unstructured, name stri
 	}
 }
 
-// unitReaders are the Deployments of components/kubernetes that read the
+// unitReaders are the workloads of components/kubernetes that read the
 // cluster's unit of bitfusion.io/gpu.
-var unitReaders = []string{"gpupool-scheduler", "gpupool-webhook"}
+var unitReaders = []string{"gpupool-device-plugin", "gpupool-scheduler", "gpupool-webhook"}
 
 // TestOneUnit checks that every binary that reads the unit reads it from
 // the one ConfigMap, and that an overlay which changes it there, as
@@ -591,22 +607,21 @@ configMapGenerator:
 		}
 		var readers []string
 		for _, o := range objs {
-			if o.GetKind() != "Deployment" {
+			pod, ok := podSpec(t, o)
+			if !ok {
 				continue
 			}
-			var d appsv1.Deployment
-			find(t, objs, "Deployment", o.GetName(), &d)
-			for _, c := range d.Spec.Template.Spec.Containers {
+			for _, c := range pod.Containers {
 				if !slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--unit=") }) {
 					continue
 				}
-				readers = append(readers, d.Name)
+				readers = append(readers, o.GetName())
 				if !slices.Contains(c.Args, "--unit=$(GPUPOOL_UNIT)") {
-					t.Errorf("%s: %s reads the unit from elsewhere: %q", dir, d.Name, c.Args)
+					t.Errorf("%s: %s reads the unit from elsewhere: %q", dir, o.GetName(), c.Args)
 				}
 				for _, e := range c.Env {
 					if ref := e.ValueFrom; e.Name == "GPUPOOL_UNIT" && (ref == nil || ref.ConfigMapKeyRef == nil || ref.ConfigMapKeyRef.Name != settings.Name || ref.ConfigMapKeyRef.Key != "unit") {
-						t.Errorf("%s: %s's GPUPOOL_UNIT is not the unit of ConfigMap %s: %+v", dir, d.Name, settings.Name, e)
+						t.Errorf("%s: %s's GPUPOOL_UNIT is not the unit of ConfigMap %s: %+v", dir, o.GetName(), settings.Name, e)
 					}
 				}
 			}
