@@ -57,14 +57,14 @@ func TestKubeletNode(t *testing.T) {
 	for _, name := range names {
 		waitLogLine(ctx, t, cp.Client, name, "GREETING=hello from "+name)
 	}
-	containers := containerIDs(ctx, t, cp.Client, names)
+	containers := containerIDs(ctx, t, cp.Client, "default", names)
 
 	restart := time.Now()
 	if err := node.RestartKubelet(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("kubelet restarted, node Ready again in %v", time.Since(restart).Round(100*time.Millisecond))
-	if after := containerIDs(ctx, t, cp.Client, names); !slices.Equal(after, containers) {
+	if after := containerIDs(ctx, t, cp.Client, "default", names); !slices.Equal(after, containers) {
 		t.Errorf("containers after the kubelet's restart %v, want the same as before, %v", after, containers)
 	}
 	// The restarted kubelet serves the logs.
@@ -139,14 +139,14 @@ func waitLogLine(ctx context.Context, t *testing.T, c kubernetes.Interface, name
 	t.Fatalf("log of pod %s lacks %q (error %v):\n%s", name, line, err, log)
 }
 
-// containerIDs returns the container of each pod default/<name>, in the
-// order of names, failing the test unless each pod is Running with its
-// container never restarted.
-func containerIDs(ctx context.Context, t *testing.T, c kubernetes.Interface, names []string) []string {
+// containerIDs returns the container of each pod ns/<name>, in the order
+// of names, failing the test unless each pod is Running with its container
+// never restarted.
+func containerIDs(ctx context.Context, t *testing.T, c kubernetes.Interface, ns string, names []string) []string {
 	t.Helper()
 	var ids []string
 	for _, name := range names {
-		pod, err := c.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		pod, err := c.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

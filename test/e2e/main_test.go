@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	build := exec.Command("go", "build", "-o", dir, "../../cmd/gpupool", "../../cmd/gpupool-demo", "../../cmd/gpupool-allocator", "../../cmd/gpupool-server", "../../cmd/gpupool-adapter", "../../cmd/gpupool-webhook", "../../cmd/gpupool-scheduler", "./gpuload")
+	build := exec.Command("go", "build", "-o", dir, "../../cmd/gpupool", "../../cmd/gpupool-demo", "../../cmd/gpupool-allocator", "../../cmd/gpupool-server", "../../cmd/gpupool-adapter", "../../cmd/gpupool-webhook", "../../cmd/gpupool-scheduler", "../../cmd/gpupool-device-plugin", "./gpuload")
 	build.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -238,9 +238,19 @@ func (c *poolConfig) tenantEnv(t testing.TB, allocatorURL, ns string) []string {
 // adminTokenFile writes the admin token to a file, the adapter's
 // --allocator-token-file (a Secret's key mounted as a file).
 func (c *poolConfig) adminTokenFile(t testing.TB) string {
+	return c.tokenFile(t, "admin-token", c.Admin)
+}
+
+// serversTokenFile writes the servers token to a file, the device plugin's
+// --token-file.
+func (c *poolConfig) serversTokenFile(t testing.TB) string {
+	return c.tokenFile(t, "servers-token", c.Servers)
+}
+
+func (c *poolConfig) tokenFile(t testing.TB, name, token string) string {
 	t.Helper()
-	path := filepath.Join(filepath.Dir(c.Path), "admin-token")
-	if err := os.WriteFile(path, []byte(c.Admin+"\n"), 0o600); err != nil {
+	path := filepath.Join(filepath.Dir(c.Path), name)
+	if err := os.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return path
@@ -289,14 +299,28 @@ func startControlPlane(ctx context.Context, t *testing.T, logs *syncBuffer) (*e2
 // startKubeletNode starts the control plane as startControlPlane does and
 // a node of it named name, run by a real kubelet over containerd, both
 // stopped when the test ends (the node first). The test is skipped where
-// this machine cannot run containerd. If the test fails, its log ends with
-// containerd's and the kubelet's logs.
+// this machine cannot run containerd.
 func startKubeletNode(ctx context.Context, t *testing.T, name string) (*e2ekube.ControlPlane, *e2ekube.KubeletNode) {
+	t.Helper()
+	skipWithoutNode(t)
+	cp, _ := startControlPlane(ctx, t, nil)
+	return cp, startNode(ctx, t, cp, name)
+}
+
+// skipWithoutNode skips the test, saying why, where this machine cannot
+// run a kubelet node.
+func skipWithoutNode(t testing.TB) {
 	t.Helper()
 	if err := e2ekube.CheckCanRunNode(); err != nil {
 		t.Skipf("no kubelet node on this machine: %v", err)
 	}
-	cp, _ := startControlPlane(ctx, t, nil)
+}
+
+// startNode starts a node of cp named name, run by a real kubelet over
+// containerd, and stops it when the test ends, before cp. If the test
+// fails, its log ends with containerd's and the kubelet's logs.
+func startNode(ctx context.Context, t *testing.T, cp *e2ekube.ControlPlane, name string) *e2ekube.KubeletNode {
+	t.Helper()
 	start := time.Now()
 	node, err := cp.StartNode(ctx, e2ekube.NodeOptions{Name: name})
 	if err != nil {
@@ -311,5 +335,5 @@ func startKubeletNode(ctx context.Context, t *testing.T, name string) (*e2ekube.
 			t.Errorf("stopping node %s: %v", name, err)
 		}
 	})
-	return cp, node
+	return node
 }

@@ -398,6 +398,12 @@ func unmountUnder(dir string) error {
 	return errors.Join(errs...)
 }
 
+// PodResourcesSocket is the kubelet's pod-resources API socket, which a
+// device plugin asks which pod its devices went to.
+func (n *KubeletNode) PodResourcesSocket() string {
+	return filepath.Join(n.dir, "kubelet", "pod-resources", "kubelet.sock")
+}
+
 // Logs returns the last lines of containerd's and the kubelet's logs, for
 // a failing test to print.
 func (n *KubeletNode) Logs(lines int) string {
