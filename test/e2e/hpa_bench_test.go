@@ -25,23 +25,23 @@ func BenchmarkHPAReaction(b *testing.B) {
 	} {
 		b.Run("backend="+o.backend, func(b *testing.B) {
 			r := startHPARig(b, o)
-			r.waitReplicas(b, 1, 3*time.Minute)
+			waitReplicas(b, r.cp.Client, 1, 3*time.Minute)
 			var steps []time.Duration
 			for range b.N {
 				for i, load := range []float64{1.5, 0.3, 1.5, 0.3} {
 					time.Sleep(time.Duration(i) * 3750 * time.Millisecond)
-					from := r.hpa(b).Status.DesiredReplicas
+					from := tfTrainingHPAStatus(b, r.cp.Client).Status.DesiredReplicas
 					r.setLoad(b, load)
 					start := time.Now()
-					for r.hpa(b).Status.DesiredReplicas == from {
+					for tfTrainingHPAStatus(b, r.cp.Client).Status.DesiredReplicas == from {
 						if time.Since(start) > 3*time.Minute {
 							b.Fatalf("the HPA still wants %d replicas 3 minutes after the load went to %g", from, load)
 						}
 						time.Sleep(100 * time.Millisecond)
 					}
 					steps = append(steps, time.Since(start))
-					b.Logf("load -> %g GPUs: desiredReplicas %d -> %d after %v", load, from, r.hpa(b).Status.DesiredReplicas, steps[len(steps)-1].Round(100*time.Millisecond))
-					r.waitReplicas(b, int32(expectedReplicas(load)), 3*time.Minute)
+					b.Logf("load -> %g GPUs: desiredReplicas %d -> %d after %v", load, from, tfTrainingHPAStatus(b, r.cp.Client).Status.DesiredReplicas, steps[len(steps)-1].Round(100*time.Millisecond))
+					waitReplicas(b, r.cp.Client, int32(expectedReplicas(load)), 3*time.Minute)
 				}
 			}
 			var sum time.Duration
@@ -61,7 +61,7 @@ func BenchmarkHPAReaction(b *testing.B) {
 func BenchmarkAdapterThroughAPIServer(b *testing.B) {
 	const rate, seconds = 200, 10
 	r := startHPARig(b, rigOptions{backend: "direct"})
-	r.waitReplicas(b, 1, 3*time.Minute)
+	waitReplicas(b, r.cp.Client, 1, 3*time.Minute)
 	cfg := rest.CopyConfig(r.cp.Config)
 	cfg.QPS = -1 // no client-side throttling: the load is the point
 	raw, err := newRawGetter(cfg)

@@ -107,47 +107,14 @@ func startHPARig(t testing.TB, o rigOptions) *hpaRig {
 		"--heartbeat", "500ms", "--metric-labels-allowlist", "app"}
 	r.startServer(t)
 
-	// The adapter, with a serving certificate for the Service name the
-	// aggregator checks, delegating authentication and authorization.
-	cert, key, err := cp.ServingCert("gpupool-adapter.gpupool.svc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile := filepath.Join(dir, "adapter.crt"), filepath.Join(dir, "adapter.key")
-	if err := os.WriteFile(certFile, cert, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	port := freePort(t)
-	// Values older than 10 s are refused, so that a stopped daemon shows
-	// soon; the Prometheus backend dates a value by its oldest sample, so
-	// there --max-age stays well over the scrape interval (docs/adapter.md:
-	// 15 s against 30 s).
-	maxAge := 10 * time.Second
-	if o.backend == "prometheus" {
-		maxAge = max(maxAge, 2*o.scrape)
-	}
-	args := []string{"--secure-port", port, "--bind-address", "127.0.0.1", "--tls-cert-file", certFile,
-		"--tls-private-key-file", keyFile, "--kubeconfig", cp.Kubeconfig, "--authentication-kubeconfig", cp.Kubeconfig,
-		"--authorization-kubeconfig", cp.Kubeconfig, "--max-age", maxAge.String(), "--metrics-listen", "127.0.0.1:0",
-		"--backend", o.backend, "--allocator", a.URL, "--allocator-token-file", r.config.adminTokenFile(t)}
+	var promURL string
 	if o.backend == "prometheus" {
 		// Its queries read gpupool's recording rules, which their group
 		// evaluates every 5 s whatever the scrape interval.
-		prom := metricstest.StartPrometheusWith(t, metricstest.PrometheusConfig{Interval: o.scrape, RuleFiles: []string{metricstest.GpupoolRules(t)}},
+		promURL = metricstest.StartPrometheusWith(t, metricstest.PrometheusConfig{Interval: o.scrape, RuleFiles: []string{metricstest.GpupoolRules(t)}},
 			a.URL, "http://"+daemonAddr)
-		args = append(args, "--prometheus-url", prom)
 	}
-	startBinary(t, r.logs, "gpupool-adapter", regexp.MustCompile(`Serving securely`), args...)
-	portNum, _ := strconv.Atoi(port)
-	if err := cp.RegisterAPIService(ctx, "external.metrics.k8s.io", "v1beta1", "gpupool", "gpupool-adapter", int32(portNum)); err != nil {
-		t.Fatal(err)
-	}
-	if err := cp.WaitAPIServiceAvailable(ctx, "v1beta1.external.metrics.k8s.io"); err != nil {
-		t.Fatal(err)
-	}
+	startAPIServiceAdapter(t, cp, r.logs, a.URL, r.config.adminTokenFile(t), promURL, o.scrape)
 
 	if err := cp.AddKwokNode(ctx, gpuNode, map[string]string{"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}); err != nil {
 		t.Fatal(err)
@@ -224,6 +191,54 @@ func startCommand(t testing.TB, logs *syncBuffer, env []string, path string, rea
 	return cmd
 }
 
+// startAPIServiceAdapter runs gpupool-adapter as the external-metrics APIService of
+// cp, until the test ends, and waits until the aggregator finds it
+// Available: the allocator's leases name the pods, and the values come
+// from the daemons directly, or from Prometheus at promURL (scraping every
+// scrape) when it is set.
+func startAPIServiceAdapter(t testing.TB, cp *kube.ControlPlane, logs *syncBuffer, allocatorURL, adminTokenFile, promURL string, scrape time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	// A serving certificate for the Service name the aggregator checks;
+	// authentication and authorization delegated to kube-apiserver.
+	cert, key, err := cp.ServingCert("gpupool-adapter.gpupool.svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile := filepath.Join(dir, "adapter.crt"), filepath.Join(dir, "adapter.key")
+	if err := os.WriteFile(certFile, cert, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	// Values older than 10 s are refused, so that a stopped daemon shows
+	// soon; the Prometheus backend dates a value by its oldest sample, so
+	// there --max-age stays well over the scrape interval (docs/adapter.md:
+	// 15 s against 30 s).
+	maxAge, backend := 10*time.Second, "direct"
+	if promURL != "" {
+		maxAge, backend = max(maxAge, 2*scrape), "prometheus"
+	}
+	args := []string{"--secure-port", port, "--bind-address", "127.0.0.1", "--tls-cert-file", certFile,
+		"--tls-private-key-file", keyFile, "--kubeconfig", cp.Kubeconfig, "--authentication-kubeconfig", cp.Kubeconfig,
+		"--authorization-kubeconfig", cp.Kubeconfig, "--max-age", maxAge.String(), "--metrics-listen", "127.0.0.1:0",
+		"--backend", backend, "--allocator", allocatorURL, "--allocator-token-file", adminTokenFile}
+	if promURL != "" {
+		args = append(args, "--prometheus-url", promURL)
+	}
+	startBinary(t, logs, "gpupool-adapter", regexp.MustCompile(`Serving securely`), args...)
+	portNum, _ := strconv.Atoi(port)
+	if err := cp.RegisterAPIService(ctx, "external.metrics.k8s.io", "v1beta1", "gpupool", "gpupool-adapter", int32(portNum)); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.WaitAPIServiceAvailable(ctx, "v1beta1.external.metrics.k8s.io"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (r *hpaRig) startServer(t testing.TB) {
 	cmd := startDaemon(t, r.logs, r.config.Servers, r.serverArg...)
 	r.serverMu.Lock()
@@ -280,9 +295,18 @@ func (r *hpaRig) createWorkload(t testing.TB) {
 	if _, err := c.AppsV1().Deployments(hpaNamespace).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := c.AutoscalingV2().HorizontalPodAutoscalers(hpaNamespace).Create(ctx, tfTrainingHPA(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tfTrainingHPA is tf-training's HPA on bitfusion_gpu_utilization of its
+// pods (hpaTarget each, 1 to 6 replicas), reacting at once both ways so
+// that the tests need not wait out the default stabilization.
+func tfTrainingHPA() *autoscalingv2.HorizontalPodAutoscaler {
 	fast := &autoscalingv2.HPAScalingRules{StabilizationWindowSeconds: ptr.To[int32](0),
 		Policies: []autoscalingv2.HPAScalingPolicy{{Type: autoscalingv2.PercentScalingPolicy, Value: 400, PeriodSeconds: 1}}}
-	hpa := &autoscalingv2.HorizontalPodAutoscaler{
+	return &autoscalingv2.HorizontalPodAutoscaler{
 		ObjectMeta: metav1.ObjectMeta{Name: hpaApp, Namespace: hpaNamespace},
 		Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
 			ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: hpaApp},
@@ -291,15 +315,12 @@ func (r *hpaRig) createWorkload(t testing.TB) {
 			Metrics: []autoscalingv2.MetricSpec{{
 				Type: autoscalingv2.ExternalMetricSourceType,
 				External: &autoscalingv2.ExternalMetricSource{
-					Metric: autoscalingv2.MetricIdentifier{Name: "bitfusion_gpu_utilization", Selector: &metav1.LabelSelector{MatchLabels: labels}},
+					Metric: autoscalingv2.MetricIdentifier{Name: "bitfusion_gpu_utilization", Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": hpaApp}}},
 					Target: autoscalingv2.MetricTarget{Type: autoscalingv2.ValueMetricType, Value: ptr.To(resource.MustParse(hpaTarget))},
 				},
 			}},
 			Behavior: &autoscalingv2.HorizontalPodAutoscalerBehavior{ScaleUp: fast, ScaleDown: fast},
 		},
-	}
-	if _, err := c.AutoscalingV2().HorizontalPodAutoscalers(hpaNamespace).Create(ctx, hpa, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -356,9 +377,10 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-func (r *hpaRig) hpa(t testing.TB) *autoscalingv2.HorizontalPodAutoscaler {
+// tfTrainingHPAStatus is tf-training's HPA as c reads it now.
+func tfTrainingHPAStatus(t testing.TB, c kubernetes.Interface) *autoscalingv2.HorizontalPodAutoscaler {
 	t.Helper()
-	h, err := r.cp.Client.AutoscalingV2().HorizontalPodAutoscalers(hpaNamespace).Get(context.Background(), hpaApp, metav1.GetOptions{})
+	h, err := c.AutoscalingV2().HorizontalPodAutoscalers(hpaNamespace).Get(context.Background(), hpaApp, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,18 +396,18 @@ func condition(h *autoscalingv2.HorizontalPodAutoscaler, typ autoscalingv2.Horiz
 	return corev1.ConditionUnknown, ""
 }
 
-// waitReplicas waits until the HPA wants n replicas and the Deployment
-// has n Ready, and returns how long the HPA took to want them.
-func (r *hpaRig) waitReplicas(t testing.TB, n int32, within time.Duration) time.Duration {
+// waitReplicas waits until tf-training's HPA wants n replicas and the
+// Deployment has n Ready, and returns how long the HPA took to want them.
+func waitReplicas(t testing.TB, c kubernetes.Interface, n int32, within time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
 	var desired time.Duration
 	for deadline := start.Add(within); ; time.Sleep(250 * time.Millisecond) {
-		h := r.hpa(t)
+		h := tfTrainingHPAStatus(t, c)
 		if h.Status.DesiredReplicas == n && desired == 0 {
 			desired = time.Since(start)
 		}
-		dep, err := r.cp.Client.AppsV1().Deployments(hpaNamespace).Get(context.Background(), hpaApp, metav1.GetOptions{})
+		dep, err := c.AppsV1().Deployments(hpaNamespace).Get(context.Background(), hpaApp, metav1.GetOptions{})
 		if err == nil && desired > 0 && dep.Status.ReadyReplicas == n && h.Status.DesiredReplicas == n {
 			return desired
 		}
@@ -395,6 +417,28 @@ func (r *hpaRig) waitReplicas(t testing.TB, n int32, within time.Duration) time.
 				within, h.Status.DesiredReplicas, h.Status.CurrentReplicas, n, active, why, h.Status.CurrentMetrics)
 		}
 	}
+}
+
+// waitHPAHolds waits until tf-training's HPA finds its metric gone
+// (ScalingActive False), then checks, three sync periods later, that it
+// held n replicas rather than scale on a missing value.
+func waitHPAHolds(t *testing.T, c kubernetes.Interface, n int32, syncPeriod time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		if active, _ := condition(tfTrainingHPAStatus(t, c), autoscalingv2.ScalingActive); active == corev1.ConditionFalse {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ScalingActive did not turn False with the metric gone: %+v", tfTrainingHPAStatus(t, c).Status.Conditions)
+		}
+	}
+	time.Sleep(3 * syncPeriod)
+	h := tfTrainingHPAStatus(t, c)
+	if h.Status.DesiredReplicas != n || h.Status.CurrentReplicas != n {
+		t.Errorf("with the metric stale the HPA moved to %d/%d replicas, want it to hold %d", h.Status.DesiredReplicas, h.Status.CurrentReplicas, n)
+	}
+	_, why := condition(h, autoscalingv2.ScalingActive)
+	t.Logf("metric stale: ScalingActive=False (%s), held at %d", why, h.Status.CurrentReplicas)
 }
 
 // rawMetric reads the external metric through the kube-apiserver, as
@@ -427,7 +471,7 @@ func TestHPAScalesOnGPUUtilization(t *testing.T) {
 	r := startHPARig(t, rigOptions{syncPeriod: 2 * time.Second, backend: "direct"})
 	ctx := context.Background()
 
-	r.waitReplicas(t, 1, 60*time.Second)
+	waitReplicas(t, r.cp.Client, 1, 60*time.Second)
 	raw, err := r.rawMetric(ctx)
 	if err != nil || !regexp.MustCompile(`"metricName":\s*"bitfusion_gpu_utilization"`).Match(raw) {
 		t.Fatalf("get --raw: %v\n%s", err, raw)
@@ -436,40 +480,26 @@ func TestHPAScalesOnGPUUtilization(t *testing.T) {
 
 	const high, low = 1.5, 0.3
 	r.setLoad(t, high)
-	took := r.waitReplicas(t, int32(expectedReplicas(high)), 120*time.Second)
+	took := waitReplicas(t, r.cp.Client, int32(expectedReplicas(high)), 120*time.Second)
 	t.Logf("load %g GPUs: scaled out to %d (the HPA wanted them %v after the step)", high, expectedReplicas(high), took.Round(time.Second))
 
 	r.setLoad(t, low)
-	took = r.waitReplicas(t, int32(expectedReplicas(low)), 120*time.Second)
+	took = waitReplicas(t, r.cp.Client, int32(expectedReplicas(low)), 120*time.Second)
 	t.Logf("load %g GPUs: scaled in to %d (%v)", low, expectedReplicas(low), took.Round(time.Second))
 
 	// The daemon stops: no reading, so the HPA must hold, not scale on a
 	// zero, even though the work rose meanwhile.
 	r.stopServer()
 	r.setLoad(t, high)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(250 * time.Millisecond) {
-		if active, _ := condition(r.hpa(t), autoscalingv2.ScalingActive); active == corev1.ConditionFalse {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ScalingActive did not turn False with the metric gone: %+v", r.hpa(t).Status.Conditions)
-		}
-	}
-	time.Sleep(3 * 2 * time.Second) // three sync periods
-	h := r.hpa(t)
-	if h.Status.DesiredReplicas != int32(expectedReplicas(low)) || h.Status.CurrentReplicas != int32(expectedReplicas(low)) {
-		t.Errorf("with the metric stale the HPA moved to %d/%d replicas, want it to hold %d", h.Status.DesiredReplicas, h.Status.CurrentReplicas, expectedReplicas(low))
-	}
-	_, why := condition(h, autoscalingv2.ScalingActive)
-	t.Logf("metric stale: ScalingActive=False (%s), held at %d", why, h.Status.CurrentReplicas)
+	waitHPAHolds(t, r.cp.Client, int32(expectedReplicas(low)), 2*time.Second)
 	if _, err := r.rawMetric(ctx); err == nil {
 		t.Error("get --raw answered a value while the daemon is down")
 	}
 
 	r.startServer(t)
-	took = r.waitReplicas(t, int32(expectedReplicas(high)), 120*time.Second)
+	took = waitReplicas(t, r.cp.Client, int32(expectedReplicas(high)), 120*time.Second)
 	t.Logf("metric back: scaled out to %d (%v)", expectedReplicas(high), took.Round(time.Second))
-	if active, _ := condition(r.hpa(t), autoscalingv2.ScalingActive); active != corev1.ConditionTrue {
+	if active, _ := condition(tfTrainingHPAStatus(t, r.cp.Client), autoscalingv2.ScalingActive); active != corev1.ConditionTrue {
 		t.Errorf("ScalingActive = %s after the metric returned", active)
 	}
 }

@@ -32,6 +32,8 @@ type kubePoolOptions struct {
 	Namespaces []string
 	// AllocatorArgs are more flags for the allocator, such as --policy.
 	AllocatorArgs []string
+	// HPASyncPeriod is the HPA controller's; zero is the harness's default.
+	HPASyncPeriod time.Duration
 }
 
 // kubePool is gpupool deployed on a real control plane as users deploy
@@ -69,7 +71,7 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 		o.Unit = kube.UnitPercent
 	}
 	dir := t.TempDir()
-	cp, err := e2ekube.Start(ctx, e2ekube.Options{BinDir: bins, Dir: dir})
+	cp, err := e2ekube.Start(ctx, e2ekube.Options{BinDir: bins, Dir: dir, HPASyncPeriod: o.HPASyncPeriod})
 	if err != nil {
 		t.Fatal(err)
 	}

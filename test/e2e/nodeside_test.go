@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +25,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/metricstest"
 	"github.com/gpupool/gpupool/kube"
 	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
 )
@@ -403,4 +407,134 @@ func TestNodeSide(t *testing.T) {
 func quantiles(ds []time.Duration) string {
 	s := slices.Sorted(slices.Values(ds))
 	return fmt.Sprintf("p50 %v, p99 %v", s[len(s)/2].Round(time.Millisecond), s[min(len(s)-1, len(s)*99/100)].Round(time.Millisecond))
+}
+
+// TestNodeSideHPA closes the loop on a real node: tf-training, BFK's
+// Deployment, scales on bitfusion_gpu_utilization as the adapter reads it
+// from the daemon that sees its pods' processes; the real HPA scales it out
+// and in, each new pod started with a lease of its own on the node the
+// pool chose, each removed pod's lease ended. The daemon killed, the pool
+// takes the node's GPUs out of placement, the device plugin reports them
+// unhealthy to the kubelet, Prometheus fires GPUPoolServerDown with the
+// shipped rules, and the HPA holds; the daemon back, all return.
+func TestNodeSideHPA(t *testing.T) {
+	ctx := t.Context()
+	const sync = 2 * time.Second
+	p := startNodePool(t, ctx, kubePoolOptions{Namespaces: []string{hpaNamespace}, HPASyncPeriod: sync}, 4)
+	c := p.CP.Client
+	prom := metricstest.StartPrometheusWith(t, metricstest.PrometheusConfig{Interval: time.Second, RuleFiles: []string{shortFor(t)}},
+		p.Allocator.URL, p.DaemonURL)
+	startAPIServiceAdapter(t, p.CP, p.Logs, p.Allocator.URL, p.config.adminTokenFile(t), "", 0)
+
+	const low, high = 0.3, 1.5
+	p.setWork(t, hpaNamespace, "app="+hpaApp, low)
+	if _, err := c.AppsV1().Deployments(hpaNamespace).Create(ctx, bfkDeployment(1, replicaPercent), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AutoscalingV2().HorizontalPodAutoscalers(hpaNamespace).Create(ctx, tfTrainingHPA(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitReplicas(t, c, int32(expectedReplicas(low)), 90*time.Second)
+	// One replica holds half a GPU and does 0.3 GPUs' work: 60% of its
+	// share, as the adapter answers the HPA through kube-apiserver.
+	get, err := newRawGetter(p.CP.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw []byte
+	waitForUpTo(t, 20*time.Second, func() bool {
+		raw, err = get(ctx)
+		v, ok := externalMetricValue(raw)
+		return err == nil && ok && math.Abs(v-0.6) < 0.1
+	})
+	if t.Failed() {
+		t.Fatalf("bitfusion_gpu_utilization{app=%s} is not 0.6 with one replica at %g GPUs' work: %v %s", hpaApp, low, err, raw)
+	}
+
+	p.setWork(t, hpaNamespace, "app="+hpaApp, high)
+	took := waitReplicas(t, c, int32(expectedReplicas(high)), 120*time.Second)
+	t.Logf("work %g GPUs: the HPA wanted %d replicas %v after the step", high, expectedReplicas(high), took.Round(100*time.Millisecond))
+	pods := p.deploymentPods(t, ctx, hpaNamespace, "app="+hpaApp, expectedReplicas(high))
+	for i := range pods {
+		p.checkLeaseEnv(t, ctx, &pods[i], replicaPercent)
+	}
+
+	p.setWork(t, hpaNamespace, "app="+hpaApp, low)
+	took = waitReplicas(t, c, int32(expectedReplicas(low)), 120*time.Second)
+	t.Logf("work %g GPUs: the HPA wanted %d replica %v after the step", low, expectedReplicas(low), took.Round(100*time.Millisecond))
+	waitForUpTo(t, 30*time.Second, func() bool {
+		l, err := p.Admin.Leases(ctx, client.LeaseFilter{Namespace: hpaNamespace, Selector: "app=" + hpaApp})
+		return err == nil && len(l) == expectedReplicas(low)
+	})
+	if t.Failed() {
+		t.Fatalf("the removed replicas' leases did not end")
+	}
+
+	// The daemon's pod killed: no heartbeat, no reading.
+	killed := time.Now()
+	p.killDaemon()
+	p.setWork(t, hpaNamespace, "app="+hpaApp, high)
+	waitFor(t, func() bool {
+		s, err := p.Admin.Server(ctx, nodePoolNode)
+		return err == nil && !s.Schedulable
+	})
+	p.waitAllocatable(t, ctx, 0)
+	t.Logf("daemon killed: the pool stopped placing on %s and the kubelet counts its GPUs unhealthy after %v", nodePoolNode, time.Since(killed).Round(100*time.Millisecond))
+	waitHPAHolds(t, c, int32(expectedReplicas(low)), sync)
+	waitForUpTo(t, 90*time.Second, func() bool { return alertFiring(t, prom, "GPUPoolServerDown", nodePoolNode) })
+	if t.Failed() {
+		t.Fatalf("GPUPoolServerDown did not fire for %s", nodePoolNode)
+	}
+	t.Logf("GPUPoolServerDown firing %v after the kill (30 s without heartbeat, for shortened to 5 s)", time.Since(killed).Round(time.Second))
+	if h := tfTrainingHPAStatus(t, c); h.Status.CurrentReplicas != int32(expectedReplicas(low)) {
+		t.Errorf("while the daemon was down the HPA moved to %d replicas, want it to hold %d", h.Status.CurrentReplicas, expectedReplicas(low))
+	}
+
+	back := time.Now()
+	p.startDaemon(t)
+	p.waitAllocatable(t, ctx, p.devicesPerGPU()*int64(p.gpus))
+	waitReplicas(t, c, int32(expectedReplicas(high)), 120*time.Second)
+	t.Logf("daemon back: the node's GPUs healthy again and %d replicas Ready %v after its start", expectedReplicas(high), time.Since(back).Round(100*time.Millisecond))
+}
+
+// externalMetricValue is the one value of an external metric list, as
+// kube-apiserver answers it.
+func externalMetricValue(raw []byte) (float64, bool) {
+	var list struct {
+		Items []struct {
+			Value resource.Quantity `json:"value"`
+		} `json:"items"`
+	}
+	if json.Unmarshal(raw, &list) != nil || len(list.Items) != 1 {
+		return 0, false
+	}
+	return list.Items[0].Value.AsApproximateFloat64(), true
+}
+
+// alertFiring reports whether the Prometheus at url has alert name firing
+// for server.
+func alertFiring(t testing.TB, url, name, server string) bool {
+	t.Helper()
+	resp, err := http.Get(url + "/api/v1/alerts")
+	if err != nil {
+		return false
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var body struct {
+		Data struct {
+			Alerts []struct {
+				Labels map[string]string `json:"labels"`
+				State  string            `json:"state"`
+			} `json:"alerts"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range body.Data.Alerts {
+		if a.Labels["alertname"] == name && a.Labels["server"] == server && a.State == "firing" {
+			return true
+		}
+	}
+	return false
 }
