@@ -204,6 +204,9 @@ func (p *nodePool) checkLeaseEnv(t *testing.T, ctx context.Context, pod *corev1.
 			t.Errorf("pod %s's container: %s=%q, want %q (lease %s)", pod.Name, k, env[k], v, lease.ID)
 		}
 	}
+	if mps, ok := env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]; percent == 100 && ok {
+		t.Errorf("pod %s's container, of whole GPUs, has CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%s", pod.Name, mps)
+	}
 	return lease
 }
 
@@ -407,6 +410,50 @@ func TestNodeSide(t *testing.T) {
 func quantiles(ds []time.Duration) string {
 	s := slices.Sorted(slices.Values(ds))
 	return fmt.Sprintf("p50 %v, p99 %v", s[len(s)/2].Round(time.Millisecond), s[min(len(s)-1, len(s)*99/100)].Round(time.Millisecond))
+}
+
+// TestNodeSideArticlesDeployment runs the Bitfusion-on-Kubernetes
+// articles' Deployment, unchanged but for its image, in their unit
+// (bitfusion.io/gpu: 2 is two GPUs): each pod starts on the labelled node
+// with a lease of two whole GPUs, which its container is given, and no MPS
+// limit.
+func TestNodeSideArticlesDeployment(t *testing.T) {
+	ctx := t.Context()
+	const ns = "training"
+	p := startNodePool(t, ctx, kubePoolOptions{Unit: kube.UnitGPUs, Namespaces: []string{ns}}, 4)
+	labels := map[string]string{"app": "resnet50-bf"}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "resnet50-bf"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](2),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					NodeSelector: map[string]string{"bitfusion-node": "enabled"},
+					Containers: []corev1.Container{{Name: "tensorflow", Image: gpuloadImage, ImagePullPolicy: corev1.PullIfNotPresent,
+						Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{kube.ResourceGPU: resource.MustParse("2")}}}},
+				},
+			},
+		},
+	}
+	if _, err := p.CP.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pods := p.deploymentPods(t, ctx, ns, "app=resnet50-bf", 2)
+	gpus := map[string]bool{}
+	for i := range pods {
+		lease := p.checkLeaseEnv(t, ctx, &pods[i], 100)
+		for _, g := range lease.GPUs {
+			if g.Percent != 100 || gpus[g.UUID] {
+				t.Errorf("pod %s's lease %s: GPU %s at %g%%, want a whole GPU of its own", pods[i].Name, lease.ID, g.UUID, g.Percent)
+			}
+			gpus[g.UUID] = true
+		}
+	}
+	if len(gpus) != 4 {
+		t.Errorf("the two pods hold %d GPUs, want 4", len(gpus))
+	}
 }
 
 // TestNodeSideHPA closes the loop on a real node: tf-training, BFK's
