@@ -360,7 +360,7 @@ type procUsage struct {
 const clockTicks = 100
 
 // usageOf reads each process's usage from /proc.
-func usageOf(b *testing.B, pids map[string]int) map[string]procUsage {
+func usageOf(b testing.TB, pids map[string]int) map[string]procUsage {
 	b.Helper()
 	usage := make(map[string]procUsage, len(pids))
 	for name, pid := range pids {

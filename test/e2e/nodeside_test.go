@@ -49,6 +49,7 @@ type nodePool struct {
 	PluginLogs *syncBuffer
 
 	gpus       int
+	plugin     *exec.Cmd
 	workload   string
 	daemonArgs []string
 	daemon     *exec.Cmd
@@ -96,7 +97,7 @@ func startNodePool(t *testing.T, ctx context.Context, o kubePoolOptions, gpus in
 		"--probe-listen", "127.0.0.1:0", "--simulate-gpus", fmt.Sprintf("H100:80Gi:%d", gpus), "--simulated-device-dir", devices,
 		"--simulated-workload", p.workload, "--interval", "200ms", "--process-every", "1", "--heartbeat", "500ms"}
 	p.startDaemon(t)
-	startBinary(t, p.PluginLogs, "gpupool-device-plugin", regexp.MustCompile(`registered with the kubelet`),
+	p.plugin = startBinary(t, p.PluginLogs, "gpupool-device-plugin", regexp.MustCompile(`registered with the kubelet`),
 		"--node", nodePoolNode, "--allocator", p.Allocator.URL, "--token-file", p.config.serversTokenFile(t), "--unit", string(p.unit),
 		"--kubeconfig", p.CP.Kubeconfig, "--pod-resources-socket", p.Node.PodResourcesSocket(), "--poll", "500ms",
 		"--simulated-device-dir", devices)
@@ -369,6 +370,8 @@ func TestNodeSide(t *testing.T) {
 	}
 	t.Logf("pod created to Running with its lease and GPU environment: %s over %d pods", quantiles(toRunning), timed)
 	t.Logf("pod deleted to its lease ended: %s over %d pods", quantiles(toReleased), timed)
+	plugin := usageOf(t, map[string]int{"plugin": p.plugin.Process.Pid})["plugin"]
+	t.Logf("gpupool-device-plugin after %d pods: peak RSS %.1f MiB, CPU %v", timed+len(pods), float64(plugin.peakRSS)/(1<<20), plugin.cpu)
 	// Their shares are free again: only tf-training's two halves are held.
 	server, err := p.Admin.Server(ctx, nodePoolNode)
 	if err != nil {
