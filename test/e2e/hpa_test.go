@@ -276,27 +276,29 @@ func (r *hpaRig) createWorkload(t testing.TB) {
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: hpaNamespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	labels := map[string]string{"app": hpaApp}
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: hpaApp, Namespace: hpaNamespace},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](1),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					NodeName:    gpuNode, // no scheduler runs: kwok's node takes them
-					Tolerations: []corev1.Toleration{{Key: "kwok.x-k8s.io/node", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
-					Containers:  []corev1.Container{{Name: "trainer", Image: "tf-training:fake"}},
-				},
-			},
-		},
-	}
+	dep := deployment(hpaApp, 1, corev1.PodSpec{
+		NodeName:    gpuNode, // no scheduler runs: kwok's node takes them
+		Tolerations: []corev1.Toleration{{Key: "kwok.x-k8s.io/node", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+		Containers:  []corev1.Container{{Name: "trainer", Image: "tf-training:fake"}},
+	})
 	if _, err := c.AppsV1().Deployments(hpaNamespace).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.AutoscalingV2().HorizontalPodAutoscalers(hpaNamespace).Create(ctx, tfTrainingHPA(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// deployment is a Deployment of replicas pods of spec, labelled app=<name>.
+func deployment(name string, replicas int32, spec corev1.PodSpec) *appsv1.Deployment {
+	labels := map[string]string{"app": name}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: spec},
+		},
 	}
 }
 

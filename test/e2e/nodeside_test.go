@@ -236,26 +236,17 @@ func containerEnv(t testing.TB, ctx context.Context, cp *e2ekube.ControlPlane, p
 // bfkDeployment is the tf-training Deployment as BFK's users write it:
 // gpu-amount 1 and gpu-percent, BFK's annotations, gpuload as its image.
 func bfkDeployment(replicas int32, percent int) *appsv1.Deployment {
-	labels := map[string]string{"app": "tf-training"}
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "tf-training"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To(replicas),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{
-					kube.AnnotationAutoManagement: "all", kube.AnnotationClientOS: "ubuntu20", kube.AnnotationClientVersion: "401"}},
-				Spec: corev1.PodSpec{
-					TerminationGracePeriodSeconds: ptr.To[int64](5),
-					Containers: []corev1.Container{{Name: "trainer", Image: gpuloadImage, ImagePullPolicy: corev1.PullIfNotPresent,
-						Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
-							kube.ResourceGPUAmount:  resource.MustParse("1"),
-							kube.ResourceGPUPercent: *resource.NewQuantity(int64(percent), resource.DecimalSI),
-						}}}},
-				},
-			},
-		},
-	}
+	dep := deployment("tf-training", replicas, corev1.PodSpec{
+		TerminationGracePeriodSeconds: ptr.To[int64](5),
+		Containers: []corev1.Container{{Name: "trainer", Image: gpuloadImage, ImagePullPolicy: corev1.PullIfNotPresent,
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
+				kube.ResourceGPUAmount:  resource.MustParse("1"),
+				kube.ResourceGPUPercent: *resource.NewQuantity(int64(percent), resource.DecimalSI),
+			}}}},
+	})
+	dep.Spec.Template.Annotations = map[string]string{
+		kube.AnnotationAutoManagement: "all", kube.AnnotationClientOS: "ubuntu20", kube.AnnotationClientVersion: "401"}
+	return dep
 }
 
 // deploymentPods waits until Deployment ns/name has n pods, all Running,
@@ -424,22 +415,11 @@ func TestNodeSideArticlesDeployment(t *testing.T) {
 	ctx := t.Context()
 	const ns = "training"
 	p := startNodePool(t, ctx, kubePoolOptions{Unit: kube.UnitGPUs, Namespaces: []string{ns}}, 4)
-	labels := map[string]string{"app": "resnet50-bf"}
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "resnet50-bf"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](2),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					NodeSelector: map[string]string{"bitfusion-node": "enabled"},
-					Containers: []corev1.Container{{Name: "tensorflow", Image: gpuloadImage, ImagePullPolicy: corev1.PullIfNotPresent,
-						Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{kube.ResourceGPU: resource.MustParse("2")}}}},
-				},
-			},
-		},
-	}
+	dep := deployment("resnet50-bf", 2, corev1.PodSpec{
+		NodeSelector: map[string]string{"bitfusion-node": "enabled"},
+		Containers: []corev1.Container{{Name: "tensorflow", Image: gpuloadImage, ImagePullPolicy: corev1.PullIfNotPresent,
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{kube.ResourceGPU: resource.MustParse("2")}}}},
+	})
 	if _, err := p.CP.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
