@@ -17,12 +17,10 @@ package main
 
 import (
 	"context"
-	"debug/elf"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"strings"
@@ -49,13 +47,6 @@ const (
 // The NVIDIA container runtime mounts the driver's libraries into the
 // container, not glibc's: the image must have them.
 var nvmlLinks = []string{"libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1"}
-
-// debianVersion tells the NVIDIA container runtime that the image lays its
-// libraries out as Debian does: it then mounts libnvidia-ml.so.1 into
-// /usr/lib/x86_64-linux-gnu, which Debian's loader searches, and not into
-// /usr/lib64, which it does not. The image has it when its glibc is
-// Debian's (or Ubuntu's).
-const debianVersion = "/etc/debian_version"
 
 func main() {
 	version := flag.String("version", "", "the images' tag (make passes the VERSION file's)")
@@ -134,7 +125,7 @@ func images(version, bin string) ([]ociimage.Image, error) {
 	if clientPath == "" || len(servers) == 0 {
 		return nil, fmt.Errorf("%s: want %s and the server-side binaries", bin, client)
 	}
-	if interp, _, err := linking(clientPath); err != nil {
+	if interp, _, err := ociimage.Linking(clientPath); err != nil {
 		return nil, err
 	} else if interp != "" {
 		return nil, fmt.Errorf("%s is linked dynamically: build it with CGO_ENABLED=0, it runs in users' images, whatever their libc", clientPath)
@@ -142,13 +133,13 @@ func images(version, bin string) ([]ociimage.Image, error) {
 
 	serverLabels := map[string]string{versionLabel: version}
 	var serverLayers [][]ociimage.File
-	libc, err := glibc(servers)
+	libc, err := ociimage.GlibcOf(servers, nvmlLinks...)
 	if err != nil {
 		return nil, err
 	}
-	if libc.files != nil {
-		serverLayers = append(serverLayers, libc.files)
-		serverLabels[glibcLabel] = libc.version
+	if libc.Files != nil {
+		serverLayers = append(serverLayers, libc.Files)
+		serverLabels[glibcLabel] = libc.Version
 	}
 	serverLayers = append(serverLayers, programs(servers))
 	return []ociimage.Image{
@@ -175,107 +166,4 @@ func programs(paths []string) []ociimage.File {
 		files = append(files, ociimage.File{Path: binDir + "/" + filepath.Base(p), Mode: 0o755, Source: p})
 	}
 	return files
-}
-
-// glibcLayer is the glibc the dynamic binaries need: its files in the
-// image and the version its loader reports.
-type glibcLayer struct {
-	files   []ociimage.File
-	version string
-}
-
-// glibc finds what the dynamic binaries among bins need to start: the ELF
-// interpreter at the path they name, and the shared libraries they link,
-// and those link, and nvmlLinks, from the interpreter's directory on this
-// machine into the same directory of the image. Nothing when every binary
-// is static.
-func glibc(bins []string) (glibcLayer, error) {
-	interp := ""
-	var libs []string
-	for _, bin := range bins {
-		p, needed, err := linking(bin)
-		if err != nil {
-			return glibcLayer{}, err
-		}
-		if p == "" {
-			continue
-		}
-		if interp != "" && p != interp {
-			return glibcLayer{}, fmt.Errorf("%s wants the loader %s, another binary %s", bin, p, interp)
-		}
-		interp = p
-		libs = append(libs, needed...)
-	}
-	if interp == "" {
-		return glibcLayer{}, nil
-	}
-	loader, err := filepath.EvalSymlinks(interp)
-	if err != nil {
-		return glibcLayer{}, err
-	}
-	version, err := loaderVersion(loader)
-	if err != nil {
-		return glibcLayer{}, err
-	}
-	libDir := filepath.Dir(loader)
-	files := []ociimage.File{{Path: strings.TrimPrefix(interp, "/"), Mode: 0o755, Source: loader}}
-	if _, err := os.Stat(debianVersion); err == nil {
-		files = append(files, ociimage.File{Path: strings.TrimPrefix(debianVersion, "/"), Mode: 0o644, Source: debianVersion})
-	}
-	seen := map[string]bool{path.Base(interp): true}
-	for libs = append(libs, nvmlLinks...); len(libs) > 0; {
-		lib := libs[0]
-		libs = libs[1:]
-		if seen[lib] {
-			continue
-		}
-		seen[lib] = true
-		src, err := filepath.EvalSymlinks(filepath.Join(libDir, lib))
-		if err != nil {
-			return glibcLayer{}, fmt.Errorf("%s, which the binaries or NVML link: %w", lib, err)
-		}
-		_, needed, err := linking(src)
-		if err != nil {
-			return glibcLayer{}, err
-		}
-		libs = append(libs, needed...)
-		files = append(files, ociimage.File{Path: strings.TrimPrefix(filepath.Join(libDir, lib), "/"), Mode: 0o755, Source: src})
-	}
-	return glibcLayer{files: files, version: version}, nil
-}
-
-// linking reads an ELF file's interpreter ("" when static) and the shared
-// libraries it names.
-func linking(file string) (interp string, needed []string, err error) {
-	f, err := elf.Open(file)
-	if err != nil {
-		return "", nil, err
-	}
-	defer f.Close() //nolint:errcheck // only read
-	for _, prog := range f.Progs {
-		if prog.Type != elf.PT_INTERP {
-			continue
-		}
-		b := make([]byte, prog.Filesz)
-		if _, err := prog.ReadAt(b, 0); err != nil {
-			return "", nil, fmt.Errorf("%s: %w", file, err)
-		}
-		interp = strings.TrimRight(string(b), "\x00")
-	}
-	needed, err = f.ImportedLibraries()
-	if err != nil {
-		return "", nil, fmt.Errorf("%s: %w", file, err)
-	}
-	return interp, needed, nil
-}
-
-// loaderVersion is the first line the loader prints with --version:
-// "ld.so (Debian GLIBC 2.36-9+deb12u14) stable release version 2.36".
-func loaderVersion(loader string) (string, error) {
-	out, err := exec.Command(loader, "--version").Output()
-	if err != nil {
-		return "", fmt.Errorf("%s --version: %w", loader, err)
-	}
-	first, _, _ := strings.Cut(string(out), "\n")
-	return strings.TrimSuffix(first, "."), nil
 }

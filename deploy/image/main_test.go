@@ -84,7 +84,7 @@ func TestImagesOfTheBinaries(t *testing.T) {
 		server.Entrypoint != nil || !slices.Equal(server.Env, []string{"PATH=/usr/local/bin"}) || server.User != nonRoot {
 		t.Errorf("server image %+v", server)
 	}
-	interp, _, err := linking(server.Layers[1][0].Source)
+	interp, _, err := ociimage.Linking(server.Layers[1][0].Source)
 	if err != nil {
 		t.Fatal(err)
 	}
