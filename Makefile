@@ -104,14 +104,14 @@ test: deps verify ## vet; unit, scenario, property and integration tests (real e
 	$(GO) test -count=1 -race -short $(UNIT_PACKAGES)
 
 # The cluster the e2e tests start: kube-apiserver, kube-controller-manager,
-# kube-scheduler and the kubelet (tools/kube pins them), kwok and the
-# Kubeflow training operator, built once into ~/.cache/gpupool (or
-# $KUBE_BIN_DIR). Lower case, so that make does not export it to every
-# recipe.
+# kube-scheduler, the kubelet and kube-proxy (tools/kube pins them), kwok,
+# CoreDNS and the Kubeflow training operator, built once into
+# ~/.cache/gpupool (or $KUBE_BIN_DIR). Lower case, so that make does not
+# export it to every recipe.
 kube_bin_dir = $(shell test/e2e/kube/build.sh | tail -n 1)
 
 .PHONY: kube
-kube: ## build the Kubernetes control plane, the kubelet and the training operator for the e2e tests once (about 16 minutes cold)
+kube: ## build the Kubernetes control plane, the kubelet, kube-proxy, CoreDNS and the training operator for the e2e tests once (about 19 minutes cold)
 	test/e2e/kube/build.sh
 
 .PHONY: e2e

@@ -84,11 +84,7 @@ func TestDeployedKubernetesComponent(t *testing.T) {
 		}
 	}
 	certs := makeCerts(t)
-	for _, name := range []string{"gpupool-adapter-tls", "gpupool-webhook-tls", "gpupool-scheduler-tls", "gpupool-kube-scheduler-client"} {
-		leaf := strings.TrimSuffix(name, "-tls")
-		createSecret(ctx, t, cp.Client, name, map[string]string{
-			corev1.TLSCertKey: readString(t, certs, leaf+".crt"), corev1.TLSPrivateKeyKey: readString(t, certs, leaf+".key"), "ca.crt": readString(t, certs, "ca.crt")})
-	}
+	createCertSecrets(ctx, t, cp.Client, certs)
 	var tokens corev1.Secret
 	decode(t, find(t, objs, "Secret", "gpupool-tokens"), &tokens)
 	createSecret(ctx, t, cp.Client, tokens.Name, map[string]string{"admin-token": config.Admin, "server-token": config.Servers})
@@ -286,6 +282,17 @@ func makeCerts(t *testing.T) string {
 		t.Fatalf("deploy/certs.sh: %v\n%s", err, out)
 	}
 	return dir
+}
+
+// createCertSecrets puts the certificates of deploy/certs.sh, written to
+// certs, into the Secrets the components mount, as deploy/README.md says.
+func createCertSecrets(ctx context.Context, t *testing.T, c kubernetes.Interface, certs string) {
+	t.Helper()
+	for _, name := range []string{"gpupool-adapter-tls", "gpupool-webhook-tls", "gpupool-scheduler-tls", "gpupool-kube-scheduler-client"} {
+		leaf := strings.TrimSuffix(name, "-tls")
+		createSecret(ctx, t, c, name, map[string]string{
+			corev1.TLSCertKey: readString(t, certs, leaf+".crt"), corev1.TLSPrivateKeyKey: readString(t, certs, leaf+".key"), "ca.crt": readString(t, certs, "ca.crt")})
+	}
 }
 
 func readString(t *testing.T, dir, name string) string {

@@ -179,7 +179,14 @@ func bfkPod(name string, amount, percent int) *corev1.Pod {
 // leasesOf is the leases that pod holds, found by its UID.
 func (p *kubePool) leasesOf(t *testing.T, ctx context.Context, pod *corev1.Pod) []api.Lease {
 	t.Helper()
-	leases, err := p.Admin.Leases(ctx, client.LeaseFilter{Namespace: pod.Namespace, OwnerUID: string(pod.UID)})
+	return podLeases(t, ctx, p.Admin, pod)
+}
+
+// podLeases is the leases that pod holds, found by its UID, as admin reads
+// them.
+func podLeases(t *testing.T, ctx context.Context, admin *client.Client, pod *corev1.Pod) []api.Lease {
+	t.Helper()
+	leases, err := admin.Leases(ctx, client.LeaseFilter{Namespace: pod.Namespace, OwnerUID: string(pod.UID)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -275,11 +275,19 @@ func startDaemon(t testing.TB, logs *syncBuffer, token string, args ...string) *
 // test's own processes write (nil: none).
 func startControlPlane(ctx context.Context, t *testing.T, logs *syncBuffer) (*e2ekube.ControlPlane, string) {
 	t.Helper()
+	return startControlPlaneWith(ctx, t, logs, e2ekube.Options{})
+}
+
+// startControlPlaneWith is startControlPlane with o's settings; it sets
+// o.BinDir and o.Dir.
+func startControlPlaneWith(ctx context.Context, t *testing.T, logs *syncBuffer, o e2ekube.Options) (*e2ekube.ControlPlane, string) {
+	t.Helper()
 	bins := os.Getenv("KUBE_BIN_DIR")
 	if bins == "" {
 		t.Skip("KUBE_BIN_DIR is not set: `make e2e` builds the control plane (test/e2e/kube/build.sh) and sets it")
 	}
-	cp, err := e2ekube.Start(ctx, e2ekube.Options{BinDir: bins, Dir: t.TempDir()})
+	o.BinDir, o.Dir = bins, t.TempDir()
+	cp, err := e2ekube.Start(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +312,7 @@ func startKubeletNode(ctx context.Context, t *testing.T, name string) (*e2ekube.
 	t.Helper()
 	skipWithoutNode(t)
 	cp, _ := startControlPlane(ctx, t, nil)
-	return cp, startNode(ctx, t, cp, name)
+	return cp, startNode(ctx, t, cp, e2ekube.NodeOptions{Name: name})
 }
 
 // skipWithoutNode skips the test, saying why, where this machine cannot
@@ -316,13 +324,14 @@ func skipWithoutNode(t testing.TB) {
 	}
 }
 
-// startNode starts a node of cp named name, run by a real kubelet over
+// startNode starts the node o.Name of cp, run by a real kubelet over
 // containerd, and stops it when the test ends, before cp. If the test
 // fails, its log ends with containerd's and the kubelet's logs.
-func startNode(ctx context.Context, t *testing.T, cp *e2ekube.ControlPlane, name string) *e2ekube.KubeletNode {
+func startNode(ctx context.Context, t *testing.T, cp *e2ekube.ControlPlane, o e2ekube.NodeOptions) *e2ekube.KubeletNode {
 	t.Helper()
+	name := o.Name
 	start := time.Now()
-	node, err := cp.StartNode(ctx, e2ekube.NodeOptions{Name: name})
+	node, err := cp.StartNode(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpupool/gpupool/allocator/api"
@@ -65,7 +66,7 @@ func startNodePool(t *testing.T, ctx context.Context, o kubePoolOptions, gpus in
 	// The daemon heart-beats every 500 ms: a stopped one is seen in 3 s.
 	o.AllocatorArgs = append(o.AllocatorArgs, "--heartbeat-timeout", "3s")
 	p := &nodePool{kubePool: startKubePool(t, ctx, o), PluginLogs: &syncBuffer{}, gpus: gpus}
-	p.Node = startNode(ctx, t, p.CP, nodePoolNode)
+	p.Node = startNode(ctx, t, p.CP, e2ekube.NodeOptions{Name: nodePoolNode})
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("gpupool-device-plugin:\n%s", tail(p.PluginLogs.String(), 40))
@@ -159,10 +160,16 @@ func (p *nodePool) waitAllocatable(t testing.TB, ctx context.Context, n int64) {
 // waitRunning waits until pod ns/name is Running and returns it.
 func (p *nodePool) waitRunning(t testing.TB, ctx context.Context, ns, name string) *corev1.Pod {
 	t.Helper()
+	return waitPodRunning(t, ctx, p.CP.Client, ns, name)
+}
+
+// waitPodRunning waits until pod ns/name is Running and returns it.
+func waitPodRunning(t testing.TB, ctx context.Context, c kubernetes.Interface, ns, name string) *corev1.Pod {
+	t.Helper()
 	var pod *corev1.Pod
 	waitForUpTo(t, 60*time.Second, func() bool {
 		var err error
-		pod, err = p.CP.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		pod, err = c.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		return err == nil && pod.Status.Phase == corev1.PodRunning
 	})
 	if t.Failed() {
@@ -172,19 +179,27 @@ func (p *nodePool) waitRunning(t testing.TB, ctx context.Context, ns, name strin
 }
 
 // checkLeaseEnv checks that pod holds one lease, on the node, the one its
-// annotation names, and that its container was given exactly that lease:
-// its log (gpuload prints its environment) holds the lease's GPU UUIDs in
-// NVIDIA_VISIBLE_DEVICES, its ID, and for a fraction MPS's limits. It
-// returns the lease.
+// annotation names, and that its container was given exactly that lease,
+// as checkPodLeaseEnv does.
 func (p *nodePool) checkLeaseEnv(t *testing.T, ctx context.Context, pod *corev1.Pod, percent int) api.Lease {
 	t.Helper()
-	leases := p.leasesOf(t, ctx, pod)
+	return checkPodLeaseEnv(t, ctx, p.CP, p.Admin, nodePoolNode, pod, percent)
+}
+
+// checkPodLeaseEnv checks that pod holds one lease, on node, the one its
+// annotation names, and that its container was given exactly that lease:
+// its log (gpuload prints its environment) holds the lease's GPU UUIDs in
+// NVIDIA_VISIBLE_DEVICES, its ID, and for a fraction MPS's limits. admin
+// reads the allocator's leases. It returns the lease.
+func checkPodLeaseEnv(t *testing.T, ctx context.Context, cp *e2ekube.ControlPlane, admin *client.Client, node string, pod *corev1.Pod, percent int) api.Lease {
+	t.Helper()
+	leases := podLeases(t, ctx, admin, pod)
 	if len(leases) != 1 {
 		t.Fatalf("pod %s holds %d leases, want 1: %+v", pod.Name, len(leases), leases)
 	}
 	lease := leases[0]
-	if lease.Server != nodePoolNode || pod.Annotations[kube.AnnotationLease] != lease.ID {
-		t.Errorf("pod %s: lease %s on %s, annotation %q; want its lease on %s", pod.Name, lease.ID, lease.Server, pod.Annotations[kube.AnnotationLease], nodePoolNode)
+	if lease.Server != node || pod.Annotations[kube.AnnotationLease] != lease.ID {
+		t.Errorf("pod %s: lease %s on %s, annotation %q; want its lease on %s", pod.Name, lease.ID, lease.Server, pod.Annotations[kube.AnnotationLease], node)
 	}
 	var uuids []string
 	for _, g := range lease.GPUs {
@@ -199,7 +214,7 @@ func (p *nodePool) checkLeaseEnv(t *testing.T, ctx context.Context, pod *corev1.
 	}
 	// Every variable of the lease's environment, as gpupool run gives it.
 	maps.Copy(want, api.LeaseEnv(lease.Core()))
-	env := containerEnv(t, ctx, p.CP, pod)
+	env := containerEnv(t, ctx, cp, pod)
 	for k, v := range want {
 		if env[k] != v {
 			t.Errorf("pod %s's container: %s=%q, want %q (lease %s)", pod.Name, k, env[k], v, lease.ID)

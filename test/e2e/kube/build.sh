@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Builds what the end-to-end tests start into $KUBE_BIN_DIR, once: the
-# control plane (kube-apiserver, kube-controller-manager, kube-scheduler)
-# and the kubelet at tools/kube's pinned version, in one go build, which
-# compiles the packages they share once; kwok; and the Kubeflow training
-# operator with its TFJob CRD and ClusterRole. What is there is reused
-# while the pins are unchanged; each file appears whole or not at all.
-# Cold, on 2 cores, this takes about 16 minutes. The last line of output
+# control plane (kube-apiserver, kube-controller-manager, kube-scheduler),
+# the kubelet and kube-proxy at tools/kube's pinned version, in one go
+# build, which compiles the packages they share once; kwok; CoreDNS, the
+# cluster DNS of the tests whose components run as pods; and the Kubeflow
+# training operator with its TFJob CRD and ClusterRole. What is there is
+# reused while the pins are unchanged; each file appears whole or not at
+# all. Cold, on 2 cores, this takes about 19 minutes. The last line of output
 # is the directory.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../../.." && pwd)"
 version="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$root/tools/kube/go.mod")"
 kwok_version=v0.8.0
+coredns_version=v1.15.0
 training_operator=github.com/kubeflow/training-operator
 training_operator_version=v1.8.1
 dir="${KUBE_BIN_DIR:-$HOME/.cache/gpupool/kube-$version}"
@@ -20,13 +22,13 @@ tmp="$(mktemp -d "$dir/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 export GOTOOLCHAIN=local
 
-kube_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+kube_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 missing=()
 for cmd in "${kube_cmds[@]}"; do
   [ -x "$dir/$cmd" ] || missing+=("$cmd")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "building ${kube_cmds[*]} $version into $dir (cold: about 13 minutes on 2 cores)" >&2
+  echo "building ${kube_cmds[*]} $version into $dir (cold: about 14 minutes on 2 cores)" >&2
   minor="$(echo "$version" | cut -d. -f2)"
   ldflags=""
   # Without a version the binaries say v0.0.0-master and kubectl refuses them.
@@ -49,6 +51,7 @@ go_install() {
   fi
 }
 go_install kwok "sigs.k8s.io/kwok/cmd/kwok@$kwok_version"
+go_install coredns "github.com/coredns/coredns@$coredns_version"
 go_install training-operator.v1 "$training_operator/cmd/training-operator.v1@$training_operator_version"
 
 # The operator's module ships the TFJob CRD and the ClusterRole it runs

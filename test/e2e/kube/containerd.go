@@ -65,22 +65,31 @@ state = %q
 `, p.root, p.state, p.socket, p.root+"/opt", sandboxImage, cniBinDir, p.cniConfDir, p.state+"/runc")
 }
 
+// podCIDR holds the node's pods' addresses.
+const podCIDR = "10.244.0.0/24"
+
 // cniBridgeNetwork is the CNI network the node's pods join: a Linux bridge
-// on the host with host-local addresses from a private /24, reached from
-// the host alone (no masquerade, so no iptables rules to clean up). The
-// bridge stays after the node stops, as it would on a real node, and the
-// next node uses it again.
+// on the host with host-local addresses from podCIDR, reached from the
+// host alone (no masquerade, so no iptables rules to clean up). The pods'
+// default route is the bridge, so that they reach the host's addresses and
+// Services' ClusterIPs, which kube-proxy routes from the host. Hairpin
+// mode lets a pod reach itself through a Service's ClusterIP, which
+// kube-proxy sends back out of the port it came in by. The bridge stays
+// after the node stops, as it would on a real node, and the next node
+// uses it again.
 func cniBridgeNetwork(ipamDir string) ([]byte, error) {
 	return json.MarshalIndent(map[string]any{
 		"cniVersion": "1.0.0",
 		"name":       "gpupool-e2e",
 		"plugins": []map[string]any{{
-			"type":      "bridge",
-			"bridge":    "gpupool-e2e0",
-			"isGateway": true,
+			"type":        "bridge",
+			"bridge":      "gpupool-e2e0",
+			"isGateway":   true,
+			"hairpinMode": true,
 			"ipam": map[string]any{
 				"type":    "host-local",
-				"ranges":  [][]map[string]string{{{"subnet": "10.244.0.0/24"}}},
+				"ranges":  [][]map[string]string{{{"subnet": podCIDR}}},
+				"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
 				"dataDir": ipamDir,
 			},
 		}},

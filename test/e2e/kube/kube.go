@@ -48,6 +48,12 @@ type Options struct {
 	// HPASyncPeriod is how often the HPA controller reconciles; zero means
 	// Kubernetes' default, 15s.
 	HPASyncPeriod time.Duration
+	// PodNetwork lets the pods of a kubelet node reach the apiserver, as
+	// in-cluster clients do, at the ClusterIP of the Service "kubernetes":
+	// the apiserver listens on every address and publishes this machine's
+	// as that Service's endpoint, which NodeOptions.Services routes to.
+	// Without it the apiserver serves loopback alone.
+	PodNetwork bool
 }
 
 // ControlPlane is a running control plane.
@@ -72,10 +78,15 @@ type ControlPlane struct {
 	kwok    *process
 }
 
+// serviceCIDR holds the Services' ClusterIPs; the first is the Service
+// "kubernetes"'s.
+const serviceCIDR = "10.0.0.0/24"
+
 var (
-	loopback   = []net.IP{net.IPv4(127, 0, 0, 1)}
-	serverAuth = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-	clientAuth = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	kubernetesServiceIP = net.IPv4(10, 0, 0, 1)
+	loopback            = []net.IP{net.IPv4(127, 0, 0, 1)}
+	serverAuth          = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	clientAuth          = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 )
 
 // Start starts etcd, kube-apiserver, kube-controller-manager and kwok, and
@@ -146,10 +157,27 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 		subject: pkix.Name{CommonName: "kube-apiserver-etcd-client"},
 		usages:  clientAuth,
 	})
+	// 127.0.0.1 alone, or with PodNetwork also this machine's address,
+	// where pods reach the apiserver, and the Service's ClusterIP, which
+	// they dial.
+	apiserverIPs := loopback
+	apiserverAddress := []string{"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+		// The default reconciler would publish 127.0.0.1 as the endpoint
+		// of the Service "kubernetes", which validation rejects; nothing
+		// here uses that Service.
+		"--endpoint-reconciler-type=none"}
+	if o.PodNetwork {
+		ip, err := hostIP()
+		if err != nil {
+			return nil, err
+		}
+		apiserverIPs = []net.IP{loopback[0], ip, kubernetesServiceIP}
+		apiserverAddress = []string{"--bind-address=0.0.0.0", "--advertise-address=" + ip.String()}
+	}
 	apiserverCert, apiserverKey := f.issue(ca, "apiserver", leaf{
 		subject:  pkix.Name{CommonName: "kube-apiserver"},
 		dnsNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
-		ips:      loopback,
+		ips:      apiserverIPs,
 		usages:   serverAuth,
 	})
 	frontProxyCAFile := f.write("front-proxy-ca.crt", frontProxyCA.certPEM)
@@ -228,9 +256,7 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 		return nil, err
 	}
 
-	apiserver, err := c.start("kube-apiserver", filepath.Join(o.BinDir, "kube-apiserver"), nil,
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+	apiserver, err := c.start("kube-apiserver", filepath.Join(o.BinDir, "kube-apiserver"), nil, append(apiserverAddress,
 		"--secure-port="+apiserverPort,
 		"--tls-cert-file="+apiserverCert,
 		"--tls-private-key-file="+apiserverKey,
@@ -261,11 +287,7 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+saPublicKeyFile,
 		"--service-account-signing-key-file="+saKeyFile,
-		"--service-cluster-ip-range=10.0.0.0/24",
-		// The default reconciler would publish 127.0.0.1 as the endpoint
-		// of the Service "kubernetes", which validation rejects; nothing
-		// here uses that Service.
-		"--endpoint-reconciler-type=none",
+		"--service-cluster-ip-range="+serviceCIDR,
 		// The aggregator's identity when it proxies to aggregated APIs.
 		"--proxy-client-cert-file="+frontProxyCert,
 		"--proxy-client-key-file="+frontProxyKey,
@@ -274,7 +296,7 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 		"--requestheader-username-headers=X-Remote-User",
 		"--requestheader-group-headers=X-Remote-Group",
 		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
-	)
+	)...)
 	if err != nil {
 		return nil, err
 	}

@@ -40,6 +40,11 @@ type NodeOptions struct {
 	// Name is the node's name, and the name of the kubelet's client
 	// certificate's user: system:node:<Name>.
 	Name string
+	// Services runs kube-proxy and CoreDNS beside the kubelet, so that
+	// pods and the apiserver reach Services by ClusterIP, and pods by
+	// name: a cluster whose components run as pods. The control plane
+	// must have Options.PodNetwork, for pods to reach the apiserver.
+	Services bool
 }
 
 // KubeletNode is a node run by a real kubelet over containerd: its pods'
@@ -55,6 +60,7 @@ type KubeletNode struct {
 	state      string // containerd's state directory, removed by Stop
 	containerd *process
 	kubelet    *process
+	proxy, dns *process // with NodeOptions.Services
 	kubeletCmd []string // the kubelet's binary and arguments, to start it again
 	healthz    string   // the kubelet's /healthz URL
 	runtime    runtimeapi.RuntimeServiceClient
@@ -173,11 +179,24 @@ func (c *ControlPlane) StartNode(ctx context.Context, o NodeOptions) (_ *Kubelet
 	if err := c.grantKubeletAPI(ctx); err != nil {
 		return nil, err
 	}
-	if n.kubeletCmd, err = n.kubeletCommand(paths.socket); err != nil {
+	ip, err := hostIP()
+	if err != nil {
+		return nil, err
+	}
+	var dns net.IP
+	if o.Services {
+		dns = ip
+	}
+	if n.kubeletCmd, err = n.kubeletCommand(paths.socket, ip, dns); err != nil {
 		return nil, err
 	}
 	if err := n.startKubelet(ctx, start); err != nil {
 		return nil, err
+	}
+	if o.Services {
+		if err := n.startServices(ctx, ip); err != nil {
+			return nil, err
+		}
 	}
 	return n, nil
 }
@@ -198,12 +217,9 @@ func (c *ControlPlane) grantKubeletAPI(ctx context.Context) error {
 }
 
 // kubeletCommand writes the kubelet's certificates, kubeconfig and
-// configuration, and returns its command line.
-func (n *KubeletNode) kubeletCommand(containerdSocket string) ([]string, error) {
-	ip, err := hostIP()
-	if err != nil {
-		return nil, err
-	}
+// configuration, for a node at ip whose pods resolve names at dns (none
+// when nil), and returns its command line.
+func (n *KubeletNode) kubeletCommand(containerdSocket string, ip, dns net.IP) ([]string, error) {
 	ports, err := freePorts(2)
 	if err != nil {
 		return nil, err
@@ -225,6 +241,10 @@ func (n *KubeletNode) kubeletCommand(containerdSocket string) ([]string, error) 
 		ips:      []net.IP{ip},
 		usages:   serverAuth,
 	})
+	var clusterDNS []string
+	if dns != nil {
+		clusterDNS = []string{dns.String()}
+	}
 	config, err := yaml.Marshal(kubeletconfigv1beta1.KubeletConfiguration{
 		TypeMeta: metav1.TypeMeta{
 			APIVersion: kubeletconfigv1beta1.SchemeGroupVersion.String(),
@@ -262,8 +282,11 @@ func (n *KubeletNode) kubeletCommand(containerdSocket string) ([]string, error) 
 		// No node allocatable enforcement: the node's cgroups are not
 		// carved out of the host's.
 		EnforceNodeAllocatable: []string{},
-		// Pods get no DNS servers: nothing here serves cluster DNS.
+		// Pods resolve the cluster's names alone, if any: nothing else
+		// is reachable from here.
 		ResolverConfig: ptr.To(""),
+		ClusterDNS:     clusterDNS,
+		ClusterDomain:  ClusterDomain,
 	})
 	if err != nil {
 		return nil, err
@@ -351,7 +374,7 @@ func (n *KubeletNode) Stop() error {
 	if n.kubelet != nil {
 		n.kubelet.stop()
 	}
-	var errs []error
+	errs := []error{n.stopServices()}
 	if n.runtime != nil {
 		// The test's context is done by the time its cleanups run.
 		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
@@ -404,8 +427,8 @@ func (n *KubeletNode) PodResourcesSocket() string {
 	return filepath.Join(n.dir, "kubelet", "pod-resources", "kubelet.sock")
 }
 
-// Logs returns the last lines of containerd's and the kubelet's logs, for
-// a failing test to print.
+// Logs returns the last lines of containerd's and the kubelet's logs, and
+// kube-proxy's and CoreDNS's if they run, for a failing test to print.
 func (n *KubeletNode) Logs(lines int) string {
-	return logTails(lines, n.containerd, n.kubelet)
+	return logTails(lines, n.containerd, n.kubelet, n.proxy, n.dns)
 }

@@ -29,11 +29,15 @@ type SchedulerOptions struct {
 	// ExtenderTimeout bounds each call to the extender; zero means
 	// kube-scheduler's default, 5s.
 	ExtenderTimeout time.Duration
+	// DefaultOnly leaves out gpupool's profile: its pods are placed by a
+	// kube-scheduler of its own, as deploy/components/kubernetes runs.
+	DefaultOnly bool
 }
 
 // StartScheduler starts kube-scheduler, with two profiles, default-scheduler
-// and gpupool's (kube.SchedulerName), and returns once it is ready (its informers
-// have synced, so that it sees pods created from then on). It acts as
+// and gpupool's (kube.SchedulerName) unless o.DefaultOnly, and returns once
+// it is ready (its informers have synced, so that it sees pods created
+// from then on). It acts as
 // system:kube-scheduler, the identity Kubernetes' default RBAC grants what
 // a scheduler needs. Its error, like Start's, ends with the tail of its log.
 //
@@ -100,10 +104,10 @@ func (c *ControlPlane) schedulerConfig(kubeconfig string, o SchedulerOptions) ([
 		// Every feasible node, not a sample: placement must not depend on
 		// which nodes kube-scheduler happened to look at.
 		PercentageOfNodesToScore: ptr.To[int32](100),
-		Profiles: []schedulerconfigv1.KubeSchedulerProfile{
-			{SchedulerName: ptr.To("default-scheduler")},
-			{SchedulerName: ptr.To(gpukube.SchedulerName)},
-		},
+		Profiles:                 []schedulerconfigv1.KubeSchedulerProfile{{SchedulerName: ptr.To("default-scheduler")}},
+	}
+	if !o.DefaultOnly {
+		config.Profiles = append(config.Profiles, schedulerconfigv1.KubeSchedulerProfile{SchedulerName: ptr.To(gpukube.SchedulerName)})
 	}
 	if o.ExtenderURL != "" {
 		extenderURL, err := url.Parse(o.ExtenderURL)
