@@ -39,6 +39,9 @@ const imageUser = 65532
 // the adapter, through Services by ClusterIP and by name; in-cluster
 // clients reach the apiserver through the Service "kubernetes", with their
 // ServiceAccounts' tokens and the manifests' RBAC and securityContexts.
+// Then a BFK pod is admitted by the webhook's pods, placed by the
+// in-cluster kube-scheduler and gpupool-scheduler's extender, and started
+// by the kubelet with the device plugin's answer: its lease's environment.
 //
 // What differs from a GPU cluster, and why: the overlay's patches
 // simulate the GPUs (no GPU or NVIDIA runtime here); the tokens are
@@ -49,7 +52,10 @@ const imageUser = 65532
 // the allocator's claim is bound to a hostPath volume (no storage
 // provisioner); the device plugin mounts the kubelet's pod-resources
 // directory where this kubelet keeps it (its root directory is the test's);
-// images are imported, not pulled. The NetworkPolicies are applied but not
+// images are imported, not pulled, and kube-scheduler's (registry.k8s.io's
+// in the manifest) is the control plane's binary of the same release; the
+// cluster's default scheduler runs on the host, as the control plane
+// does. The NetworkPolicies are applied but not
 // enforced: the node's CNI bridge does not implement them.
 func TestOverlayRunsAsPods(t *testing.T) {
 	skipWithoutNode(t)
