@@ -65,7 +65,37 @@ type KubeletNode struct {
 	healthz    string   // the kubelet's /healthz URL
 	runtime    runtimeapi.RuntimeServiceClient
 	criConn    *grpc.ClientConn
+	lock       *os.File // nodeLock, held until Stop
 	stopped    bool
+}
+
+// nodeLock is the file whose lock a running KubeletNode holds, so that
+// two test processes never run a node at once.
+var nodeLock = filepath.Join(os.TempDir(), "gpupool-e2e-node.lock")
+
+// lockNode takes the lock of the file at path, waiting while another
+// open file holds it, until ctx ends; closing the file releases it.
+func lockNode(ctx context.Context, path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			_ = f.Close()
+			return nil, fmt.Errorf("locking %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			_ = f.Close()
+			return nil, fmt.Errorf("another process runs a kubelet node (it holds %s): %w", path, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // CheckCanRunNode returns why this machine cannot run a KubeletNode, or
@@ -116,8 +146,10 @@ func hostIP() (net.IP, error) {
 // the test fails. On error, everything started has been stopped.
 //
 // One node at a time runs on a machine: the kubelet serves device plugins
-// at /var/lib/kubelet/device-plugins whatever its root directory. The
-// node's logs are <Dir>/containerd.log and <Dir>/kubelet.log.
+// at /var/lib/kubelet/device-plugins whatever its root directory, and
+// every kubelet of cgroupfs owns /kubepods. StartNode waits, until ctx
+// ends, while another process's node runs (nodeLock). The node's logs are
+// <Dir>/containerd.log and <Dir>/kubelet.log.
 func (c *ControlPlane) StartNode(ctx context.Context, o NodeOptions) (_ *KubeletNode, err error) {
 	if o.Name == "" {
 		return nil, errors.New("NodeOptions.Name must be set")
@@ -144,6 +176,9 @@ func (c *ControlPlane) StartNode(ctx context.Context, o NodeOptions) (_ *Kubelet
 			err = errors.Join(err, n.Stop())
 		}
 	}()
+	if n.lock, err = lockNode(ctx, nodeLock); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(paths.cniConfDir, 0o755); err != nil {
 		return nil, err
 	}
@@ -390,6 +425,9 @@ func (n *KubeletNode) Stop() error {
 	// The kubelet mounts its root directory on itself, and each pod's
 	// volumes, and leaves them when killed.
 	errs = append(errs, unmountUnder(n.dir), unmountUnder(n.state), os.RemoveAll(n.state))
+	if n.lock != nil {
+		errs = append(errs, n.lock.Close()) // closing the file releases its lock
+	}
 	return errors.Join(errs...)
 }
 

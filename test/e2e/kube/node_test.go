@@ -1,11 +1,13 @@
 package kube
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // The kubelet leaves its pods' volumes mounted, some on others, below its
@@ -44,4 +46,28 @@ func TestUnmountUnder(t *testing.T) {
 	if !strings.Contains(string(mountinfo), outside) {
 		t.Errorf("%s, outside %s, was unmounted too", outside, dir)
 	}
+}
+
+// A second node waits for the first's lock, and gets it once the first
+// releases it.
+func TestLockNodeWaitsForTheRunningNode(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "node.lock")
+	first, err := lockNode(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	if second, err := lockNode(waiting, path); err == nil || !strings.Contains(err.Error(), "another process runs a kubelet node") {
+		_ = second.Close()
+		t.Fatalf("a second lock while the first is held: %v, want it to wait and give up with the context", err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	second, err := lockNode(t.Context(), path)
+	if err != nil {
+		t.Fatalf("the lock once released: %v", err)
+	}
+	_ = second.Close()
 }
