@@ -123,6 +123,11 @@ func TestOverlayRunsAsPods(t *testing.T) {
 	if entries, err := os.ReadDir(devices); err != nil || len(entries) != 2 {
 		t.Errorf("%s holds %d files (%v): want gpupool-server's two simulated GPUs", devices, len(entries), err)
 	}
+	// Ready is not yet in service: the device plugin reports the GPUs to
+	// the kubelet once the allocator has them healthy, after the daemon
+	// registered them; until then the kubelet would refuse a pod placed
+	// on them.
+	waitNodeAllocatable(t, ctx, cp.Client, node.Name, 2*100)
 
 	// A pod as BFK's users write it, in a namespace of theirs: admitted by
 	// the webhook's pods, placed by gpupool-kube-scheduler with
@@ -134,12 +139,19 @@ func TestOverlayRunsAsPods(t *testing.T) {
 	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitForWebhook(t, cp.Client, ns)
 	pod := bfkPod("bfk", 1, 50)
 	pod.Spec.Tolerations = nil
 	pod.Spec.Containers[0].Image, pod.Spec.Containers[0].ImagePullPolicy = gpuloadImage, corev1.PullIfNotPresent
 	pod.Spec.Containers[0].Resources.Requests = nil
-	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	// The apiserver calls the webhook once it has loaded its
+	// configurations, and reaches the webhook's pods, Ready by now, once
+	// kube-proxy has routed their Service to them: until then the pod is
+	// refused, as in any cluster just installed.
+	waitForWebhook(t, cp.Client, ns)
+	if err := retry(ctx, 30*time.Second, func() error {
+		_, err := cp.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	running := waitPodRunning(t, ctx, cp.Client, ns, pod.Name)

@@ -143,9 +143,16 @@ func (p *nodePool) devicesPerGPU() int64 {
 // n, as the device plugin reported it to the kubelet.
 func (p *nodePool) waitAllocatable(t testing.TB, ctx context.Context, n int64) {
 	t.Helper()
+	waitNodeAllocatable(t, ctx, p.CP.Client, nodePoolNode, n)
+}
+
+// waitNodeAllocatable waits until node's allocatable bitfusion.io/gpu is n:
+// the healthy devices its device plugin reported to the kubelet.
+func waitNodeAllocatable(t testing.TB, ctx context.Context, c kubernetes.Interface, name string, n int64) {
+	t.Helper()
 	var got resource.Quantity
 	waitForUpTo(t, 30*time.Second, func() bool {
-		node, err := p.CP.Client.CoreV1().Nodes().Get(ctx, nodePoolNode, metav1.GetOptions{})
+		node, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false
 		}
@@ -153,7 +160,7 @@ func (p *nodePool) waitAllocatable(t testing.TB, ctx context.Context, n int64) {
 		return got.Value() == n
 	})
 	if t.Failed() {
-		t.Fatalf("node %s: allocatable %s %s, want %d", nodePoolNode, kube.ResourceGPU, &got, n)
+		t.Fatalf("node %s: allocatable %s %s, want %d", name, kube.ResourceGPU, &got, n)
 	}
 }
 
