@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
@@ -73,12 +74,9 @@ func startNodePool(t *testing.T, ctx context.Context, o kubePoolOptions, gpus in
 		}
 	})
 	// The articles' nodeSelector.
-	node, err := p.CP.Client.CoreV1().Nodes().Get(ctx, nodePoolNode, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	node.Labels["bitfusion-node"] = "enabled"
-	if _, err := p.CP.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+	// A patch, not an update: the kubelet writes the node meanwhile.
+	label := []byte(`{"metadata":{"labels":{"bitfusion-node":"enabled"}}}`)
+	if _, err := p.CP.Client.CoreV1().Nodes().Patch(ctx, nodePoolNode, types.MergePatchType, label, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	image, err := e2ekube.BuildProgramImage(ctx, t.TempDir(), gpuloadImage, gpuloadPackage)
