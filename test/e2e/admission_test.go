@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -333,8 +334,9 @@ func checkQuota(t *testing.T, c kubernetes.Interface, ns string) {
 	if err := pods.Delete(ctx, "first", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The quota's use falls when kube-controller-manager sees the pod go.
-	waitFor(t, func() bool {
+	// The quota's use falls when kube-controller-manager's quota controller
+	// sees the pod go, which on a loaded machine takes more than 10 s.
+	waitForUpTo(t, 30*time.Second, func() bool {
 		_, err := pods.Create(ctx, half("third"), metav1.CreateOptions{})
 		if err != nil && !strings.Contains(err.Error(), "exceeded quota") {
 			t.Fatalf("third pod, after the first is deleted: %v", err)
