@@ -27,6 +27,10 @@ type GPU struct {
 	// Healthy is false when the daemon reports the device broken or gone;
 	// an unhealthy GPU keeps its leases but takes no new ones.
 	Healthy bool
+	// Links[j] is how this GPU reaches the server's GPU at position j
+	// (itself included, as LinkNVLink); empty when the topology is not
+	// known, which places as if every pair were LinkAny.
+	Links []Link
 }
 
 // validate checks a server as it registers: a Kubernetes object name (the
@@ -69,6 +73,30 @@ func (s *Server) validateShape() error {
 			return &FieldError{field + ".uuid", shorten(g.UUID), fmt.Sprintf("longer than %d characters", maxNameLen)}
 		case g.MemoryBytes < 0 || g.MemoryBytes > MaxGPUMemoryBytes:
 			return &FieldError{field + ".memoryBytes", strconv.FormatInt(g.MemoryBytes, 10), fmt.Sprintf("out of range 0..%d (1Pi)", int64(MaxGPUMemoryBytes))}
+		}
+		if err := s.validateLinks(i, field); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateLinks checks GPU i's links: none, or one per GPU of the server,
+// each a known level and the same seen from either end.
+func (s *Server) validateLinks(i int, field string) error {
+	links := s.GPUs[i].Links
+	if len(links) == 0 {
+		return nil
+	}
+	if len(links) != len(s.GPUs) {
+		return &FieldError{field + ".links", strconv.Itoa(len(links)) + " links", fmt.Sprintf("must be empty or one per GPU (%d)", len(s.GPUs))}
+	}
+	for j, l := range links {
+		switch {
+		case l > LinkNVLink:
+			return &FieldError{field + ".links[" + strconv.Itoa(j) + "]", l.String(), "is not a known link"}
+		case len(s.GPUs[j].Links) != len(s.GPUs) || s.GPUs[j].Links[i] != l:
+			return &FieldError{field + ".links[" + strconv.Itoa(j) + "]", l.String(), "differs from what gpus[" + strconv.Itoa(j) + "] says of this GPU"}
 		}
 	}
 	return nil

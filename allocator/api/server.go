@@ -24,6 +24,9 @@ type GPU struct {
 	Model       string `json:"model"`
 	MemoryBytes int64  `json:"memoryBytes"`
 	Healthy     bool   `json:"healthy"`
+	// Links[j] is how this GPU reaches gpus[j]: any, socket, pcie-switch
+	// or nvlink; absent when the daemon does not know.
+	Links []allocator.Link `json:"links,omitempty"`
 }
 
 // NewServer is s on the wire.

@@ -26,6 +26,9 @@ type gpuRecord struct {
 	Model       string `json:"model"`
 	MemoryBytes int64  `json:"memoryBytes"`
 	Healthy     bool   `json:"healthy"`
+	// Links is the GPU's topology row; records written before servers
+	// carried topology have none.
+	Links []allocator.Link `json:"links,omitempty"`
 }
 
 type leaseRecord struct {
