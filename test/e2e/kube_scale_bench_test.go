@@ -41,8 +41,14 @@ const (
 	scaleSeed   = 42
 	scalePolicy = "fgd-cpu"
 	// scaleTolerancePoints is how far, in points of capacity, the pool's
-	// unallocated share may be from the replay's.
-	scaleTolerancePoints = 0.5
+	// unallocated share may be from the replay's. The two never match
+	// exactly: the live allocator weighs fragmentation against the task
+	// types of its recent demands, not the whole trace's, and eight
+	// creators deliver pods only nearly in arrival order. Runs have come
+	// out 0.28 to over 0.5 points above the replay (4.36% and 4.47% against
+	// 4.08%). A point tells the policy from best-fit (7.07% in the replay)
+	// and spread (13.3%), not from FGD (4.65%): the replay compares those.
+	scaleTolerancePoints = 1.0
 )
 
 // scaleRate is how many pods a second BenchmarkKubeScale creates: by
