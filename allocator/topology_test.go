@@ -48,3 +48,30 @@ func TestServerLinksMustBeSymmetric(t *testing.T) {
 		}
 	}
 }
+
+func TestTopologyShapesAreValid(t *testing.T) {
+	for name, tc := range map[string]struct {
+		topo Topology
+		// want[i][j] for a few pairs
+		pairs map[[2]int]Link
+	}{
+		"nvswitch": {NVSwitchTopology(8), map[[2]int]Link{{0, 7}: LinkNVLink, {3, 4}: LinkNVLink}},
+		"pcie 2 per switch, 2 switches per socket": {PCIeTopology(8, 2, 2), map[[2]int]Link{
+			{0, 1}: LinkPCIeSwitch, {0, 2}: LinkSocket, {1, 3}: LinkSocket, {0, 4}: LinkAny, {6, 7}: LinkPCIeSwitch, {5, 6}: LinkSocket, {2, 2}: LinkNVLink,
+		}},
+	} {
+		s := Server{Name: "gpu-1"}
+		for i := range tc.topo {
+			s.GPUs = append(s.GPUs, GPU{Index: i, Model: "H100", Healthy: true})
+		}
+		s.SetTopology(tc.topo)
+		if err := s.validate(); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		for p, want := range tc.pairs {
+			if got := s.GPUs[p[0]].Links[p[1]]; got != want {
+				t.Errorf("%s: link %d-%d is %s, want %s", name, p[0], p[1], got, want)
+			}
+		}
+	}
+}
