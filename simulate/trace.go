@@ -198,3 +198,16 @@ func readCSV(r io.Reader, required []string, each func(rowReader) error) error {
 		}
 	}
 }
+
+// WritePods writes pods as an OpenB pod list that ReadPods reads back
+// (name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec).
+func WritePods(w io.Writer, pods []Pod) error {
+	cw := csv.NewWriter(w)
+	_ = cw.Write([]string{"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec"}) // errors stay in cw
+	for _, p := range pods {
+		_ = cw.Write([]string{p.Name, strconv.FormatInt(p.CPUMilli, 10), strconv.FormatInt(p.Memory/mib, 10),
+			strconv.Itoa(p.GPUs), strconv.FormatInt(int64(p.PerGPU), 10), strings.Join(p.Models, "|")})
+	}
+	cw.Flush()
+	return cw.Error()
+}

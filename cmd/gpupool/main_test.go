@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/simulate"
 )
 
 func TestSimulateJSON(t *testing.T) {
@@ -50,6 +51,35 @@ func TestSimulateTable(t *testing.T) {
 	}
 }
 
+// TestSimulateWritesTheVariant: --write-pods writes the derived pods, which
+// read back with the variant's shares, and replays nothing.
+func TestSimulateWritesTheVariant(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "pods.csv")
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"simulate", "--variant", "models=25%,multi-gpu=10%", "--variant-seed", "3", "--write-pods", file}, &stdout, &stderr); code != 0 || stdout.Len() > 0 || stderr.Len() > 0 {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want 0 and no output", code, stdout.String(), stderr.String())
+	}
+	tr, err := simulate.LoadTrace(simulate.DefaultNodes, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	named, multi := 0, 0
+	for _, p := range tr.Pods {
+		if len(p.Models) > 0 {
+			named++
+		}
+		if p.GPUs > 1 {
+			multi++
+		}
+	}
+	if len(tr.Pods) != 8152 || named != 1766 || multi != 706 {
+		t.Errorf("%d pods, %d name models, %d multi-GPU; want 8152, 1766 and 706 (25%% and 10%% of 7064)", len(tr.Pods), named, multi)
+	}
+	if code := run([]string{"simulate", "--write-pods", "-"}, &stdout, &stderr); code != 0 || !strings.HasPrefix(stdout.String(), "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\nopenb-pod-0000,") {
+		t.Errorf("--write-pods -: exit %d, stdout begins %.80q", code, stdout.String())
+	}
+}
+
 func TestBadUsage(t *testing.T) {
 	// Bad run flags are refused before the allocator is asked: here,
 	// nothing answers (exit 69 would say it was tried).
@@ -68,6 +98,8 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"simulate", "--output", "yaml"}, 2, `--output "yaml" is not one of table, json`},
 		{[]string{"simulate", "--pods", "/nonexistent.csv"}, 1, "/nonexistent.csv: no such file or directory; the embedded traces are traces/openb_node_list_gpu_node.csv, traces/openb_pod_list_default.csv, traces/openb_pod_list_gpushare40.csv"},
 		{[]string{"simulate", "--bogus"}, 2, "flag provided but not defined: -bogus"},
+		{[]string{"simulate", "--variant", "models=25%,cpu=2"}, 2, `--variant "models=25%,cpu=2": cpu 2 is not a factor such as x0.5`},
+		{[]string{"simulate", "--variant", "multi-gpu=60%"}, 1, `--variant "multi-gpu=60%" on traces/openb_pod_list_default.csv: 3078 fractional and 4238 multi-GPU pods of 7064 GPU pods: more than all of them`},
 		{[]string{"run", "--allocator", allocator}, 2, "no command given"},
 		// A zero percent would be left out of the request: whole GPUs.
 		{[]string{"run", "--allocator", allocator, "-p", "0", "--", "true"}, 2, "-p: gpu-percent 0 out of range 1..100"},
@@ -106,6 +138,7 @@ func TestHelpGoesToStdout(t *testing.T) {
 		{[]string{"leases", "-help"}, "-selector string"},
 		{[]string{"quota", "--help"}, "Usage: gpupool quota"},
 		{[]string{"simulate", "--help"}, "Replays an Alibaba OpenB GPU trace"},
+		{[]string{"simulate", "-h"}, "multi-gpu=P%   P% of the GPU pods ask for more than one GPU"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(tc.args, &stdout, &stderr)

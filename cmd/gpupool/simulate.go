@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"strings"
 	"text/tabwriter"
@@ -23,6 +24,9 @@ func simulateCmd(args []string, stdout, stderr io.Writer) int {
 	policyList := fs.String("policies", "all", "comma-separated placement policies, or all: "+strings.Join(allocator.PolicyNames(), ", "))
 	output := fs.String("output", "table", "result format: table or json")
 	workers := fs.Int("workers", runtime.GOMAXPROCS(0), "replays to run at once")
+	variantText := fs.String("variant", "", "derive the pods from --pods first, by `FIELDS` such as models=25%,fractional=60%,multi-gpu=3.5%,cpu=x0.5 (above); a field left out stays as the list has it")
+	variantSeed := fs.Uint64("variant-seed", 1, "seed of the --variant derivation, apart from --seeds: every replay seed replays the same derived pods")
+	writePods := fs.String("write-pods", "", "write the pods the replay would use (after --variant) as a CSV pod list to `FILE` (- for stdout) and replay nothing")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: gpupool simulate [flags]
 
@@ -33,6 +37,20 @@ For each policy, averaged over seeds, it reports the GPU share left
 unallocated when arrivals reach 100% and 130% of capacity, the fragmented
 share of the free GPU share at 90% (FGD's measure), and placement decisions
 per second on one core. Progress goes to stderr, results to stdout.
+
+--variant derives a workload from the pod list, drawn with --variant-seed:
+  models=P%      P% of the GPU pods name GPU models; constraints are removed,
+                 or drawn from the gpu_spec mix of the embedded gpuspec10
+                 list among the specs some server of --nodes can hold the
+                 pod for
+  fractional=P%  P% of the GPU pods ask for less than one GPU
+  multi-gpu=P%   P% of the GPU pods ask for more than one GPU
+  cpu=xF         every GPU pod's CPU times F (a pod that outgrows every
+                 server never fits)
+Pods that change class between fractional, whole and multi-GPU take the CPU,
+memory and GPU ask of a pod of their new class drawn from the list (from the
+embedded traces when it has fewer than 30 of that class) and keep their names
+and constraints. docs/design.md says how each step draws.
 
 Flags:
 `)
@@ -55,13 +73,29 @@ Flags:
 		fmt.Fprintf(stderr, "gpupool simulate: --output %q is not one of table, json\n", *output)
 		return exitUsage
 	}
+	variant, err := simulate.ParseVariant(*variantText)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpupool simulate: --variant %q: %v\n", *variantText, err)
+		return exitUsage
+	}
 	tr, err := simulate.LoadTrace(*nodes, *pods)
 	if err != nil {
 		fmt.Fprintln(stderr, "gpupool simulate:", err)
 		return exitFailed
 	}
-	fmt.Fprintf(stderr, "replaying %s on %s: %d pods, %d servers, %d policies x %d seeds on %d workers\n",
-		*pods, *nodes, len(tr.Pods), len(tr.Servers), len(policies), len(seeds), *workers)
+	if tr.Pods, err = variant.Derive(tr.Pods, tr.Servers, *variantSeed); err != nil {
+		fmt.Fprintf(stderr, "gpupool simulate: --variant %q on %s: %v\n", *variantText, *pods, err)
+		return exitFailed
+	}
+	if *writePods != "" {
+		if err := writePodList(*writePods, tr.Pods, stdout); err != nil {
+			fmt.Fprintln(stderr, "gpupool simulate: --write-pods:", err)
+			return exitFailed
+		}
+		return 0
+	}
+	fmt.Fprintf(stderr, "replaying %s (%s) on %s: %d pods, %d servers, %d policies x %d seeds on %d workers\n",
+		*pods, variant, *nodes, len(tr.Pods), len(tr.Servers), len(policies), len(seeds), *workers)
 	start := time.Now()
 	results, err := simulate.RunAll(tr, policies, seeds, *workers, func(done, total int, r simulate.Result) {
 		fmt.Fprintf(stderr, "[%d/%d] %-10s seed %-4d unallocated %5.2f%% at 100%% arrival  %8.0f decisions/s\n",
@@ -107,4 +141,23 @@ func parsePolicies(list string) ([]string, error) {
 		out = append(out, name)
 	}
 	return out, nil
+}
+
+// writePodList writes pods as CSV to the file named, or to stdout for "-".
+func writePodList(name string, pods []simulate.Pod, stdout io.Writer) error {
+	if name == "-" {
+		return simulate.WritePods(stdout, pods)
+	}
+	f, err := os.Create(name) //nolint:gosec // writing where the user asked is the point
+	if err != nil {
+		return err
+	}
+	err = simulate.WritePods(f, pods)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
 }
