@@ -41,6 +41,9 @@ type Node struct {
 	MemCap, MemFree int64
 	GPUs            []NodeGPU
 	Models          ModelSet // union of the models of its GPUs
+	// linked is whether the links between its GPUs differ, so that which
+	// GPUs a multi-GPU demand takes matters for more than their shares.
+	linked bool
 	// Schedulable is false while the server has lost its heartbeat.
 	Schedulable bool
 	// Version changes whenever anything above changes, so policies can
@@ -55,6 +58,10 @@ type NodeGPU struct {
 	MemoryBytes int64
 	Model       ModelSet
 	Healthy     bool
+	// reach[l] is the GPUs of the node this one reaches by link l or a
+	// better one, itself included; a server that does not report links
+	// reaches every other GPU by LinkAny only.
+	reach [LinkNVLink + 1]gpuMask
 }
 
 // Demand is a request resolved against the cluster: what one lease needs
@@ -69,6 +76,8 @@ type Demand struct {
 	CPUMilli int64
 	Memory   int64
 	Models   ModelSet
+	// Link is the least link every pair of the demand's GPUs must have.
+	Link Link
 	// Nodes restricts placement to these nodes; nil allows every node.
 	// It is no part of the demand's shape: a node's rating for a shape
 	// holds whichever nodes a demand may go to, so policies cache ratings
@@ -172,7 +181,37 @@ func (c *Cluster) newNode(s *Server) (Node, error) {
 		n.GPUs[i] = NodeGPU{Free: WholeGPU, FreeBytes: g.MemoryBytes, MemoryBytes: g.MemoryBytes, Model: m, Healthy: g.Healthy}
 		n.Models |= m
 	}
+	n.linked = setReach(n.GPUs, s.GPUs)
 	return n, nil
+}
+
+// setReach fills each node GPU's reach from the server's links and
+// reports whether the links between distinct GPUs differ.
+func setReach(ng []NodeGPU, gs []GPU) (linked bool) {
+	for i := range gs {
+		for j := range gs {
+			l := linkBetween(gs, i, j)
+			for at := LinkAny; at <= l; at++ {
+				ng[i].reach[at] |= 1 << j
+			}
+			if i != j && l != linkBetween(gs, 0, 1) {
+				linked = true
+			}
+		}
+	}
+	return linked
+}
+
+// linkBetween is the link from GPU i to GPU j of gs: the best to itself,
+// LinkAny to another when the server does not report links.
+func linkBetween(gs []GPU, i, j int) Link {
+	switch {
+	case i == j:
+		return LinkNVLink
+	case len(gs[i].Links) == 0:
+		return LinkAny
+	}
+	return gs[i].Links[j]
 }
 
 // grow raises the cluster's scale to cover n; a new scale changes every
@@ -223,7 +262,15 @@ func (n *Node) Fits(d *Demand) bool {
 			need--
 		}
 	}
-	return need == 0
+	if need > 0 {
+		return false
+	}
+	if d.Link == LinkAny || d.GPUs < 2 {
+		return true
+	}
+	var buf [MaxGPUsPerServer]int
+	_, ok := n.linkedSet(n.rankUsable(d, nil, &buf), d.GPUs, d.Link)
+	return ok
 }
 
 // FreeShare is the GPU share n can still lease (healthy GPUs only).

@@ -41,6 +41,8 @@ type NoCapacityError struct {
 	PerGPU   Share // share of each GPU; 0 when asked by memory
 	GPUBytes int64
 	Models   []string
+	// Link is the link the GPUs asked to have between each pair.
+	Link     Link
 	CPUMilli int64
 	Memory   int64
 	// Servers is how many servers the request restricted placement to
@@ -64,6 +66,9 @@ func (e *NoCapacityError) Error() string {
 	if len(e.Models) > 0 {
 		b.WriteString(" of model ")
 		b.WriteString(strings.Join(e.Models, "|"))
+	}
+	if e.Link > LinkAny && e.GPUs > 1 {
+		b.WriteString(" linked by " + e.Link.String())
 	}
 	var host []string
 	if e.CPUMilli > 0 {

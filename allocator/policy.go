@@ -194,22 +194,31 @@ func loosestGPUs(n *Node, d *Demand) gpuMask {
 }
 
 func chooseGPUs(n *Node, d *Demand, better func(a, b Share) bool) gpuMask {
-	var taken gpuMask
-	for k := 0; k < d.GPUs; k++ {
-		pick := -1
-		for i := range n.GPUs {
-			g := &n.GPUs[i]
-			if taken&(1<<i) != 0 || !d.usable(g) {
-				continue
-			}
-			if pick < 0 || better(g.Free, n.GPUs[pick].Free) {
-				pick = i
-			}
-		}
-		if pick < 0 {
-			panic(fmt.Sprintf("allocator: node %s was rated without %d usable GPUs", n.Name, d.GPUs))
-		}
-		taken |= 1 << pick
+	var buf [MaxGPUsPerServer]int
+	usable := n.rankUsable(d, better, &buf)
+	if len(usable) < d.GPUs {
+		panic(fmt.Sprintf("allocator: node %s was rated without %d usable GPUs", n.Name, d.GPUs))
 	}
-	return taken
+	return n.takeLinked(d, usable)
+}
+
+// rankUsable lists in buf the GPUs of n that can take d's share, those
+// better by their free share first (all in index order when better is
+// nil), the lower index first on ties.
+func (n *Node) rankUsable(d *Demand, better func(a, b Share) bool, buf *[MaxGPUsPerServer]int) []int {
+	ranked := buf[:0]
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		if !d.usable(g) {
+			continue
+		}
+		// An insertion sort: n has few GPUs, and it keeps ties in order.
+		k := len(ranked)
+		ranked = append(ranked, i)
+		for ; k > 0 && better != nil && better(g.Free, n.GPUs[ranked[k-1]].Free); k-- {
+			ranked[k] = ranked[k-1]
+		}
+		ranked[k] = i
+	}
+	return ranked
 }

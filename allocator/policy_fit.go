@@ -1,9 +1,6 @@
 package allocator
 
-import (
-	"math/rand/v2"
-	"slices"
-)
+import "math/rand/v2"
 
 // fitPolicy scores a node by what it keeps free after a placement, as the
 // FGD paper's BestFit baseline does: half CPU, half GPU share, each scaled
@@ -78,14 +75,9 @@ func (p *random) Place(c *Cluster, d *Demand) (Placement, bool) {
 		return where, fits > 0
 	}
 	n := &c.Nodes[where.Node]
-	usable := make([]int, 0, len(n.GPUs))
-	for i := range n.GPUs {
-		if d.usable(&n.GPUs[i]) {
-			usable = append(usable, i)
-		}
-	}
+	var buf [MaxGPUsPerServer]int
+	usable := n.rankUsable(d, nil, &buf)
 	p.rng.Shuffle(len(usable), func(i, j int) { usable[i], usable[j] = usable[j], usable[i] })
-	where.GPUs = usable[:d.GPUs]
-	slices.Sort(where.GPUs)
+	where.GPUs = n.takeLinked(d, usable).indices()
 	return where, true
 }

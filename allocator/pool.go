@@ -258,7 +258,7 @@ func (p *Pool) add(i int, l *Lease) {
 
 // demand resolves a request against the cluster's models.
 func (p *Pool) demand(r *Request) (Demand, error) {
-	d := Demand{GPUs: r.GPUs, GPUBytes: r.GPUMemoryBytes, CPUMilli: r.CPUMilli, Memory: r.MemoryBytes}
+	d := Demand{GPUs: r.GPUs, GPUBytes: r.GPUMemoryBytes, CPUMilli: r.CPUMilli, Memory: r.MemoryBytes, Link: r.Topology}
 	switch {
 	case r.GPUs == 0:
 	case r.GPUMemoryBytes > 0:
@@ -290,7 +290,7 @@ func (p *Pool) demand(r *Request) (Demand, error) {
 
 func (p *Pool) noCapacity(r *Request, d *Demand) error {
 	e := &NoCapacityError{GPUs: r.GPUs, PerGPU: d.PerGPU, GPUBytes: r.GPUMemoryBytes, Models: r.Models,
-		CPUMilli: r.CPUMilli, Memory: r.MemoryBytes}
+		Link: r.Topology, CPUMilli: r.CPUMilli, Memory: r.MemoryBytes}
 	asked := map[string]bool{}
 	for _, name := range r.Servers {
 		asked[name] = true

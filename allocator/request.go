@@ -28,7 +28,11 @@ type Request struct {
 	MemoryBytes int64
 	// Models restricts placement to these GPU models; empty means any.
 	Models []string
-	Owner  Owner
+	// Topology is the least link each pair of the lease's GPUs must have
+	// (gpupool.io/topology); LinkAny, the default, takes any GPUs. A
+	// single-GPU lease has no pairs, so any topology is met.
+	Topology Link
+	Owner    Owner
 	// Servers restricts placement to the servers of these names (the
 	// nodes a Kubernetes scheduler found feasible); empty means any.
 	// Names the pool does not know match nothing.
@@ -95,6 +99,8 @@ func (r *Request) Validate() error {
 		return &FieldError{"ttl", r.TTL.String(), "is shorter than " + MinTTL.String() + " (0 takes the pool's default)"}
 	case r.TTL != 0 && r.UntilReleased:
 		return &FieldError{"ttl", r.TTL.String(), "cannot be combined with untilReleased (such a lease has no TTL)"}
+	case r.Topology > LinkNVLink:
+		return notALink("topology", r.Topology.String())
 	}
 	if err := ValidateModels(r.Models); err != nil {
 		return err

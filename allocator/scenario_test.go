@@ -94,6 +94,9 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 				MemoryBytes: bytes("gpu-memory"), Healthy: !unhealthy[fmt.Sprint(i)],
 			})
 		}
+		if top := scenarioTopology(t, d, len(srv.GPUs), arg, num); top != nil {
+			srv.SetTopology(top)
+		}
 		return result(s.pool.RegisterServer(srv))
 	case "schedulable":
 		_, err := s.pool.SetSchedulable(arg("name", ""), arg("ok", "true") == "true")
@@ -115,6 +118,12 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		}
 		if v := arg("servers", ""); v != "" {
 			r.Servers = strings.Split(v, ",")
+		}
+		if v := arg("topology", ""); v != "" {
+			var err error
+			if r.Topology, err = ParseLink("topology", v); err != nil {
+				d.Fatalf(t, "%v", err)
+			}
 		}
 		l, err := s.pool.Acquire(s.now, r)
 		if err != nil {
@@ -153,6 +162,35 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 	}
 	d.Fatalf(t, "unknown command %q", d.Cmd)
 	return ""
+}
+
+// topology builds a server's links from the server command's arguments:
+// topology=nvswitch, or topology=pcie with per-switch and
+// switches-per-socket, then nvlink=0-1,2-3 to bridge pairs by NVLink; nil
+// for a server without links.
+func scenarioTopology(t *testing.T, d *datadriven.TestData, gpus int, arg func(key, def string) string, num func(key string, def int64) int64) Topology {
+	var top Topology
+	switch kind := arg("topology", ""); kind {
+	case "":
+		return nil
+	case "nvswitch":
+		top = NVSwitchTopology(gpus)
+	case "pcie":
+		top = PCIeTopology(gpus, int(num("per-switch", 2)), int(num("switches-per-socket", 2)))
+	default:
+		d.Fatalf(t, "unknown topology %q", kind)
+	}
+	for _, pair := range strings.Split(arg("nvlink", ""), ",") {
+		var i, j int
+		if pair == "" {
+			continue
+		}
+		if _, err := fmt.Sscanf(pair, "%d-%d", &i, &j); err != nil {
+			d.Fatalf(t, "nvlink %q: %v", pair, err)
+		}
+		top[i][j], top[j][i] = LinkNVLink, LinkNVLink
+	}
+	return top
 }
 
 // expiry says when a lease expires, as time since the scenario's start.

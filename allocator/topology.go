@@ -43,7 +43,11 @@ func ParseLink(field, s string) (Link, error) {
 			return Link(l), nil
 		}
 	}
-	return 0, &FieldError{field, shorten(s), "is not one of " + strings.Join(linkNames[:], ", ")}
+	return 0, notALink(field, shorten(s))
+}
+
+func notALink(field, value string) *FieldError {
+	return &FieldError{field, value, "is not one of " + strings.Join(linkNames[:], ", ")}
 }
 
 // MarshalText writes the link's name, so that it reads as such in JSON.

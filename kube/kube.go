@@ -52,6 +52,9 @@ const (
 const (
 	// AnnotationModels restricts placement to GPU models ("A100,H100").
 	AnnotationModels = "gpupool.io/gpu-models"
+	// AnnotationTopology is the least link between each pair of the pod's
+	// GPUs: any (the default), socket, pcie-switch or nvlink.
+	AnnotationTopology = "gpupool.io/topology"
 	// AnnotationRequest is the whole request the webhook read, as JSON
 	// (Request): what the scheduler asks the pool for.
 	AnnotationRequest = "gpupool.io/request"
@@ -135,6 +138,8 @@ type Request struct {
 	GPUMemory  string `json:"gpuMemory,omitempty"`
 	// Models restricts placement to these GPU models.
 	Models []string `json:"models,omitempty"`
+	// Topology is the least link between each pair of the GPUs.
+	Topology string `json:"topology,omitempty"`
 }
 
 // RequestOf reads a pod's AnnotationRequest.

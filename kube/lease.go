@@ -28,7 +28,7 @@ func LeaseRequest(pod *corev1.Pod, servers []string) (api.AcquireRequest, error)
 	requests := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})
 	return api.AcquireRequest{
 		Namespace: pod.Namespace, GPUAmount: r.GPUAmount, GPUPercent: r.GPUPercent, GPUMemory: r.GPUMemory, Models: r.Models,
-		CPU: quantity(requests, corev1.ResourceCPU), Memory: quantity(requests, corev1.ResourceMemory),
+		Topology: r.Topology, CPU: quantity(requests, corev1.ResourceCPU), Memory: quantity(requests, corev1.ResourceMemory),
 		Owner:          api.Owner{Pod: pod.Name, UID: string(pod.UID), Labels: pod.Labels},
 		IdempotencyKey: string(pod.UID), Servers: servers, UntilReleased: true,
 	}, nil

@@ -22,7 +22,7 @@ func TestLeaseRequest(t *testing.T) {
 	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "trainer-0", Namespace: "ml", UID: "uid-0", Labels: map[string]string{"app": "tf"},
-			Annotations: map[string]string{AnnotationRequest: Request{GPUAmount: 2, GPUPercent: 50, Models: []string{"A100"}}.Annotation()}},
+			Annotations: map[string]string{AnnotationRequest: Request{GPUAmount: 2, GPUPercent: 50, Models: []string{"A100"}, Topology: "nvlink"}.Annotation()}},
 		Spec: corev1.PodSpec{
 			InitContainers: []corev1.Container{{Name: "fetch", Resources: requests("100m", "8Gi")}},
 			Containers:     []corev1.Container{{Name: "main", Resources: requests("1500m", "4Gi")}, {Name: "sidecar", Resources: requests("500m", "1Gi")}},
@@ -33,7 +33,7 @@ func TestLeaseRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := api.AcquireRequest{
-		Namespace: "ml", GPUAmount: 2, GPUPercent: 50, Models: []string{"A100"}, CPU: "2", Memory: "8Gi",
+		Namespace: "ml", GPUAmount: 2, GPUPercent: 50, Models: []string{"A100"}, Topology: "nvlink", CPU: "2", Memory: "8Gi",
 		Servers: []string{"gpu-1", "gpu-2"}, Owner: api.Owner{Pod: "trainer-0", UID: "uid-0", Labels: map[string]string{"app": "tf"}},
 		IdempotencyKey: "uid-0", UntilReleased: true,
 	}

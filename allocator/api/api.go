@@ -44,6 +44,9 @@ type AcquireRequest struct {
 	CPU    string   `json:"cpu,omitempty"`
 	Memory string   `json:"memory,omitempty"`
 	Models []string `json:"models,omitempty"`
+	// Topology is the least link each pair of the lease's GPUs must have:
+	// any (the default), socket, pcie-switch or nvlink.
+	Topology string `json:"topology,omitempty"`
 	// Servers restricts placement to the servers of these names (the
 	// nodes a Kubernetes scheduler found feasible); empty means any.
 	Servers        []string `json:"servers,omitempty"`
@@ -96,6 +99,11 @@ func (a *AcquireRequest) Parse() (allocator.Request, time.Duration, error) {
 	var err error
 	if a.GPUMemory != "" {
 		if r.GPUMemoryBytes, err = allocator.ParseGPUMemory(a.GPUMemory); err != nil {
+			return r, 0, err
+		}
+	}
+	if a.Topology != "" {
+		if r.Topology, err = allocator.ParseLink("topology", a.Topology); err != nil {
 			return r, 0, err
 		}
 	}

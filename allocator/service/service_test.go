@@ -178,6 +178,7 @@ func TestBadInputNamesTheField(t *testing.T) {
 		{`{"namespace":"team-a","gpuAmount":1,"owner":{"labels":{"app name":"x"}}}`, "owner.labels", "owner.labels app name is not a label key"},
 		{`{"namespace":"team-a","gpuAmount":1,"owner":{"labels":{"app":"a b"}}}`, "owner.labels.app", "owner.labels.app a b is not a label value"},
 		{`{"namespace":"team-a","gpuAmount":1,"ttl":"1m","untilReleased":true}`, "ttl", "ttl 1m0s cannot be combined with untilReleased"},
+		{`{"namespace":"team-a","gpuAmount":2,"topology":"nvswitch"}`, "topology", "topology nvswitch is not one of any, socket, pcie-switch, nvlink"},
 		{`{"namespace":"team-a","gpuAmount":1,"servers":["s1",""]}`, "servers", `servers \"\" must be 1..253 characters`},
 		{`{"namespace":"team-a","gpuAmount":1} garbage`, "", "more than one JSON value"},
 		{`{"namespace":"team-a","gpuAmount":1}{"namespace":"team-a","gpuAmount":1}`, "", "more than one JSON value"},

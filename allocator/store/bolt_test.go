@@ -163,3 +163,35 @@ func freelistPage(data []byte) int {
 	}
 	return int(f0)
 }
+
+// TestLinksAndTopologyComeBack: a server's GPU links and the topology a
+// lease asked for survive a restart, so that the restored pool places by
+// the same links and a retry of the request is recognised.
+func TestLinksAndTopologyComeBack(t *testing.T) {
+	srv := allocator.Server{Name: "gpu-1", GPUs: []allocator.GPU{
+		{Index: 0, UUID: "GPU-a", Model: "A100", Healthy: true},
+		{Index: 1, UUID: "GPU-b", Model: "A100", Healthy: true},
+	}}
+	srv.SetTopology(allocator.PCIeTopology(2, 2, 1))
+	lease := allocator.Lease{ID: "lease-000001", Namespace: "ml", Server: "gpu-1",
+		GPUs:    []allocator.LeaseGPU{{Index: 0, UUID: "GPU-a", Model: "A100", Share: allocator.WholeGPU}, {Index: 1, UUID: "GPU-b", Model: "A100", Share: allocator.WholeGPU}},
+		Request: allocator.Request{Namespace: "ml", GPUs: 2, Topology: allocator.LinkPCIeSwitch}}
+	b, err := OpenBolt(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Close() }()
+	if err := b.Apply(context.Background(), []Change{{Servers: []allocator.Server{srv}, Leases: []allocator.Lease{lease}}}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Load(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Servers[0].GPUs[1].Links; !reflect.DeepEqual(got, srv.GPUs[1].Links) {
+		t.Errorf("gpu1's links came back as %v, want %v", got, srv.GPUs[1].Links)
+	}
+	if got := st.Leases[0].Request.Topology; got != allocator.LinkPCIeSwitch {
+		t.Errorf("the lease's topology came back as %s, want pcie-switch", got)
+	}
+}

@@ -54,17 +54,18 @@ type leaseGPURecord struct {
 }
 
 type requestRecord struct {
-	Namespace      string        `json:"namespace"`
-	GPUs           int           `json:"gpuAmount"`
-	Percent        int           `json:"gpuPercent,omitempty"`
-	GPUMemoryBytes int64         `json:"gpuMemoryBytes,omitempty"`
-	CPUMilli       int64         `json:"cpuMilli,omitempty"`
-	MemoryBytes    int64         `json:"memoryBytes,omitempty"`
-	Models         []string      `json:"models,omitempty"`
-	Owner          ownerRecord   `json:"owner"`
-	IdempotencyKey string        `json:"idempotencyKey,omitempty"`
-	TTL            time.Duration `json:"ttl,omitempty"` // nanoseconds
-	UntilReleased  bool          `json:"untilReleased,omitempty"`
+	Namespace      string         `json:"namespace"`
+	GPUs           int            `json:"gpuAmount"`
+	Percent        int            `json:"gpuPercent,omitempty"`
+	GPUMemoryBytes int64          `json:"gpuMemoryBytes,omitempty"`
+	CPUMilli       int64          `json:"cpuMilli,omitempty"`
+	MemoryBytes    int64          `json:"memoryBytes,omitempty"`
+	Models         []string       `json:"models,omitempty"`
+	Topology       allocator.Link `json:"topology,omitempty"`
+	Owner          ownerRecord    `json:"owner"`
+	IdempotencyKey string         `json:"idempotencyKey,omitempty"`
+	TTL            time.Duration  `json:"ttl,omitempty"` // nanoseconds
+	UntilReleased  bool           `json:"untilReleased,omitempty"`
 }
 
 // quotaRecord is a namespace's quota; a removed one is kept, not limited.
@@ -135,7 +136,7 @@ func encodeLease(l *allocator.Lease) ([]byte, error) {
 		CPUMilli: l.CPUMilli, MemoryBytes: l.MemoryBytes, TTL: l.TTL, GrantedAt: l.GrantedAt, ExpiresAt: l.ExpiresAt,
 		Request: requestRecord{
 			Namespace: q.Namespace, GPUs: q.GPUs, Percent: q.Percent, GPUMemoryBytes: q.GPUMemoryBytes,
-			CPUMilli: q.CPUMilli, MemoryBytes: q.MemoryBytes, Models: q.Models, Owner: ownerRecord(q.Owner),
+			CPUMilli: q.CPUMilli, MemoryBytes: q.MemoryBytes, Models: q.Models, Topology: q.Topology, Owner: ownerRecord(q.Owner),
 			IdempotencyKey: q.IdempotencyKey, TTL: q.TTL, UntilReleased: q.UntilReleased,
 		},
 	}
@@ -156,7 +157,7 @@ func decodeLease(data []byte) (allocator.Lease, error) {
 		CPUMilli: r.CPUMilli, MemoryBytes: r.MemoryBytes, TTL: r.TTL, GrantedAt: r.GrantedAt, ExpiresAt: r.ExpiresAt,
 		Request: allocator.Request{
 			Namespace: q.Namespace, GPUs: q.GPUs, Percent: q.Percent, GPUMemoryBytes: q.GPUMemoryBytes,
-			CPUMilli: q.CPUMilli, MemoryBytes: q.MemoryBytes, Models: q.Models, Owner: allocator.Owner(q.Owner),
+			CPUMilli: q.CPUMilli, MemoryBytes: q.MemoryBytes, Models: q.Models, Topology: q.Topology, Owner: allocator.Owner(q.Owner),
 			IdempotencyKey: q.IdempotencyKey, TTL: q.TTL, UntilReleased: q.UntilReleased,
 		},
 	}

@@ -112,6 +112,7 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"run", "--allocator", allocator, "--wait", "2h", "--", "true"}, 2, "--wait: wait 2h0m0s must be a duration"},
 		{[]string{"run", "--allocator", allocator, "--namespace", "ML", "--", "true"}, 2, "--namespace: namespace ML is not a namespace name"},
 		{[]string{"run", "--allocator", allocator, "--model", "A100||H100", "--", "true"}, 2, `--model: models "" must be 1..253 characters`},
+		{[]string{"run", "--allocator", allocator, "--topology", "nvswitch", "--", "true"}, 2, "--topology: topology nvswitch is not one of any, socket, pcie-switch, nvlink"},
 		{[]string{"run", "--allocator", allocator, "--ttl", "1s", "--", "true"}, 2, "--ttl 1s is below the minimum 3s"},
 	} {
 		var stdout, stderr bytes.Buffer

@@ -36,6 +36,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	percent := fs.Int("p", 0, "bitfusion.io/gpu-percent: share of each GPU, 1..100 (without -p or -m: whole GPUs)")
 	memory := fs.String("m", "", "bitfusion.io/gpu-memory: GPU memory of each GPU, e.g. 8000M or 16Gi (instead of -p)")
 	model := fs.String("model", "", "allowed GPU models, '|'-separated (e.g. A100|H100)")
+	topology := fs.String("topology", "any", "the least link between each pair of the GPUs: any, socket, pcie-switch or nvlink")
 	ttl := fs.Duration("ttl", 30*time.Second, "lease lifetime; the lease is renewed every third of it while the command runs")
 	wait := fs.Duration("wait", 0, "queue up to this long for capacity or quota instead of failing")
 	namespace := fs.String("namespace", envOr("GPUPOOL_NAMESPACE", "default"), "namespace to charge (env GPUPOOL_NAMESPACE)")
@@ -87,7 +88,7 @@ Flags:
 	}
 	req := api.AcquireRequest{
 		Namespace: *namespace, GPUAmount: *amount, GPUPercent: *percent, GPUMemory: *memory,
-		TTL: ttl.String(), Owner: api.Owner{Pod: *pod, UID: *podUID, Labels: podLabels},
+		Topology: *topology, TTL: ttl.String(), Owner: api.Owner{Pod: *pod, UID: *podUID, Labels: podLabels},
 	}
 	if *model != "" {
 		req.Models = strings.Split(*model, "|")
@@ -124,7 +125,7 @@ Flags:
 // requestFlags names the flag of `gpupool run` behind each field of a
 // request that the allocator checks.
 var requestFlags = map[string]string{
-	"namespace": "--namespace", "gpu-amount": "-n", "gpu-percent": "-p", "gpu-memory": "-m", "models": "--model",
+	"namespace": "--namespace", "gpu-amount": "-n", "gpu-percent": "-p", "gpu-memory": "-m", "models": "--model", "topology": "--topology",
 	"ttl": "--ttl", "wait": "--wait", "owner.pod": "--pod", "owner.uid": "--pod-uid", "owner.labels": "--pod-labels-file",
 }
 

@@ -75,6 +75,7 @@ var (
 	atRequest     = annotations.Key(kube.AnnotationRequest)
 	atStatus      = annotations.Key(kube.AnnotationStatus)
 	atModels      = annotations.Key(kube.AnnotationModels)
+	atTopology    = annotations.Key(kube.AnnotationTopology)
 	atAutoManaged = annotations.Key(kube.AnnotationAutoManagement)
 )
 

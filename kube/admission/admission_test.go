@@ -157,11 +157,11 @@ func TestMutateWhereTheRequestIs(t *testing.T) {
 			t.Errorf("init container's bitfusion.io/gpu = %s", &got)
 		}
 	})
-	t.Run("the second container, models and BFK's annotations kept", func(t *testing.T) {
+	t.Run("the second container, models, topology and BFK's annotations kept", func(t *testing.T) {
 		p := annotated(podOf(corev1.Container{Name: "sidecar"}, asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50")),
-			kube.AnnotationModels, "A100, H100", kube.AnnotationAutoManagement, "Yes", kube.AnnotationClientOS, "ubuntu20", kube.AnnotationClientVersion, "401")
+			kube.AnnotationModels, "A100, H100", kube.AnnotationTopology, "nvlink", kube.AnnotationAutoManagement, "Yes", kube.AnnotationClientOS, "ubuntu20", kube.AnnotationClientVersion, "401")
 		got := mutate(t, c, p)
-		if r := got.Annotations[kube.AnnotationRequest]; r != `{"gpuAmount":1,"gpuPercent":50,"models":["A100","H100"]}` {
+		if r := got.Annotations[kube.AnnotationRequest]; r != `{"gpuAmount":1,"gpuPercent":50,"models":["A100","H100"],"topology":"nvlink"}` {
 			t.Errorf("request = %s", r)
 		}
 		for k, v := range p.Annotations {

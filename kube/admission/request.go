@@ -131,6 +131,8 @@ type ask struct {
 	models          []string
 	modelsShown     string
 	modelsAt        *field.Path
+	topology        string
+	topologyAt      *field.Path
 }
 
 // plan is how Mutate normalises a pod.
@@ -157,11 +159,12 @@ func (c Config) plan(pod *corev1.Pod) (*plan, field.ErrorList) {
 			a.models[i] = strings.TrimSpace(m)
 		}
 	}
+	a.topology, a.topologyAt = pod.Annotations[kube.AnnotationTopology], atTopology
 	units, errs := c.units(a)
 	if len(errs) > 0 {
 		return nil, errs
 	}
-	r := kube.Request{GPUAmount: int(a.amount.value), Models: a.models}
+	r := kube.Request{GPUAmount: int(a.amount.value), Models: a.models, Topology: a.topology}
 	if a.percent != nil {
 		r.GPUPercent = int(a.percent.value)
 	}
@@ -227,7 +230,8 @@ func (c Config) containerAsk(gc *gpuContainer) (ask, field.ErrorList) {
 // as fields of the annotation.
 func recordedAsk(r kube.Request) (ask, field.ErrorList) {
 	a := ask{amount: &part{value: int64(r.GPUAmount), shown: int64(r.GPUAmount), path: atRequest.Child("gpuAmount")},
-		models: r.Models, modelsShown: strings.Join(r.Models, ","), modelsAt: atRequest.Child("models")}
+		models: r.Models, modelsShown: strings.Join(r.Models, ","), modelsAt: atRequest.Child("models"),
+		topology: r.Topology, topologyAt: atRequest.Child("topology")}
 	if r.GPUPercent != 0 {
 		a.percent = &part{value: int64(r.GPUPercent), shown: int64(r.GPUPercent), path: atRequest.Child("gpuPercent")}
 	}
@@ -282,6 +286,11 @@ func (c Config) units(a ask) (int64, field.ErrorList) {
 	var fe *allocator.FieldError
 	if err := allocator.ValidateModels(a.models); errors.As(err, &fe) {
 		errs = append(errs, field.Invalid(a.modelsAt, a.modelsShown, fe.Error()))
+	}
+	if a.topology != "" {
+		if _, err := allocator.ParseLink("topology", a.topology); errors.As(err, &fe) {
+			errs = append(errs, field.Invalid(a.topologyAt, a.topology, fe.Limit))
+		}
 	}
 	if len(errs) > 0 {
 		return 0, errs
