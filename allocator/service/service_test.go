@@ -244,6 +244,53 @@ func TestWaitQueuesUntilShareFrees(t *testing.T) {
 	}
 }
 
+// TestRequiredLinkQueuesUntilLinkedGPUsFree: a request for GPUs behind
+// one PCIe switch waits while the free GPUs are on different switches,
+// rather than taking them, and gets a switch's pair once one frees.
+func TestRequiredLinkQueuesUntilLinkedGPUsFree(t *testing.T) {
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, nil)
+	ctx := context.Background()
+	admin := a.client(t, adminToken)
+	srv := gpuServer("s1", 4)
+	for i, links := range allocator.PCIeTopology(4, 2, 1) {
+		srv.GPUs[i].Links = links
+	}
+	if err := admin.RegisterServer(ctx, srv); err != nil {
+		t.Fatal(err)
+	}
+	var singles []api.Lease
+	for range 3 {
+		l, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		singles = append(singles, l)
+	}
+	if err := admin.Release(ctx, singles[1].ID); err != nil { // gpu1 and gpu3 free, on two switches
+		t.Fatal(err)
+	}
+	pair := api.AcquireRequest{Namespace: "team-a", GPUAmount: 2, Topology: "pcie-switch"}
+	if _, err := admin.Acquire(ctx, pair); !client.IsReason(err, api.ReasonNoCapacity) || !strings.Contains(err.Error(), "linked by pcie-switch") {
+		t.Fatalf("a pair behind one switch without --wait: %v", err)
+	}
+	got := make(chan api.Lease, 1)
+	go func() {
+		pair.Wait = "30s"
+		l, err := admin.Acquire(ctx, pair)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	waitFor(t, func() bool { return a.svc.pendingCount() == 1 })
+	if err := admin.Release(ctx, singles[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if l := <-got; len(l.GPUs) != 2 || l.GPUs[0].Index != 0 || l.GPUs[1].Index != 1 {
+		t.Errorf("the queued pair got %+v, want gpu0 and gpu1", l.GPUs)
+	}
+}
+
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
