@@ -27,6 +27,12 @@ type NVML struct {
 	xids []atomic.Uint64
 	stop chan struct{}
 	done chan struct{}
+	// topology is how the devices link to each other, read when the
+	// source opens them (the links and the device set stay as they are
+	// while the driver runs); nil, with topologyErr saying why, when a
+	// call failed.
+	topology    allocator.Topology
+	topologyErr error
 	// known keeps each device's identity and error counters from its last
 	// good read: a lost GPU keeps its labels, and a failed read never
 	// makes a counter go down.
@@ -57,6 +63,7 @@ func NewNVML(lib nvml.Interface) (*NVML, error) {
 		}
 		s.devices = append(s.devices, d)
 	}
+	s.topology, s.topologyErr = readTopology(s.devices)
 	s.watchXids()
 	return s, nil
 }
@@ -118,6 +125,11 @@ func (s *NVML) Close() {
 // Name implements Source.
 func (*NVML) Name() string { return "nvml" }
 
+// TopologyErr says why the GPUs' links are unknown; nil when they were
+// read. The GPUs are read all the same, and placed as if every pair were
+// across sockets.
+func (s *NVML) TopologyErr() error { return s.topologyErr }
+
 // Inventory is the host's GPUs as they register with the allocator.
 func (s *NVML) Inventory(server string) (allocator.Server, error) {
 	r, err := s.Sample(context.Background(), false)
@@ -134,6 +146,9 @@ func (s *NVML) Sample(_ context.Context, processes bool) (Reading, error) {
 	out := make([]GPU, len(s.devices))
 	for i, d := range s.devices {
 		out[i] = s.read(i, d, processes)
+		if s.topology != nil {
+			out[i].Links = s.topology[i]
+		}
 	}
 	return Reading{GPUs: out}, nil
 }

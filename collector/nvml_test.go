@@ -4,13 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/gpupool/gpupool/allocator"
 )
 
 // nvmlFixture is one GPU's NVML answers as recorded on real hardware.
@@ -40,11 +44,36 @@ type nvmlFixture struct {
 			Mem       uint32 `json:"memUtil"`
 		} `json:"samples"`
 	} `json:"processUtilization"`
+	// PCIBusID and NVLinks are what the topology recordings add: the
+	// GPU's PCI address and its active NVLinks in link order (the links
+	// after them answer INVALID_ARGUMENT; a GPU with none answers
+	// NOT_SUPPORTED, as one without NVLink does).
+	PCIBusID string `json:"pciBusId"`
+	NVLinks  []struct {
+		// Remote is the device type at the link's far end, SWITCH or GPU;
+		// a GPU's PCIBusID says which.
+		Remote   string `json:"remote"`
+		PCIBusID string `json:"pciBusId"`
+	} `json:"nvLinks"`
+}
+
+// pciInfo is a PCI bus ID as NVML reports it; the zero PciInfo for none.
+func pciInfo(t *testing.T, busID string) nvml.PciInfo {
+	t.Helper()
+	var p nvml.PciInfo
+	if busID == "" {
+		return p
+	}
+	var function uint32
+	if _, err := fmt.Sscanf(busID, "%x:%x:%x.%x", &p.Domain, &p.Bus, &p.Device, &function); err != nil {
+		t.Fatalf("PCI bus ID %q: %v", busID, err)
+	}
+	return p
 }
 
 // mockDevice answers as the fixture says, the way go-nvml's mock package
 // is meant to be used; calls the probe did not record are NOT_SUPPORTED.
-func mockDevice(f *nvmlFixture) *mock.Device {
+func mockDevice(t *testing.T, f *nvmlFixture) *mock.Device {
 	return &mock.Device{
 		GetUUIDFunc: func() (string, nvml.Return) { return f.UUID, nvml.SUCCESS },
 		GetNameFunc: func() (string, nvml.Return) { return f.Name, nvml.SUCCESS },
@@ -81,6 +110,33 @@ func mockDevice(f *nvmlFixture) *mock.Device {
 			}
 			return out, nvml.SUCCESS
 		},
+		GetPciInfoFunc: func() (nvml.PciInfo, nvml.Return) {
+			if f.PCIBusID == "" {
+				return nvml.PciInfo{}, nvml.ERROR_NOT_SUPPORTED
+			}
+			return pciInfo(t, f.PCIBusID), nvml.SUCCESS
+		},
+		GetNvLinkStateFunc: func(link int) (nvml.EnableState, nvml.Return) {
+			switch {
+			case len(f.NVLinks) == 0:
+				return 0, nvml.ERROR_NOT_SUPPORTED
+			case link >= len(f.NVLinks):
+				return 0, nvml.ERROR_INVALID_ARGUMENT
+			}
+			return nvml.FEATURE_ENABLED, nvml.SUCCESS
+		},
+		GetNvLinkRemoteDeviceTypeFunc: func(link int) (nvml.IntNvLinkDeviceType, nvml.Return) {
+			if f.NVLinks[link].Remote == "SWITCH" {
+				return nvml.NVLINK_DEVICE_TYPE_SWITCH, nvml.SUCCESS
+			}
+			return nvml.NVLINK_DEVICE_TYPE_GPU, nvml.SUCCESS
+		},
+		GetNvLinkRemotePciInfoFunc: func(link int) (nvml.PciInfo, nvml.Return) {
+			return pciInfo(t, f.NVLinks[link].PCIBusID), nvml.SUCCESS
+		},
+		GetTopologyCommonAncestorFunc: func(nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
+			return 0, nvml.ERROR_NOT_SUPPORTED
+		},
 	}
 }
 
@@ -110,7 +166,7 @@ func loadNVMLFixtures(t *testing.T) (idle, busy *nvmlFixture) {
 
 func TestNVMLOnRecordedH100(t *testing.T) {
 	idle, busy := loadNVMLFixtures(t)
-	src, err := NewNVML(mockLibrary(mockDevice(idle)))
+	src, err := NewNVML(mockLibrary(mockDevice(t, idle)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +174,11 @@ func TestNVMLOnRecordedH100(t *testing.T) {
 	if err != nil || len(inv.GPUs) != 1 || inv.GPUs[0].UUID != idle.UUID || inv.GPUs[0].Model != "NVIDIA H100 80GB HBM3" ||
 		inv.GPUs[0].MemoryBytes != 85520809984 {
 		t.Fatalf("inventory = %+v, %v", inv, err)
+	}
+	// One GPU has no pair to ask NVML about (the probe recorded no
+	// topology): it reaches only itself.
+	if l := inv.GPUs[0].Links; src.TopologyErr() != nil || !slices.Equal(l, []allocator.Link{allocator.LinkNVLink}) {
+		t.Errorf("links %v, %v; want itself only", l, src.TopologyErr())
 	}
 	r, _ := src.Sample(context.Background(), true)
 	g := r.GPUs[0]
@@ -128,7 +189,7 @@ func TestNVMLOnRecordedH100(t *testing.T) {
 		t.Errorf("idle memory pressure %v", p)
 	}
 
-	src, _ = NewNVML(mockLibrary(mockDevice(busy)))
+	src, _ = NewNVML(mockLibrary(mockDevice(t, busy)))
 	r, _ = src.Sample(context.Background(), true)
 	g = r.GPUs[0]
 	if g.Utilization != 1 || len(g.Processes) != 1 {
@@ -145,9 +206,9 @@ func TestNVMLOnRecordedH100(t *testing.T) {
 
 func TestNVMLLostGPUFailsOnlyThatGPU(t *testing.T) {
 	idle, _ := loadNVMLFixtures(t)
-	lost := mockDevice(idle)
+	lost := mockDevice(t, idle)
 	lost.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.ERROR_GPU_IS_LOST }
-	src, err := NewNVML(mockLibrary(mockDevice(idle), lost))
+	src, err := NewNVML(mockLibrary(mockDevice(t, idle), lost))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +233,7 @@ func TestNVMLWithoutLibrary(t *testing.T) {
 // TestNVMLCountsXidEvents: Xid errors come from NVML's event set.
 func TestNVMLCountsXidEvents(t *testing.T) {
 	idle, _ := loadNVMLFixtures(t)
-	dev := mockDevice(idle)
+	dev := mockDevice(t, idle)
 	events := make(chan nvml.EventData, 2)
 	events <- nvml.EventData{Device: dev, EventType: nvml.EventTypeXidCriticalError, EventData: 79}
 	events <- nvml.EventData{Device: dev, EventType: nvml.EventTypeXidCriticalError, EventData: 48}

@@ -40,6 +40,9 @@ type GPU struct {
 	Model string
 	// MIG is true when the GPU is partitioned into MIG instances.
 	MIG bool
+	// Links[j] is how this GPU reaches the GPU at position j of the same
+	// reading (itself as LinkNVLink); nil when the source does not know.
+	Links []allocator.Link
 	// MemoryBytes is the GPU's memory, 0 when the round did not read it;
 	// MemoryUsedBytes means something only when MemoryBytes is set.
 	MemoryBytes     int64
@@ -74,17 +77,41 @@ type Process struct {
 
 // Inventory is a server as it registers, from what a source saw: a GPU
 // that could not be read joins unhealthy (so it takes no leases until it
-// recovers), and one whose identity is unknown is left out.
+// recovers), and one whose identity is unknown is left out, and so are the
+// other GPUs' links to it. The GPUs carry their links only when every GPU
+// of the reading does: the allocator takes a topology whole or not at all.
 func Inventory(server string, gpus []GPU) allocator.Server {
 	srv := allocator.Server{Name: server}
-	for _, g := range gpus {
+	var kept []int // the positions in gpus of srv.GPUs
+	for i, g := range gpus {
 		if g.UUID == "" {
 			continue
 		}
+		kept = append(kept, i)
 		srv.GPUs = append(srv.GPUs, allocator.GPU{Index: len(srv.GPUs), UUID: g.UUID, Model: g.Model,
 			MemoryBytes: g.MemoryBytes, Healthy: g.Healthy && g.Err == nil})
 	}
+	if !linksKnown(gpus) {
+		return srv
+	}
+	for k, i := range kept {
+		links := make([]allocator.Link, len(kept))
+		for m, j := range kept {
+			links[m] = gpus[i].Links[j]
+		}
+		srv.GPUs[k].Links = links
+	}
 	return srv
+}
+
+// linksKnown is whether the source told how each pair of gpus is linked.
+func linksKnown(gpus []GPU) bool {
+	for _, g := range gpus {
+		if len(g.Links) != len(gpus) {
+			return false
+		}
+	}
+	return len(gpus) > 0
 }
 
 // unknown marks a reading a source does not offer.
