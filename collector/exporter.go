@@ -54,6 +54,9 @@ func (c *GPUCollector) render(s *Sampler) []prometheus.Metric {
 	if snap.Round > 0 { // no round, no duration
 		emit(sourceDuration.Metric(snap.Duration.Seconds(), name))
 	}
+	if len(snap.GPUs) > 0 {
+		emit(gpuLinksKnown.Metric(boolValue(linksKnown(snap.GPUs)), name))
+	}
 	for i := range snap.GPUs {
 		c.renderGPU(emit, name, &snap.GPUs[i])
 	}

@@ -44,6 +44,8 @@ var (
 		"How long the source's last sampling round took.")
 	snapshotAge = metricdef.Gauge("bitfusion_exporter_snapshot_age_seconds", "seconds", sourceLabels,
 		"Age of the newest good snapshot of the source at scrape time.")
+	gpuLinksKnown = metricdef.Gauge("bitfusion_exporter_gpu_links_known", "0/1", sourceLabels,
+		"1 when the source knows how each pair of its GPUs is linked (NVLink, PCIe switch, CPU socket).")
 	gpuReadSuccess = metricdef.Gauge("bitfusion_exporter_gpu_read_success", "0/1", sourceLabels.With(metricdef.GPULabels...),
 		"1 when the GPU was read in the source's last round.")
 )
@@ -73,7 +75,7 @@ var portCounters = []struct {
 var MetricFamilies = func() []*metricdef.Family {
 	families := []*metricdef.Family{deviceInfo, deviceHealthy, utilization, memoryPressure, memoryUsed, temperature, power,
 		eccErrors, retiredPages, xidErrors, throttled, portInfo, portUp, portRate,
-		sourceSuccess, sourceDuration, snapshotAge, gpuReadSuccess}
+		sourceSuccess, sourceDuration, snapshotAge, gpuLinksKnown, gpuReadSuccess}
 	for _, c := range portCounters {
 		families = append(families, c.family)
 	}

@@ -24,6 +24,9 @@ type Simulated struct {
 	Server string
 	Seed   uint64
 	GPUs   []SimulatedGPU
+	// Topology is how the GPUs link to each other (ParseSimulatedTopology),
+	// a row per GPU; nil when unknown.
+	Topology allocator.Topology
 	// Leases returns the leases on this server, nil while they are not
 	// known (the daemon has not fetched them yet): the GPUs' use follows
 	// from the leases, so until then it is unknown, not idle.
@@ -83,6 +86,9 @@ func (s *Simulated) Inventory(cpuMilli, memoryBytes int64, labels map[string]str
 	for i, g := range s.GPUs {
 		srv.GPUs = append(srv.GPUs, allocator.GPU{Index: i, UUID: s.UUID(i), Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: true})
 	}
+	if s.Topology != nil {
+		srv.SetTopology(s.Topology)
+	}
 	return srv
 }
 
@@ -101,6 +107,11 @@ func (s *Simulated) Sample(_ context.Context, processes bool) (Reading, error) {
 	for i, why := range lost {
 		r.GPUs[i] = GPU{Index: i, UUID: s.UUID(i), Model: s.GPUs[i].Model, Err: why,
 			Utilization: unknown, TemperatureCelsius: unknown, PowerWatts: unknown}
+	}
+	if s.Topology != nil {
+		for i := range r.GPUs {
+			r.GPUs[i].Links = s.Topology[i]
+		}
 	}
 	return r, nil
 }
@@ -311,4 +322,24 @@ func ParseSimulatedGPUs(s string) ([]SimulatedGPU, error) {
 		}
 	}
 	return out, nil
+}
+
+// SimulatedTopologies are the shapes ParseSimulatedTopology knows.
+const SimulatedTopologies = "nvswitch, pcie, none"
+
+// ParseSimulatedTopology is the topology named for n simulated GPUs:
+// nvswitch (every pair NVLink, as on an HGX board), pcie (no NVLink, two
+// GPUs behind each PCIe switch and two switches per CPU socket, in GPU
+// order: GPUs 0-3 on the first socket, 4-7 on the next, and so on), or
+// none (unknown, nil).
+func ParseSimulatedTopology(name string, n int) (allocator.Topology, error) {
+	switch name {
+	case "nvswitch":
+		return allocator.NVSwitchTopology(n), nil
+	case "pcie":
+		return allocator.PCIeTopology(n, 2, 2), nil
+	case "none":
+		return nil, nil
+	}
+	return nil, fmt.Errorf("simulated topology %q is not one of %s", name, SimulatedTopologies)
 }

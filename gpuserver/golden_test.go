@@ -12,11 +12,13 @@ import (
 )
 
 // goldenHost is a daemon on two simulated GPUs with two leases, at a
-// fixed time, as the gpupool-server binary builds it.
+// fixed time, as the gpupool-server binary builds it (the GPUs on one
+// NVSwitch fabric, its default --simulate-topology).
 func goldenHost(t testing.TB) *Host {
 	now := time.Unix(1.8e9, 0)
 	sim := &collector.Simulated{Server: "gpu-a", Seed: 7,
-		GPUs: []collector.SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
+		GPUs:     []collector.SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
+		Topology: allocator.NVSwitchTopology(2),
 	}
 	h, err := NewHost(HostConfig{
 		Config: Config{Inventory: sim.Inventory(0, 0, nil), LabelAllowlist: []string{"app"}, Clock: func() time.Time { return now }},

@@ -43,6 +43,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	source := fs.String("source", "simulated", "telemetry source: simulated (no GPU needed), nvml, or dcgm (a dcgm-exporter's /metrics)")
 	dcgmURL := fs.String("dcgm-url", "http://127.0.0.1:9400/metrics", "dcgm-exporter /metrics URL (--source dcgm)")
 	simulate := fs.String("simulate-gpus", "H100:80Gi:8", "simulated GPUs as model:memory:count (--source simulated)")
+	simTopology := fs.String("simulate-topology", "nvswitch", "how the simulated GPUs link to each other: nvswitch (every pair NVLink, as the 8 H100s of an HGX board, the default GPUs), "+
+		"pcie (no NVLink; two GPUs behind each PCIe switch, two switches per CPU socket, in GPU order: 0-3 on one socket, 4-7 on the next), or none (unknown, as a dcgm-exporter source) (--source simulated)")
 	seed := fs.Uint64("seed", 1, "seed of the simulated GPUs")
 	deviceDir := fs.String("simulated-device-dir", "", "directory where the daemon makes each simulated GPU a file named by its UUID, which real processes hold open as CUDA processes hold /dev/nvidiaN: the processes on a GPU are those holding its file, each running its pod's lease's work; empty: each lease runs one made-up process (--source simulated)")
 	workload := fs.String("simulated-workload", "", "YAML list of workloads {namespace, selector, gpus} that keep the simulated GPUs busy; reread when it changes (--source simulated)")
@@ -99,7 +101,12 @@ Flags:
 			log.Error("bad flag", "err", err)
 			return cli.ExitUsage
 		}
-		sim := &collector.Simulated{Server: *name, Seed: *seed, GPUs: gpus}
+		topology, err := collector.ParseSimulatedTopology(*simTopology, len(gpus))
+		if err != nil {
+			log.Error("bad flag", "err", fmt.Sprintf("--simulate-topology: %v", err))
+			return cli.ExitUsage
+		}
+		sim := &collector.Simulated{Server: *name, Seed: *seed, GPUs: gpus, Topology: topology}
 		if *workload != "" {
 			if _, _, err := collector.ReadWorkloads(*workload); err != nil {
 				log.Error("bad flag", "err", fmt.Sprintf("--simulated-workload: %v", err))
@@ -125,6 +132,9 @@ Flags:
 		if inv, err = nv.Inventory(*name); err != nil {
 			log.Error("reading the GPUs", "err", err)
 			return 1
+		}
+		if err := nv.TopologyErr(); err != nil {
+			log.Warn("the GPUs' links are unknown: the allocator places on this server as if every pair were across sockets", "err", err)
 		}
 		inv.CPUMilli = *cpu
 		src = nv

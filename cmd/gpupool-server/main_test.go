@@ -73,3 +73,13 @@ func TestSimulatedDeviceDirNeedsTheSimulatedSource(t *testing.T) {
 		t.Errorf("exit %d, stderr %q; want %d saying it needs the simulated source", exit, stderr.String(), cli.ExitUsage)
 	}
 }
+
+// TestSimulateTopologyIsOneOfTheShapes: an unknown topology stops the
+// daemon before it registers, naming the shapes it knows.
+func TestSimulateTopologyIsOneOfTheShapes(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	exit := run([]string{"--listen", "127.0.0.1:0", "--simulate-topology", "ring"}, &stdout, &stderr)
+	if exit != cli.ExitUsage || !strings.Contains(stderr.String(), `--simulate-topology: simulated topology \"ring\" is not one of nvswitch, pcie, none`) {
+		t.Errorf("exit %d, stderr %q; want %d naming the shapes", exit, stderr.String(), cli.ExitUsage)
+	}
+}
