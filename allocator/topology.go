@@ -106,6 +106,19 @@ func buildTopology(n int, link func(i, j int) Link) Topology {
 	return t
 }
 
+// LinkOf is the link every pair of the given GPUs of s has: the worst of
+// their links; LinkNVLink for fewer than two GPUs, as a GPU's link to
+// itself.
+func (s *Server) LinkOf(gpus []int) Link {
+	worst := LinkNVLink
+	for _, i := range gpus {
+		for _, j := range gpus {
+			worst = min(worst, linkBetween(s.GPUs, i, j))
+		}
+	}
+	return worst
+}
+
 // SetTopology gives s's GPUs their links; t must have a row per GPU.
 func (s *Server) SetTopology(t Topology) {
 	for i := range s.GPUs {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,6 +39,10 @@ type Result struct {
 	FragmentationPct map[int]float64
 	Decisions        int
 	PlaceTime        time.Duration
+	// MultiGPU counts the multi-GPU pods placed by the link all their
+	// GPUs have on the servers' SimulatedTopology, whether placement saw
+	// it or not.
+	MultiGPU [allocator.LinkNVLink + 1]int
 }
 
 // levels at which a replay reports unallocated share, and the level at
@@ -58,11 +63,15 @@ func Replay(tr *Trace, policy string, seed uint64) (Result, error) {
 	rec := newRecorder(r.cluster, r.work, r.capacity)
 	res := Result{Policy: policy, Seed: seed}
 	for _, i := range arrivals(tr.Pods, r.capacity, seed) {
+		d := &r.demands[i]
 		start := time.Now()
-		ok := r.place(&r.demands[i])
+		where, ok := r.place(d)
 		res.PlaceTime += time.Since(start)
 		res.Decisions++
 		rec.arrived(tr.Pods[i].GPUShare(), ok)
+		if ok && d.GPUs > 1 {
+			res.MultiGPU[r.linked[where.Node].LinkOf(where.GPUs)]++
+		}
 	}
 	res.UnallocatedPct, res.FragmentationPct = rec.results()
 	return res, nil
@@ -94,7 +103,8 @@ func PlaceInOrder(tr *Trace, pods []Pod, policy string, seed uint64) (float64, e
 	}
 	allocated := allocator.Share(0)
 	for i := range pods {
-		if d := demandOf(r.cluster, &pods[i]); r.place(&d) {
+		d := demandOf(r.cluster, &pods[i])
+		if _, ok := r.place(&d); ok {
 			allocated += pods[i].GPUShare()
 		}
 	}
@@ -108,6 +118,9 @@ type replayer struct {
 	demands  []allocator.Demand // tr.Pods' demands
 	work     allocator.Workload
 	policy   allocator.Policy
+	// linked is each server with its SimulatedTopology, which the replay
+	// measures placements by.
+	linked []allocator.Server
 }
 
 // newReplayer builds tr's cluster and the policy, which expects the task
@@ -119,6 +132,10 @@ func newReplayer(tr *Trace, policy string, seed uint64) (*replayer, error) {
 			return nil, fmt.Errorf("server %s: %w", tr.Servers[i].Name, err)
 		}
 		r.capacity += allocator.ShareGPUs(len(tr.Servers[i].GPUs))
+		s := tr.Servers[i]
+		s.GPUs = slices.Clone(s.GPUs)
+		s.SetTopology(SimulatedTopology(&s))
+		r.linked = append(r.linked, s)
 	}
 	if r.capacity == 0 {
 		return nil, fmt.Errorf("trace has no GPUs")
@@ -133,13 +150,14 @@ func newReplayer(tr *Trace, policy string, seed uint64) (*replayer, error) {
 	return r, err
 }
 
-// place places one demand and commits it; false when nothing fits.
-func (r *replayer) place(d *allocator.Demand) bool {
+// place places one demand, commits it and says where; false when nothing
+// fits.
+func (r *replayer) place(d *allocator.Demand) (allocator.Placement, bool) {
 	where, ok := r.policy.Place(r.cluster, d)
 	if ok {
 		r.cluster.Commit(where, d)
 	}
-	return ok
+	return where, ok
 }
 
 // demandOf turns a pod into the allocator's demand on cluster c.
@@ -261,7 +279,12 @@ type Summary struct {
 	UnallocatedAt130  Value  `json:"unallocated_gpu_pct_at_130"`
 	FragmentationAt90 Value  `json:"fragmentation_ratio_pct_at_90"`
 	DecisionsPerSec   Value  `json:"decisions_per_second"`
-	Seeds             int    `json:"seeds"`
+	// WellLinkedPct is the share of the multi-GPU pods placed whose GPUs
+	// are all linked by one PCIe switch or NVLink; OneSocketPct those
+	// whose GPUs are at least on one CPU socket.
+	WellLinkedPct Value `json:"multi_gpu_well_linked_pct"`
+	OneSocketPct  Value `json:"multi_gpu_one_socket_pct"`
+	Seeds         int   `json:"seeds"`
 }
 
 // Value is a measured number that may be missing (NaN).
@@ -291,6 +314,8 @@ func Summarize(results []Result) []Summary {
 		s.UnallocatedAt130 += Value(r.UnallocatedPct[130])
 		s.FragmentationAt90 += Value(r.FragmentationPct[fragLevel])
 		s.DecisionsPerSec += Value(float64(r.Decisions) / r.PlaceTime.Seconds())
+		s.WellLinkedPct += Value(r.multiGPUPct(allocator.LinkPCIeSwitch))
+		s.OneSocketPct += Value(r.multiGPUPct(allocator.LinkSocket))
 		s.Seeds++
 	}
 	for i := range out {
@@ -299,8 +324,23 @@ func Summarize(results []Result) []Summary {
 		out[i].UnallocatedAt130 /= n
 		out[i].FragmentationAt90 /= n
 		out[i].DecisionsPerSec /= n
+		out[i].WellLinkedPct /= n
+		out[i].OneSocketPct /= n
 	}
 	return out
+}
+
+// multiGPUPct is the share of the multi-GPU pods placed whose GPUs are
+// all linked by at or better.
+func (r *Result) multiGPUPct(at allocator.Link) float64 {
+	placed, linked := 0, 0
+	for l, n := range r.MultiGPU {
+		placed += n
+		if allocator.Link(l) >= at {
+			linked += n
+		}
+	}
+	return 100 * float64(linked) / float64(placed)
 }
 
 // maxSeeds bounds a seed list, so a typo such as 1-1000000 fails fast.

@@ -76,6 +76,53 @@ func TestReplayEndsWithoutGPUPods(t *testing.T) {
 	}
 }
 
+func TestSimulatedTopology(t *testing.T) {
+	server := func(model string, gpus int) *allocator.Server {
+		s := &allocator.Server{Name: "n"}
+		for i := range gpus {
+			s.GPUs = append(s.GPUs, allocator.GPU{Index: i, Model: model})
+		}
+		return s
+	}
+	v100 := server("V100M32", 8)
+	v100.SetTopology(SimulatedTopology(v100))
+	if got := v100.LinkOf([]int{0, 1, 2, 3, 4, 5, 6, 7}); got != allocator.LinkNVLink {
+		t.Errorf("an 8-GPU V100 server links all its GPUs by %s, want nvlink", got)
+	}
+	g2 := server("G2", 8)
+	g2.SetTopology(SimulatedTopology(g2))
+	for _, tc := range []struct {
+		gpus []int
+		want allocator.Link
+	}{{[]int{0, 1}, allocator.LinkPCIeSwitch}, {[]int{0, 1, 2, 3}, allocator.LinkSocket}, {[]int{3, 4}, allocator.LinkAny}} {
+		if got := g2.LinkOf(tc.gpus); got != tc.want {
+			t.Errorf("G2 GPUs %v are linked by %s, want %s", tc.gpus, got, tc.want)
+		}
+	}
+}
+
+// TestAwareReplayLinksMultiGPUPodsBetter: with the simulated topologies
+// in view, more multi-GPU pods get GPUs behind one PCIe switch or on one
+// socket than when placement is blind to them.
+func TestAwareReplayLinksMultiGPUPodsBetter(t *testing.T) {
+	blind := loadTrace(t, "traces/openb_pod_list_multigpu20.csv")
+	aware := loadTrace(t, "traces/openb_pod_list_multigpu20.csv")
+	SetSimulatedTopologies(aware.Servers)
+	results, err := RunAll(blind, []string{"fgd-cpu"}, []uint64{42}, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	awareResults, err := RunAll(aware, []string{"fgd-cpu"}, []uint64{42}, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, a := Summarize(results)[0], Summarize(awareResults)[0]
+	if a.WellLinkedPct <= b.WellLinkedPct || a.OneSocketPct <= b.OneSocketPct {
+		t.Errorf("aware: %.1f%% on one switch or NVLink, %.1f%% on one socket; blind: %.1f%%, %.1f%%: want both higher aware",
+			a.WellLinkedPct, a.OneSocketPct, b.WellLinkedPct, b.OneSocketPct)
+	}
+}
+
 func TestSummaryJSONWritesMissingAsNull(t *testing.T) {
 	b, err := json.Marshal(Summary{Policy: "p", UnallocatedAt100: 4.5, UnallocatedAt130: Value(math.NaN())})
 	if err != nil || !strings.Contains(string(b), `"unallocated_gpu_pct_at_100":4.5,"unallocated_gpu_pct_at_130":null`) {

@@ -30,7 +30,8 @@ func TestSimulateJSON(t *testing.T) {
 	if len(got) != 2 || got[0]["policy"] != "best-fit" || got[1]["policy"] != "fgd-cpu" {
 		t.Fatalf("want one object per policy in order, got %v", got)
 	}
-	for _, field := range []string{"unallocated_gpu_pct_at_100", "unallocated_gpu_pct_at_130", "fragmentation_ratio_pct_at_90", "decisions_per_second"} {
+	for _, field := range []string{"unallocated_gpu_pct_at_100", "unallocated_gpu_pct_at_130", "fragmentation_ratio_pct_at_90", "decisions_per_second",
+		"multi_gpu_well_linked_pct", "multi_gpu_one_socket_pct"} {
 		v, ok := got[0][field].(float64)
 		if !ok || v <= 0 {
 			t.Errorf("field %s = %v, want a positive number", field, got[0][field])
@@ -96,6 +97,7 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"simulate", "--policies", "fdg"}, 2, `gpupool simulate: --policies "fdg": policy fdg is not one of`},
 		{[]string{"simulate", "--seeds", "9-3"}, 2, `--seeds "9-3": "9-3" is not a range low-high`},
 		{[]string{"simulate", "--output", "yaml"}, 2, `--output "yaml" is not one of table, json`},
+		{[]string{"simulate", "--topology", "nvlink"}, 2, `--topology "nvlink" is not one of blind, aware`},
 		{[]string{"simulate", "--pods", "/nonexistent.csv"}, 1, "/nonexistent.csv: no such file or directory; the embedded traces are traces/openb_node_list_gpu_node.csv, traces/openb_pod_list_default.csv, traces/openb_pod_list_gpushare40.csv"},
 		{[]string{"simulate", "--bogus"}, 2, "flag provided but not defined: -bogus"},
 		{[]string{"simulate", "--variant", "models=25%,cpu=2"}, 2, `--variant "models=25%,cpu=2": cpu 2 is not a factor such as x0.5`},

@@ -26,6 +26,7 @@ func simulateCmd(args []string, stdout, stderr io.Writer) int {
 	workers := fs.Int("workers", runtime.GOMAXPROCS(0), "replays to run at once")
 	variantText := fs.String("variant", "", "derive the pods from --pods first, by `FIELDS` such as models=25%,fractional=60%,multi-gpu=3.5%,cpu=x0.5 (above); a field left out stays as the list has it")
 	variantSeed := fs.Uint64("variant-seed", 1, "seed of the --variant derivation, apart from --seeds: every replay seed replays the same derived pods")
+	topology := fs.String("topology", "blind", "blind: placement sees no GPU links, as before; aware: the servers have the simulated topologies of docs/design.md and placement sees them. Either way the replay reports the share of multi-GPU pods whose GPUs the simulated topology links by one PCIe switch or NVLink, and on one CPU socket")
 	writePods := fs.String("write-pods", "", "write the pods the replay would use (after --variant) as a CSV pod list to `FILE` (- for stdout) and replay nothing")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: gpupool simulate [flags]
@@ -69,6 +70,10 @@ Flags:
 		fmt.Fprintf(stderr, "gpupool simulate: --policies %q: %v\n", *policyList, err)
 		return exitUsage
 	}
+	if *topology != "blind" && *topology != "aware" {
+		fmt.Fprintf(stderr, "gpupool simulate: --topology %q is not one of blind, aware\n", *topology)
+		return exitUsage
+	}
 	if *output != "table" && *output != "json" {
 		fmt.Fprintf(stderr, "gpupool simulate: --output %q is not one of table, json\n", *output)
 		return exitUsage
@@ -86,6 +91,9 @@ Flags:
 	if tr.Pods, err = variant.Derive(tr.Pods, tr.Servers, *variantSeed); err != nil {
 		fmt.Fprintf(stderr, "gpupool simulate: --variant %q on %s: %v\n", *variantText, *pods, err)
 		return exitFailed
+	}
+	if *topology == "aware" {
+		simulate.SetSimulatedTopologies(tr.Servers)
 	}
 	if *writePods != "" {
 		if err := writePodList(*writePods, tr.Pods, stdout); err != nil {
@@ -117,10 +125,10 @@ Flags:
 		return 0
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tunallocated GPU % at 100%\tat 130%\tfragmentation % at 90%\tdecisions/s\tseeds\t")
+	fmt.Fprintln(tw, "policy\tunallocated GPU % at 100%\tat 130%\tfragmentation % at 90%\tdecisions/s\tmulti-GPU on one switch or NVLink %\ton one socket %\tseeds\t")
 	for _, s := range summaries {
-		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%.0f\t%d\t\n", s.Policy, s.UnallocatedAt100, s.UnallocatedAt130,
-			s.FragmentationAt90, s.DecisionsPerSec, s.Seeds)
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%.0f\t%.1f\t%.1f\t%d\t\n", s.Policy, s.UnallocatedAt100, s.UnallocatedAt130,
+			s.FragmentationAt90, s.DecisionsPerSec, s.WellLinkedPct, s.OneSocketPct, s.Seeds)
 	}
 	if err := tw.Flush(); err != nil {
 		return exitFailed
