@@ -53,6 +53,12 @@ func poolOverview() Dashboard {
 					{Expr: `sum by (model) (bitfusion_gpu_allocated_ratio{<sel>}) / count by (model) (bitfusion_gpu_info{<sel>})`, Legend: "{{model}} leased"},
 					{Expr: `avg by (model) (bitfusion_gpu_utilization{<sel>})`, Legend: "{{model}} busy"},
 				},
+			}, {
+				Kind: Timeseries, Title: "Multi-GPU leases by link", Unit: "short",
+				Description: "Live leases of more than one GPU by the link all their GPUs have: nvlink, pcie-switch (behind one PCIe switch), " +
+					"socket (one CPU socket) or any (across sockets, or a server that reports no links). " +
+					"A request may require a link with topology (gpupool.io/topology).",
+				Targets: []Target{{Expr: `sum by (link) (bitfusion_namespace_multi_gpu_leases{<sel>})`, Legend: "{{link}}"}},
 			}},
 		}, {
 			Title: "What can still be placed",

@@ -55,6 +55,8 @@ var (
 		"GPU quota of the namespace, in GPUs (requests.bitfusion.io/gpu / 100).")
 	namespaceAllocated = metricdef.Gauge("bitfusion_namespace_allocated_gpus", "GPUs", namespaceLabels,
 		"GPU share held by the namespace's leases, in GPUs.")
+	namespaceMultiGPULeases = metricdef.Gauge("bitfusion_namespace_multi_gpu_leases", "leases", metricdef.Labels{"namespace", "link"},
+		"Live leases of more than one GPU, by the link all their GPUs have (any, socket, pcie-switch, nvlink).")
 	leaseInfo = metricdef.Gauge("bitfusion_lease_info", "1", metricdef.Labels{"lease", "namespace", "pod", "server"},
 		"Live leases; 1 per lease, with its owner.")
 	leaseAllocated = metricdef.Gauge("bitfusion_lease_allocated_gpus", "GPUs", metricdef.Labels{"lease", "namespace", "server"},
@@ -73,7 +75,7 @@ var (
 // poolFamilies are what poolCollector exports.
 var poolFamilies = []*metricdef.Family{gpuInfo, gpuAllocated, gpuMemory, gpuMemoryAllocated, gpuHealthy,
 	serverSchedulable, serverHeartbeat, poolFreeGPUs, poolFragmentation, namespaceQuota, namespaceAllocated,
-	leaseInfo, leaseAllocated, leaseExpiry, leasePending}
+	namespaceMultiGPULeases, leaseInfo, leaseAllocated, leaseExpiry, leasePending}
 
 // MetricFamilies is the table of the allocator binary's metrics.
 var MetricFamilies = slices.Concat([]*metricdef.Family{acquisitionsTotal, acquisitionDuration, releasesTotal, expirationsTotal,
@@ -201,6 +203,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(namespaceAllocated, q.Used.GPUs(), q.Namespace)
 	}
+	c.collectLinks(ch, servers, leases)
 	for _, l := range leases {
 		gauge(leaseInfo, 1, l.ID, l.Namespace, l.Owner.Pod, l.Server)
 		gauge(leaseAllocated, l.Share().GPUs(), l.ID, l.Namespace, l.Server)
@@ -210,6 +213,33 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for ns, n := range pending {
 		gauge(leasePending, float64(n), ns)
+	}
+}
+
+// collectLinks counts the multi-GPU leases by namespace and the link all
+// their GPUs have on their server.
+func (c *poolCollector) collectLinks(ch chan<- prometheus.Metric, servers []allocator.ServerState, leases []allocator.Lease) {
+	byName := make(map[string]*allocator.Server, len(servers))
+	for i := range servers {
+		byName[servers[i].Server.Name] = &servers[i].Server
+	}
+	type key struct {
+		namespace string
+		link      allocator.Link
+	}
+	count := map[key]int{}
+	for _, l := range leases {
+		if len(l.GPUs) < 2 {
+			continue
+		}
+		gpus := make([]int, len(l.GPUs))
+		for i, g := range l.GPUs {
+			gpus[i] = g.Index
+		}
+		count[key{l.Namespace, byName[l.Server].LinkOf(gpus)}]++
+	}
+	for k, n := range count {
+		ch <- namespaceMultiGPULeases.Metric(float64(n), k.namespace, k.link.String())
 	}
 }
 

@@ -2,8 +2,11 @@ package service
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
@@ -57,4 +60,41 @@ func TestMetricsDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	metricstest.Documented(t, "../../docs/metrics.md", "Allocator", MetricFamilies, a.reg)
+}
+
+// TestMultiGPULeasesByLink: each namespace's multi-GPU leases are counted
+// by the link their GPUs have, any on a server that reports no links;
+// single-GPU leases are left out.
+func TestMultiGPULeasesByLink(t *testing.T) {
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1.8e9, 0)}, nil)
+	ctx := context.Background()
+	admin := a.client(t, adminToken)
+	linked := gpuServer("linked", 4)
+	for i, links := range allocator.PCIeTopology(4, 2, 1) {
+		linked.GPUs[i].Links = links
+	}
+	for _, s := range []api.Server{linked, gpuServer("plain", 3)} {
+		if err := admin.RegisterServer(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range []api.AcquireRequest{
+		{Namespace: "team-a", GPUAmount: 2, Servers: []string{"linked"}},
+		{Namespace: "team-a", GPUAmount: 2, Servers: []string{"linked"}},
+		{Namespace: "team-b", GPUAmount: 2, Servers: []string{"plain"}},
+		{Namespace: "team-b", GPUAmount: 1, GPUPercent: 10},
+	} {
+		if _, err := admin.Acquire(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := `
+# HELP bitfusion_namespace_multi_gpu_leases Live leases of more than one GPU, by the link all their GPUs have (any, socket, pcie-switch, nvlink).
+# TYPE bitfusion_namespace_multi_gpu_leases gauge
+bitfusion_namespace_multi_gpu_leases{link="any",namespace="team-b"} 1
+bitfusion_namespace_multi_gpu_leases{link="pcie-switch",namespace="team-a"} 2
+`
+	if err := testutil.GatherAndCompare(a.reg, strings.NewReader(want), "bitfusion_namespace_multi_gpu_leases"); err != nil {
+		t.Error(err)
+	}
 }
