@@ -69,11 +69,7 @@ func TestMultiGPULeasesByLink(t *testing.T) {
 	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1.8e9, 0)}, nil)
 	ctx := context.Background()
 	admin := a.client(t, adminToken)
-	linked := gpuServer("linked", 4)
-	for i, links := range allocator.PCIeTopology(4, 2, 1) {
-		linked.GPUs[i].Links = links
-	}
-	for _, s := range []api.Server{linked, gpuServer("plain", 3)} {
+	for _, s := range []api.Server{linkedServer("linked", allocator.PCIeTopology(4, 2, 1)), gpuServer("plain", 3)} {
 		if err := admin.RegisterServer(ctx, s); err != nil {
 			t.Fatal(err)
 		}

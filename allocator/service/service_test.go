@@ -105,6 +105,15 @@ func gpuServer(name string, gpus int) api.Server {
 	return s
 }
 
+// linkedServer is gpuServer with a GPU per row of top, linked by it.
+func linkedServer(name string, top allocator.Topology) api.Server {
+	s := gpuServer(name, len(top))
+	for i, links := range top {
+		s.GPUs[i].Links = links
+	}
+	return s
+}
+
 func TestAuthAndNamespaces(t *testing.T) {
 	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, nil)
 	ctx := context.Background()
@@ -251,11 +260,7 @@ func TestRequiredLinkQueuesUntilLinkedGPUsFree(t *testing.T) {
 	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, nil)
 	ctx := context.Background()
 	admin := a.client(t, adminToken)
-	srv := gpuServer("s1", 4)
-	for i, links := range allocator.PCIeTopology(4, 2, 1) {
-		srv.GPUs[i].Links = links
-	}
-	if err := admin.RegisterServer(ctx, srv); err != nil {
+	if err := admin.RegisterServer(ctx, linkedServer("s1", allocator.PCIeTopology(4, 2, 1))); err != nil {
 		t.Fatal(err)
 	}
 	var singles []api.Lease
