@@ -40,7 +40,14 @@ func newPoolDriver(t *testing.T, policy string, seed uint64) *poolDriver {
 	}
 	d := &poolDriver{t: t, pool: p, policy: pol, opts: opts, now: time.Unix(0, 0)}
 	for i, model := range []string{"A100", "A100", "T4", "V100"} {
-		d.must(p.RegisterServer(testServer(fmt.Sprintf("s%d", i), model, 2+2*(i%2), int64(16+8*i)<<30, 64000)))
+		srv := testServer(fmt.Sprintf("s%d", i), model, 2+2*(i%2), int64(16+8*i)<<30, 64000)
+		switch model {
+		case "A100": // s1's two PCIe switches, s0's one
+			srv.SetTopology(PCIeTopology(len(srv.GPUs), 2, 1))
+		case "V100":
+			srv.SetTopology(NVSwitchTopology(len(srv.GPUs)))
+		}
+		d.must(p.RegisterServer(srv))
 	}
 	return d
 }
@@ -89,6 +96,9 @@ func (d *poolDriver) step(op, arg byte) {
 		if arg%13 == 0 {
 			r.UntilReleased, r.TTL = true, 0
 		}
+		if arg%17 == 0 {
+			r.Topology = Link(arg/17) % (LinkNVLink + 1)
+		}
 		var l Lease
 		l, err = d.pool.Acquire(d.now, r)
 		if err == nil {
@@ -114,7 +124,10 @@ func (d *poolDriver) step(op, arg byte) {
 		switch {
 		case arg&0xc0 == 0xc0 && len(servers) < 12:
 			// A new, larger server moves the fit policies' scale.
-			d.must(d.pool.RegisterServer(testServer(fmt.Sprint("n", len(servers)), "H100", 8, 80<<30, int64(64000+8000*len(servers)))))
+			// Its GPUs are on two sockets of two PCIe switches.
+			srv := testServer(fmt.Sprint("n", len(servers)), "H100", 8, 80<<30, int64(64000+8000*len(servers)))
+			srv.SetTopology(PCIeTopology(8, 2, 2))
+			d.must(d.pool.RegisterServer(srv))
 		case arg&0xc0 == 0x80:
 			// New devices: refused while leases hold shares on the server.
 			s.GPUs = append(s.GPUs, GPU{Index: len(s.GPUs), UUID: fmt.Sprint("GPU-new-", arg), Model: "T4", MemoryBytes: 16 << 30, Healthy: true})
@@ -158,6 +171,7 @@ func (d *poolDriver) checkCache(op, arg byte) {
 	some.add(1)
 	some.add(2)
 	for _, probe := range []Demand{{GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000}, {GPUs: 2, PerGPU: WholeGPU}, {CPUMilli: 8000},
+		{GPUs: 2, PerGPU: WholeGPU / 2, Link: LinkPCIeSwitch}, {GPUs: 3, PerGPU: WholeGPU, Link: LinkSocket},
 		{GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000, Nodes: some}} {
 		warmAt, warmOK := d.policy.Place(c, &probe)
 		freshAt, freshOK := fresh.Place(c, &probe)
