@@ -52,12 +52,15 @@ const (
 	fieldCPU        = "cpu"
 )
 
+// asIs is the variant that changes nothing, as String writes it.
+const asIs = "as is"
+
 // ParseVariant reads a variant such as "models=25%,fractional=60%,
-// multi-gpu=3.5%,cpu=x0.5"; "" is the list as it is. An error names the
-// field, the value and the limit it broke.
+// multi-gpu=3.5%,cpu=x0.5"; "" and "as is" are the list as it is. An error
+// names the field, the value and the limit it broke.
 func ParseVariant(s string) (Variant, error) {
 	var v Variant
-	if strings.TrimSpace(s) == "" {
+	if s = strings.TrimSpace(s); s == "" || s == asIs {
 		return v, nil
 	}
 	seen := map[string]bool{}
@@ -131,7 +134,7 @@ func (v Variant) String() string {
 		parts = append(parts, fieldCPU+"=x"+strconv.FormatFloat(v.CPUFactor, 'f', -1, 64))
 	}
 	if len(parts) == 0 {
-		return "as is"
+		return asIs
 	}
 	return strings.Join(parts, ",")
 }

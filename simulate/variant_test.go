@@ -240,8 +240,10 @@ func TestParseVariant(t *testing.T) {
 			t.Errorf("ParseVariant(%q) = %s, %v", s, v, err)
 		}
 	}
-	if v, err := ParseVariant(""); err != nil || v.String() != "as is" || !reflect.DeepEqual(v, Variant{}) {
-		t.Errorf(`ParseVariant("") = %+v, %v`, v, err)
+	for _, s := range []string{"", "as is"} {
+		if v, err := ParseVariant(s); err != nil || v.String() != "as is" || !reflect.DeepEqual(v, Variant{}) {
+			t.Errorf("ParseVariant(%q) = %+v, %v", s, v, err)
+		}
 	}
 	for _, tc := range []struct{ in, want string }{
 		{"models=125%", "models 125% out of range 0%..100%"},

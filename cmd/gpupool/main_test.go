@@ -81,6 +81,30 @@ func TestSimulateWritesTheVariant(t *testing.T) {
 	}
 }
 
+// TestSimulateGrid: the grid is a markdown table with a row per variant
+// and seed set; it fails naming the cells where --policy does worse than
+// --baseline, and passes where it does not.
+func TestSimulateGrid(t *testing.T) {
+	grid := []string{"simulate", "grid", "--variants", "as is;cpu=x0.5", "--seed-sets", "1 2"}
+	var stdout, stderr bytes.Buffer
+	if code := run(append(grid, "--policy", "random", "--baseline", "fgd-cpu"), &stdout, &stderr); code != 1 {
+		t.Fatalf("random against fgd-cpu: exit %d, want 1; stderr:\n%s", code, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	if len(lines) != 8 || !strings.HasPrefix(lines[0], "| variant | seeds | random at 100% | fgd-cpu at 100% |") ||
+		!strings.HasPrefix(lines[5], "| cpu=x0.5 | 2 | **") || !strings.Contains(lines[7], "bold: random leaves more than fgd-cpu (8 of 8)") {
+		t.Errorf("want a header, a rule, 4 rows with random's numbers in bold and a summary, got:\n%s", stdout.String())
+	}
+	if !strings.Contains(stderr.String(), "random leaves more unallocated than fgd-cpu in 8 cells: as is seeds 1 at 100% (") {
+		t.Errorf("stderr does not name the cells:\n%s", stderr.String())
+	}
+	stdout.Reset()
+	stderr.Reset()
+	if code := run(append(grid, "--policy", "fgd-cpu", "--baseline", "random"), &stdout, &stderr); code != 0 || strings.Contains(stdout.String(), "**") {
+		t.Errorf("fgd-cpu against random: exit %d, want 0 and nothing in bold; stdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
+	}
+}
+
 func TestBadUsage(t *testing.T) {
 	// Bad run flags are refused before the allocator is asked: here,
 	// nothing answers (exit 69 would say it was tried).
@@ -100,6 +124,9 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"simulate", "--topology", "nvlink"}, 2, `--topology "nvlink" is not one of blind, aware`},
 		{[]string{"simulate", "--pods", "/nonexistent.csv"}, 1, "/nonexistent.csv: no such file or directory; the embedded traces are traces/openb_node_list_gpu_node.csv, traces/openb_pod_list_default.csv, traces/openb_pod_list_gpushare40.csv"},
 		{[]string{"simulate", "--bogus"}, 2, "flag provided but not defined: -bogus"},
+		{[]string{"simulate", "grid", "--variants", "as is;models=200%"}, 2, `--variants: "models=200%": models 200% out of range 0%..100%`},
+		{[]string{"simulate", "grid", "--seed-sets", " "}, 2, `--seed-sets " ": no seed set`},
+		{[]string{"simulate", "grid", "--baseline", "tetris"}, 2, "--baseline: policy tetris is not one of"},
 		{[]string{"simulate", "--variant", "models=25%,cpu=2"}, 2, `--variant "models=25%,cpu=2": cpu 2 is not a factor such as x0.5`},
 		{[]string{"simulate", "--variant", "multi-gpu=60%"}, 1, `--variant "multi-gpu=60%" on traces/openb_pod_list_default.csv: 3078 fractional and 4238 multi-GPU pods of 7064 GPU pods: more than all of them`},
 		{[]string{"run", "--allocator", allocator}, 2, "no command given"},
@@ -142,6 +169,7 @@ func TestHelpGoesToStdout(t *testing.T) {
 		{[]string{"quota", "--help"}, "Usage: gpupool quota"},
 		{[]string{"simulate", "--help"}, "Replays an Alibaba OpenB GPU trace"},
 		{[]string{"simulate", "-h"}, "multi-gpu=P%   P% of the GPU pods ask for more than one GPU"},
+		{[]string{"simulate", "grid", "--help"}, "Usage: gpupool simulate grid"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(tc.args, &stdout, &stderr)

@@ -16,20 +16,47 @@ import (
 	"github.com/gpupool/gpupool/simulate"
 )
 
+// traceFlags are the flags naming the node list and the pod list.
+func traceFlags(fs *flag.FlagSet) (nodes, pods *string) {
+	return nodesFlag(fs), fs.String("pods", simulate.DefaultPods, "pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]); the embedded default trace by default (also embedded: traces/openb_pod_list_{gpushare40,gpuspec10,multigpu20}.csv)")
+}
+
+func nodesFlag(fs *flag.FlagSet) *string {
+	return fs.String("nodes", simulate.DefaultNodes, "node list CSV (sn,cpu_milli,memory_mib,gpu,model); the embedded OpenB cluster by default")
+}
+
+func variantSeedFlag(fs *flag.FlagSet) *uint64 {
+	return fs.Uint64("variant-seed", 1, "seed of the variant derivation, apart from the replay seeds: every replay seed replays the same derived pods")
+}
+
+func seedsFlag(fs *flag.FlagSet) *string {
+	return fs.String("seeds", "42-51", "seeds to replay with, as a list and ranges: 42-51 or 1,3,5-7")
+}
+
+func workersFlag(fs *flag.FlagSet) *int {
+	return fs.Int("workers", runtime.GOMAXPROCS(0), "replays to run at once")
+}
+
 func simulateCmd(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "grid":
+			return simulateGridCmd(args[1:], stdout, stderr)
+		}
+	}
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
-	nodes := fs.String("nodes", simulate.DefaultNodes, "node list CSV (sn,cpu_milli,memory_mib,gpu,model); the embedded OpenB cluster by default")
-	pods := fs.String("pods", simulate.DefaultPods, "pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]); the embedded default trace by default (also embedded: traces/openb_pod_list_{gpushare40,gpuspec10,multigpu20}.csv)")
-	seedList := fs.String("seeds", "42-51", "seeds to replay with, as a list and ranges: 42-51 or 1,3,5-7")
+	nodes, pods := traceFlags(fs)
+	seedList := seedsFlag(fs)
 	policyList := fs.String("policies", "all", "comma-separated placement policies, or all: "+strings.Join(allocator.PolicyNames(), ", "))
 	output := fs.String("output", "table", "result format: table or json")
-	workers := fs.Int("workers", runtime.GOMAXPROCS(0), "replays to run at once")
+	workers := workersFlag(fs)
 	variantText := fs.String("variant", "", "derive the pods from --pods first, by `FIELDS` such as models=25%,fractional=60%,multi-gpu=3.5%,cpu=x0.5 (above); a field left out stays as the list has it")
-	variantSeed := fs.Uint64("variant-seed", 1, "seed of the --variant derivation, apart from --seeds: every replay seed replays the same derived pods")
+	variantSeed := variantSeedFlag(fs)
 	topology := fs.String("topology", "blind", "blind: placement sees no GPU links, as before; aware: the servers have the simulated topologies of docs/design.md and placement sees them. Either way the replay reports the share of multi-GPU pods whose GPUs the simulated topology links by one PCIe switch or NVLink, and on one CPU socket")
 	writePods := fs.String("write-pods", "", "write the pods the replay would use (after --variant) as a CSV pod list to `FILE` (- for stdout) and replay nothing")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: gpupool simulate [flags]
+       gpupool simulate grid [flags]     variants of a pod list, a policy against a baseline
 
 Replays an Alibaba OpenB GPU trace with the protocol of the FGD paper
 (USENIX ATC'23): pods arrive in a seeded shuffle, resampled with replacement
