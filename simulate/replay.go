@@ -25,6 +25,11 @@ const (
 type Trace struct {
 	Servers []allocator.Server
 	Pods    []Pod
+	// Exclusive gives every GPU pod whole GPUs, its ask rounded up, as a
+	// cluster that does not share GPUs (the device plugin's nvidia.com/gpu)
+	// does. Arrival levels still count the pods' asks as they are, so that
+	// both ways see the same pods arrive.
+	Exclusive bool
 }
 
 // Result is what one replay of a trace with one policy and seed measured.
@@ -43,6 +48,19 @@ type Result struct {
 	// GPUs have on the servers' SimulatedTopology, whether placement saw
 	// it or not.
 	MultiGPU [allocator.LinkNVLink + 1]int
+	// AtFullArrival is the cluster after the first arrival that brings the
+	// GPU share asked to 100% of capacity; zero if none does.
+	AtFullArrival Occupancy
+}
+
+// Occupancy is what has arrived and been placed at one moment of a replay.
+type Occupancy struct {
+	Arrived, Placed int // pods
+	// PlacedAskPct is the GPU share the placed pods asked for, in % of
+	// capacity: all they hold, unless GPUs are exclusive.
+	PlacedAskPct float64
+	// BusyGPUs counts the GPUs that hold any share.
+	BusyGPUs int
 }
 
 // levels at which a replay reports unallocated share, and the level at
@@ -68,12 +86,13 @@ func Replay(tr *Trace, policy string, seed uint64) (Result, error) {
 		where, ok := r.place(d)
 		res.PlaceTime += time.Since(start)
 		res.Decisions++
-		rec.arrived(tr.Pods[i].GPUShare(), ok)
+		rec.arrived(tr.Pods[i].GPUShare(), granted(d), ok)
 		if ok && d.GPUs > 1 {
 			res.MultiGPU[r.linked[where.Node].LinkOf(where.GPUs)]++
 		}
 	}
 	res.UnallocatedPct, res.FragmentationPct = rec.results()
+	res.AtFullArrival = rec.full
 	return res, nil
 }
 
@@ -103,9 +122,9 @@ func PlaceInOrder(tr *Trace, pods []Pod, policy string, seed uint64) (float64, e
 	}
 	allocated := allocator.Share(0)
 	for i := range pods {
-		d := demandOf(r.cluster, &pods[i])
+		d := r.demandOf(&pods[i])
 		if _, ok := r.place(&d); ok {
-			allocated += pods[i].GPUShare()
+			allocated += granted(&d)
 		}
 	}
 	return 100 * float64(r.capacity-allocated) / float64(r.capacity), nil
@@ -113,11 +132,12 @@ func PlaceInOrder(tr *Trace, pods []Pod, policy string, seed uint64) (float64, e
 
 // replayer is a trace's cluster and a policy that places on it.
 type replayer struct {
-	cluster  *allocator.Cluster
-	capacity allocator.Share
-	demands  []allocator.Demand // tr.Pods' demands
-	work     allocator.Workload
-	policy   allocator.Policy
+	cluster   *allocator.Cluster
+	exclusive bool
+	capacity  allocator.Share
+	demands   []allocator.Demand // tr.Pods' demands
+	work      allocator.Workload
+	policy    allocator.Policy
 	// linked is each server with its SimulatedTopology, which the replay
 	// measures placements by.
 	linked []allocator.Server
@@ -126,7 +146,7 @@ type replayer struct {
 // newReplayer builds tr's cluster and the policy, which expects the task
 // types of the trace's pods, as in the paper.
 func newReplayer(tr *Trace, policy string, seed uint64) (*replayer, error) {
-	r := &replayer{cluster: allocator.NewCluster()}
+	r := &replayer{cluster: allocator.NewCluster(), exclusive: tr.Exclusive}
 	for i := range tr.Servers {
 		if _, err := r.cluster.AddNode(&tr.Servers[i]); err != nil {
 			return nil, fmt.Errorf("server %s: %w", tr.Servers[i].Name, err)
@@ -142,7 +162,7 @@ func newReplayer(tr *Trace, policy string, seed uint64) (*replayer, error) {
 	}
 	r.demands = make([]allocator.Demand, len(tr.Pods))
 	for i := range tr.Pods {
-		r.demands[i] = demandOf(r.cluster, &tr.Pods[i])
+		r.demands[i] = r.demandOf(&tr.Pods[i])
 	}
 	r.work = allocator.TypicalWorkload(r.demands, typicalCoverage)
 	var err error
@@ -160,11 +180,14 @@ func (r *replayer) place(d *allocator.Demand) (allocator.Placement, bool) {
 	return where, ok
 }
 
-// demandOf turns a pod into the allocator's demand on cluster c.
-func demandOf(c *allocator.Cluster, p *Pod) allocator.Demand {
+// demandOf turns a pod into the allocator's demand on r's cluster.
+func (r *replayer) demandOf(p *Pod) allocator.Demand {
 	d := allocator.Demand{GPUs: p.GPUs, PerGPU: p.PerGPU, CPUMilli: p.CPUMilli, Memory: p.Memory}
+	if r.exclusive && d.GPUs > 0 {
+		d.PerGPU = allocator.WholeGPU
+	}
 	if len(p.Models) > 0 {
-		set, known := c.ModelSetOf(p.Models)
+		set, known := r.cluster.ModelSetOf(p.Models)
 		if !known {
 			set = allocator.ModelSet(0)
 			d.GPUs = math.MaxInt32 // asks for a model the cluster lacks: never fits
@@ -173,6 +196,9 @@ func demandOf(c *allocator.Cluster, p *Pod) allocator.Demand {
 	}
 	return d
 }
+
+// granted is the GPU share a placed demand takes.
+func granted(d *allocator.Demand) allocator.Share { return allocator.Share(d.GPUs) * d.PerGPU }
 
 // arrivals is the order pods arrive in: all of them in a seeded shuffle,
 // then pods drawn with replacement until the next one would take the GPU
@@ -205,7 +231,9 @@ type recorder struct {
 	work             allocator.Workload
 	capacity         allocator.Share
 	asked, allocated allocator.Share
+	placedAsk        allocator.Share // asked by the pods placed
 	unalloc, frag    map[int]*mean
+	now, full        Occupancy // full: when asked first reached capacity
 }
 
 type mean struct{ sum, n float64 }
@@ -214,10 +242,20 @@ func newRecorder(c *allocator.Cluster, w allocator.Workload, capacity allocator.
 	return &recorder{c: c, work: w, capacity: capacity, unalloc: map[int]*mean{}, frag: map[int]*mean{}}
 }
 
-func (r *recorder) arrived(share allocator.Share, placed bool) {
+// arrived records a pod that asked for share and, if placed, took took.
+func (r *recorder) arrived(share, took allocator.Share, placed bool) {
+	wasBelow := r.asked < r.capacity
 	r.asked += share
+	r.now.Arrived++
 	if placed {
-		r.allocated += share
+		r.allocated += took
+		r.now.Placed++
+		r.placedAsk += share
+	}
+	if wasBelow && r.asked >= r.capacity {
+		r.full = r.now
+		r.full.PlacedAskPct = 100 * float64(r.placedAsk) / float64(r.capacity)
+		r.full.BusyGPUs = r.busyGPUs()
 	}
 	level := int(math.Round(100 * float64(r.asked) / float64(r.capacity)))
 	at(r.unalloc, level).add(100 - 100*float64(r.allocated)/float64(r.capacity))
@@ -234,6 +272,19 @@ func at(ms map[int]*mean, level int) *mean {
 		ms[level] = m
 	}
 	return m
+}
+
+// busyGPUs counts the cluster's GPUs that hold any share.
+func (r *recorder) busyGPUs() int {
+	busy := 0
+	for i := range r.c.Nodes {
+		for _, g := range r.c.Nodes[i].GPUs {
+			if g.Free < allocator.WholeGPU {
+				busy++
+			}
+		}
+	}
+	return busy
 }
 
 // fragmentationPct is the cluster's fragmented share of its free GPU share.
@@ -284,7 +335,13 @@ type Summary struct {
 	// whose GPUs are at least on one CPU socket.
 	WellLinkedPct Value `json:"multi_gpu_well_linked_pct"`
 	OneSocketPct  Value `json:"multi_gpu_one_socket_pct"`
-	Seeds         int   `json:"seeds"`
+	// Result.AtFullArrival's: pods arrived and placed, GPUs holding any
+	// share, and the GPU share the placed pods asked for, in % of capacity.
+	PodsArrivedAt100  Value `json:"pods_arrived_at_100"`
+	PodsPlacedAt100   Value `json:"pods_placed_at_100"`
+	BusyGPUsAt100     Value `json:"busy_gpus_at_100"`
+	PlacedAskPctAt100 Value `json:"placed_ask_pct_at_100"`
+	Seeds             int   `json:"seeds"`
 }
 
 // Value is a measured number that may be missing (NaN).
@@ -316,16 +373,19 @@ func Summarize(results []Result) []Summary {
 		s.DecisionsPerSec += Value(float64(r.Decisions) / r.PlaceTime.Seconds())
 		s.WellLinkedPct += Value(r.multiGPUPct(allocator.LinkPCIeSwitch))
 		s.OneSocketPct += Value(r.multiGPUPct(allocator.LinkSocket))
+		s.PodsArrivedAt100 += Value(r.AtFullArrival.Arrived)
+		s.PodsPlacedAt100 += Value(r.AtFullArrival.Placed)
+		s.BusyGPUsAt100 += Value(r.AtFullArrival.BusyGPUs)
+		s.PlacedAskPctAt100 += Value(r.AtFullArrival.PlacedAskPct)
 		s.Seeds++
 	}
 	for i := range out {
-		n := Value(out[i].Seeds)
-		out[i].UnallocatedAt100 /= n
-		out[i].UnallocatedAt130 /= n
-		out[i].FragmentationAt90 /= n
-		out[i].DecisionsPerSec /= n
-		out[i].WellLinkedPct /= n
-		out[i].OneSocketPct /= n
+		s := &out[i]
+		n := Value(s.Seeds)
+		for _, v := range []*Value{&s.UnallocatedAt100, &s.UnallocatedAt130, &s.FragmentationAt90, &s.DecisionsPerSec,
+			&s.WellLinkedPct, &s.OneSocketPct, &s.PodsArrivedAt100, &s.PodsPlacedAt100, &s.BusyGPUsAt100, &s.PlacedAskPctAt100} {
+			*v /= n
+		}
 	}
 	return out
 }

@@ -101,6 +101,34 @@ func TestSimulatedTopology(t *testing.T) {
 	}
 }
 
+// TestReplayExclusiveGivesWholeGPUs: two half-GPU pods share one GPU, or
+// take one each when GPUs are not shared; a pod that names a model the
+// cluster lacks arrives unplaced either way. Both ways count the same
+// pods arriving.
+func TestReplayExclusiveGivesWholeGPUs(t *testing.T) {
+	tr := &Trace{
+		Servers: []allocator.Server{{Name: "n", CPUMilli: 8000, MemoryBytes: 1 << 30,
+			GPUs: []allocator.GPU{{Model: "T4", Healthy: true}, {Index: 1, Model: "T4", Healthy: true}}}},
+		Pods: []Pod{{Name: "a", GPUs: 1, PerGPU: allocator.WholeGPU / 2}, {Name: "b", GPUs: 1, PerGPU: allocator.WholeGPU / 2},
+			{Name: "h100", GPUs: 1, PerGPU: allocator.WholeGPU, Models: []string{"H100"}}},
+	}
+	for _, tc := range []struct {
+		exclusive   bool
+		want        Occupancy
+		unallocated float64
+	}{{false, Occupancy{Arrived: 3, Placed: 2, PlacedAskPct: 50, BusyGPUs: 1}, 50}, {true, Occupancy{Arrived: 3, Placed: 2, PlacedAskPct: 50, BusyGPUs: 2}, 0}} {
+		tr.Exclusive = tc.exclusive
+		r, err := Replay(tr, "best-fit", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.AtFullArrival != tc.want || r.UnallocatedPct[100] != tc.unallocated {
+			t.Errorf("exclusive %v: at 100%% arrival %+v and %.0f%% unallocated, want %+v and %.0f%%",
+				tc.exclusive, r.AtFullArrival, r.UnallocatedPct[100], tc.want, tc.unallocated)
+		}
+	}
+}
+
 // TestAwareReplayLinksMultiGPUPodsBetter: with the simulated topologies
 // in view, more multi-GPU pods get GPUs behind one PCIe switch or on one
 // socket than when placement is blind to them.

@@ -24,11 +24,17 @@ import (
 //go:embed traces/*.csv
 var Traces embed.FS
 
-// Default trace files within Traces.
+// Trace files within Traces.
 const (
-	DefaultNodes = "traces/openb_node_list_gpu_node.csv"
-	DefaultPods  = "traces/openb_pod_list_default.csv"
+	DefaultNodes   = "traces/openb_node_list_gpu_node.csv"
+	DefaultPods    = "traces/openb_pod_list_default.csv"
+	GPUShare40Pods = "traces/openb_pod_list_gpushare40.csv"
+	GPUSpec10Pods  = "traces/openb_pod_list_gpuspec10.csv"
+	MultiGPU20Pods = "traces/openb_pod_list_multigpu20.csv"
 )
+
+// PodLists are the embedded pod lists, the FGD paper's four traces.
+var PodLists = []string{DefaultPods, GPUShare40Pods, GPUSpec10Pods, MultiGPU20Pods}
 
 const mib = 1 << 20
 

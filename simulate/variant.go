@@ -24,13 +24,6 @@ type Variant struct {
 	CPUFactor     float64  // multiplies each GPU pod's CPU
 }
 
-// Files the derivation draws from beyond the list itself: the model
-// constraints, and the shapes of a class the list has too few pods of.
-const (
-	modelMixPods = "traces/openb_pod_list_gpuspec10.csv"
-	multiGPUPods = "traces/openb_pod_list_multigpu20.csv"
-)
-
 // minDonors is how many pods of a class a list needs for its own shapes to
 // stand for the class; with fewer, the class's shapes come from the
 // embedded traces.
@@ -265,7 +258,7 @@ func pick(idx []int, n int, rng *rand.Rand) (picked, rest []int) {
 // the list's own, or the embedded trace's when the list has too few.
 func donorsOf(pods []Pod, members map[podClass][]int) (map[podClass][]Pod, error) {
 	donors := map[podClass][]Pod{}
-	for class, fallback := range map[podClass]string{fractional: DefaultPods, whole: DefaultPods, multiGPU: multiGPUPods} {
+	for class, fallback := range map[podClass]string{fractional: DefaultPods, whole: DefaultPods, multiGPU: MultiGPU20Pods} {
 		from := pods
 		idx := members[class]
 		if len(idx) < minDonors {
@@ -328,7 +321,7 @@ func setModels(pods []Pod, gpuPods []int, nodes []allocator.Server, pct float64,
 	}
 	if missing > 0 {
 		return fmt.Errorf("%s=%s: %d more GPU pods should name models, but no gpu_spec of %s can be satisfied for the rest",
-			fieldModels, formatPct(pct), missing, modelMixPods)
+			fieldModels, formatPct(pct), missing, GPUSpec10Pods)
 	}
 	return nil
 }
@@ -357,7 +350,7 @@ func (h host) holds(p *Pod) bool {
 // modelMix reads the gpu_spec mix of the embedded gpuspec10 list, each spec
 // with the distinct hosts nodes offer it.
 func modelMix(nodes []allocator.Server) (specMix, error) {
-	pods, err := readPods(modelMixPods)
+	pods, err := readPods(GPUSpec10Pods)
 	if err != nil {
 		return nil, err
 	}

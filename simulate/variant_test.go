@@ -44,7 +44,7 @@ func inClass(c podClass) func(*Pod) bool { return func(p *Pod) bool { return cla
 // list (no constraints, 3078 fractional and 75 multi-GPU of 7064 GPU pods)
 // and on gpuspec10 (732 constrained), up and down.
 func TestVariantHitsItsShares(t *testing.T) {
-	for _, pods := range []string{DefaultPods, modelMixPods} {
+	for _, pods := range []string{DefaultPods, GPUSpec10Pods} {
 		tr := loadTrace(t, pods)
 		for _, tc := range []struct {
 			v   Variant
@@ -176,7 +176,7 @@ func TestVariantFallsBackToEmbeddedShapes(t *testing.T) {
 
 // TestVariantLeavesUnsetFieldsAlone: each field changes only what it sets.
 func TestVariantLeavesUnsetFieldsAlone(t *testing.T) {
-	tr := loadTrace(t, modelMixPods)
+	tr := loadTrace(t, GPUSpec10Pods)
 	if got := derive(t, tr, Variant{}, 1); !reflect.DeepEqual(got, tr.Pods) {
 		t.Error("the empty variant changed the pods")
 	}
@@ -228,7 +228,7 @@ func TestVariantRefusesWhatItCannotDerive(t *testing.T) {
 	}
 	noSpecModel := []allocator.Server{{Name: "h", CPUMilli: 64000, MemoryBytes: 1 << 40, GPUs: []allocator.GPU{{Model: "H100", Healthy: true}}}}
 	if _, err := (Variant{ModelsPct: pct(10)}).Derive(tr.Pods, noSpecModel, 1); err == nil ||
-		!strings.Contains(err.Error(), "no gpu_spec of "+modelMixPods+" can be satisfied") {
+		!strings.Contains(err.Error(), "no gpu_spec of "+GPUSpec10Pods+" can be satisfied") {
 		t.Errorf("models=10%% on H100 servers only: %v", err)
 	}
 }
@@ -264,7 +264,7 @@ func TestParseVariant(t *testing.T) {
 }
 
 func TestWritePodsReadsBack(t *testing.T) {
-	tr := loadTrace(t, modelMixPods)
+	tr := loadTrace(t, GPUSpec10Pods)
 	var b bytes.Buffer
 	if err := WritePods(&b, tr.Pods); err != nil {
 		t.Fatal(err)

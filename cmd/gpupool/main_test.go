@@ -31,7 +31,7 @@ func TestSimulateJSON(t *testing.T) {
 		t.Fatalf("want one object per policy in order, got %v", got)
 	}
 	for _, field := range []string{"unallocated_gpu_pct_at_100", "unallocated_gpu_pct_at_130", "fragmentation_ratio_pct_at_90", "decisions_per_second",
-		"multi_gpu_well_linked_pct", "multi_gpu_one_socket_pct"} {
+		"multi_gpu_well_linked_pct", "multi_gpu_one_socket_pct", "pods_arrived_at_100", "pods_placed_at_100", "busy_gpus_at_100", "placed_ask_pct_at_100"} {
 		v, ok := got[0][field].(float64)
 		if !ok || v <= 0 {
 			t.Errorf("field %s = %v, want a positive number", field, got[0][field])
@@ -105,6 +105,23 @@ func TestSimulateGrid(t *testing.T) {
 	}
 }
 
+// TestSimulateSharing: a markdown table with a row per embedded trace.
+func TestSimulateSharing(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"simulate", "sharing", "--seeds", "42", "--policy", "best-fit"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	if len(lines) != 6 || !strings.HasPrefix(lines[0], "| trace | pods arrived | pods placed, shared | exclusive |") {
+		t.Fatalf("want a header, a rule and 4 rows, got:\n%s", stdout.String())
+	}
+	for i, name := range []string{"default", "gpushare40", "gpuspec10", "multigpu20"} {
+		if !strings.HasPrefix(lines[2+i], "| "+name+" | ") {
+			t.Errorf("row %d is %q, want trace %s", i, lines[2+i], name)
+		}
+	}
+}
+
 func TestBadUsage(t *testing.T) {
 	// Bad run flags are refused before the allocator is asked: here,
 	// nothing answers (exit 69 would say it was tried).
@@ -127,6 +144,8 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"simulate", "grid", "--variants", "as is;models=200%"}, 2, `--variants: "models=200%": models 200% out of range 0%..100%`},
 		{[]string{"simulate", "grid", "--seed-sets", " "}, 2, `--seed-sets " ": no seed set`},
 		{[]string{"simulate", "grid", "--baseline", "tetris"}, 2, "--baseline: policy tetris is not one of"},
+		{[]string{"simulate", "sharing", "--seeds", "x"}, 2, `--seeds "x": "x" is not a number`},
+		{[]string{"simulate", "sharing", "--policy", "tetris"}, 2, "--policy: policy tetris is not one of"},
 		{[]string{"simulate", "--variant", "models=25%,cpu=2"}, 2, `--variant "models=25%,cpu=2": cpu 2 is not a factor such as x0.5`},
 		{[]string{"simulate", "--variant", "multi-gpu=60%"}, 1, `--variant "multi-gpu=60%" on traces/openb_pod_list_default.csv: 3078 fractional and 4238 multi-GPU pods of 7064 GPU pods: more than all of them`},
 		{[]string{"run", "--allocator", allocator}, 2, "no command given"},
@@ -170,6 +189,7 @@ func TestHelpGoesToStdout(t *testing.T) {
 		{[]string{"simulate", "--help"}, "Replays an Alibaba OpenB GPU trace"},
 		{[]string{"simulate", "-h"}, "multi-gpu=P%   P% of the GPU pods ask for more than one GPU"},
 		{[]string{"simulate", "grid", "--help"}, "Usage: gpupool simulate grid"},
+		{[]string{"simulate", "sharing", "--help"}, "Usage: gpupool simulate sharing"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(tc.args, &stdout, &stderr)

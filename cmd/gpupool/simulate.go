@@ -33,6 +33,20 @@ func seedsFlag(fs *flag.FlagSet) *string {
 	return fs.String("seeds", "42-51", "seeds to replay with, as a list and ranges: 42-51 or 1,3,5-7")
 }
 
+// parseReplayFlags parses args into fs as cli.Parse does, then reads the
+// seed list; ok is whether the command goes on, else it ends with exit.
+func parseReplayFlags(fs *flag.FlagSet, args []string, seedList *string, stdout, stderr io.Writer) (seeds []uint64, exit int, ok bool) {
+	if exit, ok := cli.Parse(fs, args, stdout, stderr); !ok {
+		return nil, exit, false
+	}
+	seeds, err := simulate.ParseSeeds(*seedList)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpupool %s: --seeds %q: %v\n", fs.Name(), *seedList, err)
+		return nil, exitUsage, false
+	}
+	return seeds, 0, true
+}
+
 func workersFlag(fs *flag.FlagSet) *int {
 	return fs.Int("workers", runtime.GOMAXPROCS(0), "replays to run at once")
 }
@@ -42,6 +56,8 @@ func simulateCmd(args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "grid":
 			return simulateGridCmd(args[1:], stdout, stderr)
+		case "sharing":
+			return simulateSharingCmd(args[1:], stdout, stderr)
 		}
 	}
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
@@ -57,6 +73,7 @@ func simulateCmd(args []string, stdout, stderr io.Writer) int {
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: gpupool simulate [flags]
        gpupool simulate grid [flags]     variants of a pod list, a policy against a baseline
+       gpupool simulate sharing [flags]  the four traces with GPUs shared and exclusive
 
 Replays an Alibaba OpenB GPU trace with the protocol of the FGD paper
 (USENIX ATC'23): pods arrive in a seeded shuffle, resampled with replacement
@@ -84,13 +101,9 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if exit, ok := cli.Parse(fs, args, stdout, stderr); !ok {
+	seeds, exit, ok := parseReplayFlags(fs, args, seedList, stdout, stderr)
+	if !ok {
 		return exit
-	}
-	seeds, err := simulate.ParseSeeds(*seedList)
-	if err != nil {
-		fmt.Fprintf(stderr, "gpupool simulate: --seeds %q: %v\n", *seedList, err)
-		return exitUsage
 	}
 	policies, err := parsePolicies(*policyList)
 	if err != nil {
