@@ -36,7 +36,9 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	percent := fs.Int("p", 0, "bitfusion.io/gpu-percent: share of each GPU, 1..100 (without -p or -m: whole GPUs)")
 	memory := fs.String("m", "", "bitfusion.io/gpu-memory: GPU memory of each GPU, e.g. 8000M or 16Gi (instead of -p)")
 	model := fs.String("model", "", "allowed GPU models, '|'-separated (e.g. A100|H100)")
-	topology := fs.String("topology", "any", "the least link between each pair of the GPUs: any, socket, pcie-switch or nvlink")
+	// No default in the request, so that an allocator that predates
+	// topologies still takes the requests that ask for none.
+	topology := fs.String("topology", "", "the least link between each pair of the GPUs: any (when not given), socket, pcie-switch or nvlink")
 	ttl := fs.Duration("ttl", 30*time.Second, "lease lifetime; the lease is renewed every third of it while the command runs")
 	wait := fs.Duration("wait", 0, "queue up to this long for capacity or quota instead of failing")
 	namespace := fs.String("namespace", envOr("GPUPOOL_NAMESPACE", "default"), "namespace to charge (env GPUPOOL_NAMESPACE)")

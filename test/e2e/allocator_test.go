@@ -72,6 +72,10 @@ func TestRunEndToEnd(t *testing.T) {
 	if out, code := gpupool(t, env, "run", "-n", "8", "--", "true"); code != 75 || !strings.Contains(out, "no server has 8 free GPUs") {
 		t.Errorf("no capacity: exit %d, %q; want 75 and the reason", code, out)
 	}
+	// The servers report no links: no pair of their GPUs is NVLinked.
+	if out, code := gpupool(t, env, "run", "-n", "2", "--topology", "nvlink", "--", "true"); code != 75 || !strings.Contains(out, "no server has 2 free GPUs linked by nvlink") {
+		t.Errorf("a pair linked by nvlink: exit %d, %q; want 75 and the reason", code, out)
+	}
 	if out, code := gpupool(t, env, "run", "-n", "1", "-p", "120", "--", "true"); code != 2 || !strings.Contains(out, "-p: gpu-percent 120 out of range 1..100") {
 		t.Errorf("bad percent: exit %d, %q", code, out)
 	}
