@@ -116,6 +116,15 @@ func (t *tieBreaker) ranks(c *Cluster) []uint32 {
 func (t *tieBreaker) pick(c *Cluster, d *Demand, rate rater) (Placement, bool) {
 	rank := t.ranks(c)
 	row := t.cache.row(c, d)
+	// On a node whose every GPU is of a model d takes, d rates as the same
+	// demand for any model would: such demands share that one's ratings,
+	// rather than each set of models rating every node afresh.
+	anyModel := d.shape()
+	anyModel.Models = 0
+	anyModelRow := row
+	if d.Models != 0 {
+		anyModelRow = t.cache.row(c, &anyModel)
+	}
 	best, found := int64(0), false
 	var where Placement
 	var gpus gpuMask
@@ -123,11 +132,14 @@ func (t *tieBreaker) pick(c *Cluster, d *Demand, rate rater) (Placement, bool) {
 		if !d.Nodes.allows(i) {
 			continue
 		}
-		n, r := &c.Nodes[i], &row[i]
+		n, r, asked := &c.Nodes[i], &row[i], d
+		if n.Models&^d.Models == 0 {
+			r, asked = &anyModelRow[i], &anyModel
+		}
 		if r.seen != n.Version+1 {
-			r.seen, r.fits = n.Version+1, n.Fits(d)
+			r.seen, r.fits = n.Version+1, n.Fits(asked)
 			if r.fits {
-				r.score, r.gpus = rate(i, n, d)
+				r.score, r.gpus = rate(i, n, asked)
 			}
 		}
 		if !r.fits {

@@ -28,7 +28,7 @@ func (p *fragPolicy) Place(c *Cluster, d *Demand) (Placement, bool) {
 // a node; ties between nodes go by the tieBreaker's seeded node order.
 func newFGD(o PolicyOptions) Policy {
 	return &fragPolicy{
-		name: "fgd", ties: newTieBreaker(o.Seed), frag: fragMemo{measure: o.Workload.Fragmentation},
+		name: "fgd", ties: newTieBreaker(o.Seed), frag: fragMemo{measure: newFragIndex(o.Workload).fragmentation},
 		cost: func(growth float64) float64 { return -float64(sigmoidScore(-growth)) },
 	}
 }

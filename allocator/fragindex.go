@@ -1,0 +1,129 @@
+package allocator
+
+// fragIndex computes Workload.Fragmentation with the task types that
+// count alike on a node merged. Model constraints multiply a workload's
+// types (each set of models makes types of its own) but not the kinds of
+// GPU demand: on a node whose every GPU is of a model a type takes, the
+// type counts only by its GPUs, share and CPU, and a type that takes none
+// of the node's models counts all of the node's free share. FGD then
+// weighs a node against a handful of merged types instead of every type.
+//
+// Merged types keep the order of their first type, so a workload with no
+// model constraints, where nothing merges, sums exactly as Fragmentation.
+type fragIndex struct {
+	w      Workload
+	byNode map[ModelSet][]mergedType
+}
+
+// mergedType is the task types that count alike on nodes of one set of
+// models, with their summed weight.
+type mergedType struct {
+	gpus     int
+	perGPU   Share
+	cpuMilli int64
+	// unusable types cannot run on such nodes at all (wrong model, no GPU).
+	unusable bool
+	// partial is set for a type that takes some of the node's models but
+	// not all, which counts GPU by GPU and merges with no other.
+	partial *TaskType
+	weight  float64
+}
+
+func newFragIndex(w Workload) *fragIndex {
+	return &fragIndex{w: w, byNode: map[ModelSet][]mergedType{}}
+}
+
+// on returns the workload merged for nodes whose GPUs are of the models.
+func (x *fragIndex) on(models ModelSet) []mergedType {
+	if m, ok := x.byNode[models]; ok {
+		return m
+	}
+	var merged []mergedType
+	index := map[mergedType]int{}
+	for i := range x.w {
+		t := &x.w[i]
+		var k mergedType
+		switch {
+		case !t.Models.allows(models):
+			k = mergedType{unusable: true}
+		case t.GPUs == 0:
+			k = mergedType{cpuMilli: t.CPUMilli, unusable: true}
+		case t.Models == 0 || models&^t.Models == 0:
+			k = mergedType{gpus: t.GPUs, perGPU: t.PerGPU, cpuMilli: t.CPUMilli}
+		default:
+			k = mergedType{partial: t}
+		}
+		j, ok := index[k]
+		if !ok {
+			j = len(merged)
+			index[k] = j
+			merged = append(merged, k)
+		}
+		merged[j].weight += t.Weight
+	}
+	x.byNode[models] = merged
+	return merged
+}
+
+// fragmentation is w.Fragmentation(n), up to the rounding of sums where
+// types merged.
+func (x *fragIndex) fragmentation(n *Node) float64 {
+	free := n.FreeShare()
+	if free == 0 {
+		return 0
+	}
+	healthy := healthyFrees(n)
+	var f float64
+	for _, k := range x.on(n.Models) {
+		frag := free
+		switch {
+		case k.partial != nil:
+			frag = k.partial.fragment(n, free)
+		case k.unusable || !n.Schedulable || n.CPUCap > 0 && n.CPUFree < k.cpuMilli:
+		default:
+			frag = healthy.unusableBy(k.gpus, k.perGPU)
+		}
+		f += k.weight * float64(frag)
+	}
+	return f
+}
+
+// freeShares are the free shares of a node's healthy GPUs, most first.
+type freeShares struct {
+	n    int
+	free [MaxGPUsPerServer]Share
+	sum  Share
+}
+
+func healthyFrees(n *Node) freeShares {
+	var s freeShares
+	for i := range n.GPUs {
+		if !n.GPUs[i].Healthy {
+			continue
+		}
+		// Insertion sort: a node has a handful of GPUs.
+		f, j := n.GPUs[i].Free, s.n
+		for ; j > 0 && s.free[j-1] < f; j-- {
+			s.free[j] = s.free[j-1]
+		}
+		s.free[j] = f
+		s.n++
+		s.sum += f
+	}
+	return s
+}
+
+// unusableBy is the free share that a task of gpus GPUs of perGPU each
+// cannot use: that of the GPUs with less than perGPU free, or all of it
+// when fewer than gpus GPUs have that much.
+func (s *freeShares) unusableBy(gpus int, perGPU Share) Share {
+	fits, usable := 0, Share(0)
+	for fits < s.n && s.free[fits] >= perGPU {
+		usable += s.free[fits]
+		fits++
+	}
+	if fits < gpus {
+		return s.sum
+	}
+	return s.sum - usable
+}
