@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"fmt"
+	"math/bits"
 )
 
 // ModelSet is a set of GPU models as a bit per model interned in a Cluster.
@@ -17,6 +18,9 @@ const maxModels = 64
 
 func (s ModelSet) allows(m ModelSet) bool { return s == 0 || s&m != 0 }
 
+// index is the bit number of a single model.
+func (s ModelSet) index() int { return bits.TrailingZeros64(uint64(s)) }
+
 // Cluster is the placement view of the pool: what every server and GPU has
 // free. Only Pool (and the simulator) change it, through Commit and
 // Uncommit, so that the invariants hold in one place; a policy may try a
@@ -26,11 +30,14 @@ type Cluster struct {
 	models []string
 	modelB map[string]ModelSet
 	// maxCPU and maxShare are the largest capacities any node has had,
-	// the scale of the fit-based policies' scores; Scale counts their
-	// changes so that cached scores can tell they are out of date.
-	maxCPU   int64
-	maxShare Share
-	Scale    uint64
+	// the scale of the fit-based policies' scores; gpusByModel counts the
+	// GPUs of each model (by bit), the supply fgd-cpu weighs
+	// model-constrained demand against. Scale counts their changes so
+	// that cached scores can tell they are out of date.
+	maxCPU      int64
+	maxShare    Share
+	gpusByModel [maxModels]int
+	Scale       uint64
 }
 
 // Node is one server's free resources.
@@ -145,7 +152,7 @@ func (c *Cluster) AddNode(s *Server) (int, error) {
 		return 0, err
 	}
 	c.Nodes = append(c.Nodes, n)
-	c.grow(&n)
+	c.rescale(nil, &n)
 	return len(c.Nodes) - 1, nil
 }
 
@@ -158,8 +165,8 @@ func (c *Cluster) ResetNode(i int, s *Server) error {
 	}
 	old := &c.Nodes[i]
 	n.Schedulable, n.Version = old.Schedulable, old.Version+1
+	c.rescale(old, &n)
 	*old = n
-	c.grow(&n)
 	return nil
 }
 
@@ -214,12 +221,22 @@ func linkBetween(gs []GPU, i, j int) Link {
 	return gs[i].Links[j]
 }
 
-// grow raises the cluster's scale to cover n; a new scale changes every
-// fit-based score, so Scale moves on.
-func (c *Cluster) grow(n *Node) {
-	cpu, gpu := max(c.maxCPU, n.CPUCap), max(c.maxShare, ShareGPUs(len(n.GPUs)))
-	if cpu != c.maxCPU || gpu != c.maxShare {
-		c.maxCPU, c.maxShare = cpu, gpu
+// rescale accounts for node n, which replaces old (nil for a new node):
+// it raises the largest capacities to cover n and counts its GPUs by model.
+// Those change scores beyond any one node, so Scale moves on when they do.
+func (c *Cluster) rescale(old, n *Node) {
+	gpus := c.gpusByModel
+	if old != nil {
+		for i := range old.GPUs {
+			gpus[old.GPUs[i].Model.index()]--
+		}
+	}
+	for i := range n.GPUs {
+		gpus[n.GPUs[i].Model.index()]++
+	}
+	cpu, share := max(c.maxCPU, n.CPUCap), max(c.maxShare, ShareGPUs(len(n.GPUs)))
+	if cpu != c.maxCPU || share != c.maxShare || gpus != c.gpusByModel {
+		c.maxCPU, c.maxShare, c.gpusByModel = cpu, share, gpus
 		c.Scale++
 	}
 }

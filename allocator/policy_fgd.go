@@ -102,19 +102,20 @@ func giveShares(n *Node, gpus gpuMask, shares [MaxGPUsPerServer]Share) {
 	}
 }
 
-// fragMemo remembers a measure of each node of one cluster for the node's
-// current version.
+// fragMemo remembers a measure of each node of one cluster at one Scale
+// for the node's current version.
 type fragMemo struct {
 	measure func(*Node) float64
 	cluster *Cluster
+	scale   uint64
 	// seen holds Version+1 of the node when value was worked out; 0 is empty.
 	seen  []uint64
 	value []float64
 }
 
 func (m *fragMemo) of(c *Cluster, i int, n *Node) float64 {
-	if m.cluster != c {
-		m.cluster, m.seen, m.value = c, nil, nil
+	if m.cluster != c || m.scale != c.Scale {
+		m.cluster, m.scale, m.seen, m.value = c, c.Scale, nil, nil
 	}
 	if i >= len(m.value) {
 		m.seen = append(m.seen, make([]uint64, i+1-len(m.seen))...)
