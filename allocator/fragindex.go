@@ -13,6 +13,10 @@ package allocator
 type fragIndex struct {
 	w      Workload
 	byNode map[ModelSet][]mergedType
+	// last is the latest models looked up and lastMerged their types: a
+	// policy weighs one node several times in a row.
+	last       ModelSet
+	lastMerged []mergedType
 }
 
 // mergedType is the task types that count alike on nodes of one set of
@@ -35,9 +39,20 @@ func newFragIndex(w Workload) *fragIndex {
 
 // on returns the workload merged for nodes whose GPUs are of the models.
 func (x *fragIndex) on(models ModelSet) []mergedType {
-	if m, ok := x.byNode[models]; ok {
-		return m
+	if x.lastMerged != nil && models == x.last {
+		return x.lastMerged
 	}
+	m, ok := x.byNode[models]
+	if !ok {
+		m = x.merge(models)
+		x.byNode[models] = m
+	}
+	x.last, x.lastMerged = models, m
+	return m
+}
+
+// merge merges the workload's types for nodes whose GPUs are of the models.
+func (x *fragIndex) merge(models ModelSet) []mergedType {
 	var merged []mergedType
 	index := map[mergedType]int{}
 	for i := range x.w {
@@ -61,7 +76,6 @@ func (x *fragIndex) on(models ModelSet) []mergedType {
 		}
 		merged[j].weight += t.Weight
 	}
-	x.byNode[models] = merged
 	return merged
 }
 
@@ -73,13 +87,15 @@ func (x *fragIndex) fragmentation(n *Node) float64 {
 		return 0
 	}
 	healthy := healthyFrees(n)
+	merged := x.on(n.Models)
 	var f float64
-	for _, k := range x.on(n.Models) {
+	for i := range merged {
+		k := &merged[i]
 		frag := free
 		switch {
+		case k.unusable || !n.Schedulable || n.CPUCap > 0 && n.CPUFree < k.cpuMilli:
 		case k.partial != nil:
 			frag = k.partial.fragment(n, free)
-		case k.unusable || !n.Schedulable || n.CPUCap > 0 && n.CPUFree < k.cpuMilli:
 		default:
 			frag = healthy.unusableBy(k.gpus, k.perGPU)
 		}

@@ -115,16 +115,15 @@ func (t *tieBreaker) ranks(c *Cluster) []uint32 {
 // pick rates every node that fits and returns a top-rated one.
 func (t *tieBreaker) pick(c *Cluster, d *Demand, rate rater) (Placement, bool) {
 	rank := t.ranks(c)
-	row := t.cache.row(c, d)
 	// On a node whose every GPU is of a model d takes, d rates as the same
 	// demand for any model would: such demands share that one's ratings,
-	// rather than each set of models rating every node afresh.
+	// rather than each set of models rating every node afresh. On a node
+	// with none of d's models d never fits; only a node with some of them
+	// needs ratings of d's own, kept when the first such node is met.
 	anyModel := d.shape()
 	anyModel.Models = 0
-	anyModelRow := row
-	if d.Models != 0 {
-		anyModelRow = t.cache.row(c, &anyModel)
-	}
+	anyModelRow := t.cache.row(c, &anyModel)
+	var ownRow []rating
 	best, found := int64(0), false
 	var where Placement
 	var gpus gpuMask
@@ -132,9 +131,15 @@ func (t *tieBreaker) pick(c *Cluster, d *Demand, rate rater) (Placement, bool) {
 		if !d.Nodes.allows(i) {
 			continue
 		}
-		n, r, asked := &c.Nodes[i], &row[i], d
-		if n.Models&^d.Models == 0 {
-			r, asked = &anyModelRow[i], &anyModel
+		n, r, asked := &c.Nodes[i], &anyModelRow[i], &anyModel
+		if d.Models != 0 && n.Models&^d.Models != 0 {
+			if d.GPUs > 0 && n.Models&d.Models == 0 {
+				continue
+			}
+			if ownRow == nil {
+				ownRow = t.cache.row(c, d)
+			}
+			r, asked = &ownRow[i], d
 		}
 		if r.seen != n.Version+1 {
 			r.seen, r.fits = n.Version+1, n.Fits(asked)

@@ -28,4 +28,7 @@ func TestModelConstrainedDemandsShareRatings(t *testing.T) {
 	if rated[0] != 1 || rated[1] != 1 || rated[2] != 1 {
 		t.Errorf("nodes rated %v times; want each once: the T4 nodes for both demands, the V100 node for neither T4 demand", rated)
 	}
+	if len(ties.cache.rows) != 1 {
+		t.Errorf("%d rows of ratings kept, want 1: the T4 demand needs none of its own on nodes of one model", len(ties.cache.rows))
+	}
 }
