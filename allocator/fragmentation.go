@@ -120,3 +120,20 @@ func (w Workload) CPUPerMilli() float64 {
 	}
 	return cpu / gpu
 }
+
+// oneGPUShare is the part of the workload's GPU share that one-GPU tasks
+// ask; zero when it has no GPU tasks.
+func (w Workload) oneGPUShare() float64 {
+	var one, all float64
+	for i := range w {
+		share := w[i].Weight * float64(w[i].GPUs) * float64(w[i].PerGPU)
+		all += share
+		if w[i].GPUs == 1 {
+			one += share
+		}
+	}
+	if all == 0 {
+		return 0
+	}
+	return one / all
+}
