@@ -96,8 +96,9 @@ func writeError(w http.ResponseWriter, err error, log *slog.Logger) {
 }
 
 var (
-	// errUnavailable answers every operation once the store has failed.
-	errUnavailable = errors.New("allocator store failed; restarting")
+	// errUnavailable answers every operation once the store has failed or
+	// this replica stopped leading.
+	errUnavailable = errors.New("allocator store failed; recovering")
 	// errStandby answers the API on a replica that does not lead, so that
 	// clients try another.
 	errStandby      = errors.New("this allocator replica is standing by; ask the leader")

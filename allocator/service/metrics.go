@@ -30,8 +30,8 @@ var (
 		"Leases ended because their holder stopped renewing them.")
 	storeApplyDuration = metricdef.Histogram("bitfusion_store_apply_duration_seconds", "seconds", storeLabels,
 		"Time to make one batch of changes durable.", prometheus.ExponentialBuckets(0.0001, 2, 16))
-	storeErrorsTotal = metricdef.Counter("bitfusion_store_errors_total", "batches", storeLabels,
-		"Batches the store failed to make durable; the allocator restarts after one.")
+	storeErrorsTotal = metricdef.Counter("bitfusion_store_errors_total", "attempts", storeLabels,
+		"Attempts to make a batch durable that failed; one that may pass (an etcd election) is retried.")
 
 	gpuInfo = metricdef.Gauge("bitfusion_gpu_info", "1", metricdef.GPULabels.With("uuid"),
 		"GPUs in the pool; 1 per GPU, with its UUID.")
@@ -92,7 +92,9 @@ type metrics struct {
 	storeErrors  prometheus.Counter
 }
 
-func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
+// newMetrics registers the service's collectors, which it returns for
+// Close to unregister.
+func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, []prometheus.Collector, error) {
 	acquisitions, acquireTime := acquisitionsTotal.NewCounterVec(), acquisitionDuration.NewHistogramVec()
 	releases, expirations := releasesTotal.NewCounterVec(), expirationsTotal.NewCounterVec()
 	storeApply, storeErrors := storeApplyDuration.NewHistogramVec(), storeErrorsTotal.NewCounterVec()
@@ -108,12 +110,13 @@ func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
 			m.acquisitions.WithLabelValues("rejected", k.label)
 		}
 	}
-	for _, c := range []prometheus.Collector{acquisitions, acquireTime, releases, expirations, storeApply, storeErrors, &poolCollector{s: s}} {
+	collectors := []prometheus.Collector{acquisitions, acquireTime, releases, expirations, storeApply, storeErrors, &poolCollector{s: s}}
+	for _, c := range collectors {
 		if err := reg.Register(c); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return m, nil
+	return m, collectors, nil
 }
 
 // acquired counts an answered lease request: granted when err is nil,

@@ -34,6 +34,11 @@ type Config struct {
 	// Quotas are GPU quotas by namespace, the config file's: the quotas
 	// the API set or removed, kept in the store, apply over them.
 	Quotas map[string]allocator.Share
+	// StoreRetry is how long a batch the store could not write for a
+	// reason that may pass (store.ErrUnavailable) is retried before the
+	// store counts as failed; the requests it carries wait meanwhile.
+	// Zero: 10s.
+	StoreRetry time.Duration
 	// Clock returns the current time; time.Now when nil.
 	Clock    func() time.Time
 	Registry prometheus.Registerer
@@ -63,19 +68,27 @@ type Service struct {
 	qmu    sync.Mutex
 	queued []commit
 	kick   chan struct{}
-	// broken is set once the store failed; failed is then closed. After
-	// that nothing more is written: the pool may be ahead of the store,
-	// and the process must exit and recover.
+	// broken is set once the store failed or the service closed; failed
+	// is closed on a failure. After that nothing more is written: the pool
+	// may be ahead of the store, and only a new Service recovers.
 	broken   atomic.Bool
 	failOnce sync.Once
 	failed   chan struct{}
-	metrics  *metrics
+	// closing ends the committer, which closes committerDone.
+	closing       chan struct{}
+	committerDone chan struct{}
+	collectors    []prometheus.Collector
+	metrics       *metrics
 }
 
 type commit struct {
 	change store.Change
 	done   chan error
 }
+
+// defaultStoreRetry is Config.StoreRetry's default: longer than an etcd
+// leader election.
+const defaultStoreRetry = 10 * time.Second
 
 // recentDemands is how many granted demands make up the workload that
 // fragmentation (and the FGD-based policies) are measured against.
@@ -95,10 +108,14 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
+	if cfg.StoreRetry == 0 {
+		cfg.StoreRetry = defaultStoreRetry
+	}
 	s := &Service{
 		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, lastSeen: map[string]time.Time{},
 		waiting: map[*allocator.Request]time.Time{},
 		freed:   make(chan struct{}), kick: make(chan struct{}, 1), failed: make(chan struct{}),
+		closing: make(chan struct{}), committerDone: make(chan struct{}),
 	}
 	pol, err := allocator.NewPolicy(cfg.Policy, allocator.PolicyOptions{Seed: cfg.Seed})
 	if err != nil {
@@ -115,7 +132,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err := s.recover(ctx); err != nil {
 		return nil, err
 	}
-	if s.metrics, err = newMetrics(s, cfg.Registry); err != nil {
+	if s.metrics, s.collectors, err = newMetrics(s, cfg.Registry); err != nil {
 		return nil, err
 	}
 	go s.committer() //nolint:gosec // the committer outlives every request: it serves them all
@@ -217,44 +234,107 @@ func CheckState(st store.State, now time.Time) (CheckReport, error) {
 }
 
 // Failed is closed when the store failed; the in-memory pool may then be
-// ahead of what is durable, and the process must exit and recover.
+// ahead of what is durable, and only a new Service, which loads the
+// store, recovers.
 func (s *Service) Failed() <-chan struct{} { return s.failed }
+
+// Close stops the service: it takes no more changes, answers those not
+// yet written as unavailable, and takes its metrics off the registry, so
+// that a new Service may recover from the store (a replica that leads
+// again) and register its own.
+func (s *Service) Close() {
+	s.mu.Lock()
+	s.broken.Store(true) // under mu: nothing is queued after this
+	s.mu.Unlock()
+	select {
+	case <-s.closing:
+	default:
+		close(s.closing)
+	}
+	<-s.committerDone
+	for _, c := range s.collectors {
+		s.cfg.Registry.Unregister(c)
+	}
+}
 
 // committer writes changes in the order they were made, all that are
 // waiting per sync (group commit). After a failed write it writes nothing
 // more: a later change may depend on one that was lost.
 func (s *Service) committer() {
+	defer close(s.committerDone)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { <-s.closing; cancel() }()
 	var changes []store.Change
-	for range s.kick {
-		s.qmu.Lock()
-		batch := s.queued
-		s.queued = nil
-		s.qmu.Unlock()
+	for {
+		select {
+		case <-s.kick:
+		case <-s.closing:
+			s.answerQueued(errUnavailable)
+			return
+		}
+		batch := s.takeQueued()
 		if len(batch) == 0 {
 			continue
 		}
 		if s.broken.Load() {
-			for _, c := range batch {
-				c.done <- errUnavailable
-			}
+			answer(batch, errUnavailable)
 			continue
 		}
 		changes = changes[:0]
 		for _, c := range batch {
 			changes = append(changes, c.change)
 		}
-		start := time.Now()
 		// Not a request's context: a batch serves many requests and must
 		// finish even when the one that queued first gave up.
-		err := s.cfg.Store.Apply(context.Background(), changes)
-		s.metrics.storeApply.Observe(time.Since(start).Seconds())
+		err := s.applyRetrying(ctx, changes)
 		if err != nil {
-			s.metrics.storeErrors.Inc()
 			s.fail(fmt.Errorf("%s store: %w", s.cfg.Store.Name(), err))
 		}
-		for _, c := range batch {
-			c.done <- err
+		answer(batch, err)
+	}
+}
+
+// applyRetrying applies a batch, again while the store says the error may
+// pass, for up to StoreRetry. Applying it again is safe: a batch is whole
+// records put and deleted, and nothing else is written meanwhile.
+func (s *Service) applyRetrying(ctx context.Context, changes []store.Change) error {
+	giveUp := time.Now().Add(s.cfg.StoreRetry)
+	backoff := 50 * time.Millisecond
+	for {
+		start := time.Now()
+		err := s.cfg.Store.Apply(ctx, changes)
+		s.metrics.storeApply.Observe(time.Since(start).Seconds())
+		if err == nil {
+			return nil
 		}
+		s.metrics.storeErrors.Inc()
+		if !errors.Is(err, store.ErrUnavailable) || time.Now().Add(backoff).After(giveUp) {
+			return err
+		}
+		s.log.Warn("store unavailable; retrying the batch", "err", err, "retry_in", backoff)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+func (s *Service) takeQueued() []commit {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	batch := s.queued
+	s.queued = nil
+	return batch
+}
+
+func (s *Service) answerQueued(err error) { answer(s.takeQueued(), err) }
+
+func answer(batch []commit, err error) {
+	for _, c := range batch {
+		c.done <- err
 	}
 }
 
@@ -263,7 +343,7 @@ func (s *Service) committer() {
 func (s *Service) fail(err error) {
 	s.failOnce.Do(func() {
 		s.broken.Store(true)
-		s.log.Error("store failed; the allocator must restart to recover", "err", err)
+		s.log.Error("store failed; this allocator serves no more until it recovers from the store", "err", err)
 		close(s.failed)
 	})
 }

@@ -3,8 +3,10 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -414,12 +416,14 @@ func podOwner(pod string) api.Owner {
 	return api.Owner{Pod: pod, UID: "uid-" + pod, Labels: map[string]string{"app": "tf-training"}}
 }
 
-// failingStore fails every Apply once told to, and records what it wrote.
+// failingStore fails every Apply once told to, the next unavailable ones
+// as a store that may come back, and records what it wrote.
 type failingStore struct {
 	store.Store
-	mu      sync.Mutex
-	failing bool
-	written int
+	mu          sync.Mutex
+	failing     bool
+	unavailable int
+	written     int
 }
 
 func (f *failingStore) Apply(ctx context.Context, changes []store.Change) error {
@@ -427,6 +431,10 @@ func (f *failingStore) Apply(ctx context.Context, changes []store.Change) error 
 	defer f.mu.Unlock()
 	if f.failing {
 		return errors.New("disk on fire")
+	}
+	if f.unavailable > 0 {
+		f.unavailable--
+		return fmt.Errorf("%w: etcdserver: request timed out", store.ErrUnavailable)
 	}
 	f.written += len(changes)
 	return f.Store.Apply(ctx, changes)
@@ -436,23 +444,8 @@ func (f *failingStore) Apply(ctx context.Context, changes []store.Change) error 
 // written or acknowledged (a later change could depend on the lost one),
 // every operation answers 503, and Failed tells the process to restart.
 func TestStoreFailureStopsEverything(t *testing.T) {
-	bolt, err := store.OpenBolt(t.TempDir(), time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = bolt.Close() }()
-	st := &failingStore{Store: bolt}
-	svc, err := New(context.Background(), Config{
-		Store: st, Policy: "best-fit", DefaultTTL: time.Minute, MaxTTL: time.Hour, HeartbeatTimeout: time.Minute,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc, st := newFailingService(t, Config{})
 	ctx := context.Background()
-	if err := svc.RegisterServer(ctx, gpuServer("s1", 2).Core()); err != nil {
-		t.Fatal(err)
-	}
 	st.mu.Lock()
 	st.failing = true
 	st.mu.Unlock()
@@ -506,5 +499,99 @@ func TestEveryWriteEndsTheLeasesDue(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(a.svc.metrics.expirations); n != 1 {
 		t.Errorf("%v expirations counted, want 1", n)
+	}
+}
+
+// newFailingService serves a failingStore over bolt with one server of two
+// GPUs registered.
+func newFailingService(t *testing.T, cfg Config) (*Service, *failingStore) {
+	t.Helper()
+	bolt, err := store.OpenBolt(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bolt.Close() })
+	st := &failingStore{Store: bolt}
+	cfg.Store, cfg.Policy, cfg.DefaultTTL, cfg.MaxTTL, cfg.HeartbeatTimeout = st, "best-fit", time.Minute, time.Hour, time.Minute
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	svc, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.RegisterServer(context.Background(), gpuServer("s1", 2).Core()); err != nil {
+		t.Fatal(err)
+	}
+	return svc, st
+}
+
+// TestUnavailableStoreIsRetried: a store error that may pass (an etcd
+// leader election) is retried; the request waits and is acknowledged only
+// once its grant is durable, and the service goes on serving.
+func TestUnavailableStoreIsRetried(t *testing.T) {
+	svc, st := newFailingService(t, Config{})
+	st.mu.Lock()
+	st.unavailable = 3
+	st.mu.Unlock()
+	l, err := svc.Acquire(context.Background(), allocator.Request{Namespace: "ml", GPUs: 1}, 0)
+	if err != nil {
+		t.Fatalf("acquire while the store comes back: %v", err)
+	}
+	select {
+	case <-svc.Failed():
+		t.Fatal("the service failed on errors that passed")
+	default:
+	}
+	stored, err := st.Load(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stored.Leases) != 1 || stored.Leases[0].ID != l.ID {
+		t.Errorf("stored leases %+v, want the acknowledged %s", stored.Leases, l.ID)
+	}
+	if n := testutil.ToFloat64(svc.metrics.storeErrors); n != 3 {
+		t.Errorf("%v store errors counted, want the 3 attempts that failed", n)
+	}
+}
+
+// TestUnavailableStoreFailsAfterStoreRetry: a store that does not come
+// back within StoreRetry fails the service; nothing is acknowledged.
+func TestUnavailableStoreFailsAfterStoreRetry(t *testing.T) {
+	svc, st := newFailingService(t, Config{StoreRetry: 300 * time.Millisecond})
+	st.mu.Lock()
+	st.unavailable = math.MaxInt
+	st.mu.Unlock()
+	if _, err := svc.Acquire(context.Background(), allocator.Request{Namespace: "ml", GPUs: 1}, 0); !errors.Is(err, errUnavailable) {
+		t.Fatalf("acquire while the store stays away: %v, want unavailable", err)
+	}
+	select {
+	case <-svc.Failed():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Failed() not closed after the store stayed away")
+	}
+}
+
+// TestClosedServiceMakesWayForANewOne: a replica that stops leading closes
+// its service: what it is asked from then on is unavailable, and a new
+// service, recovered from the store, registers its metrics on the same
+// registry.
+func TestClosedServiceMakesWayForANewOne(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	svc, st := newFailingService(t, Config{Registry: reg})
+	l, err := svc.Acquire(context.Background(), allocator.Request{Namespace: "ml", GPUs: 1}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Close()
+	if _, err := svc.Acquire(context.Background(), allocator.Request{Namespace: "ml", GPUs: 1}, 0); !errors.Is(err, errUnavailable) {
+		t.Errorf("acquire from a closed service: %v, want unavailable", err)
+	}
+	next, err := New(context.Background(), Config{Store: st, Policy: "best-fit", DefaultTTL: time.Minute, MaxTTL: time.Hour,
+		HeartbeatTimeout: time.Minute, Registry: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatalf("a new service on the closed one's registry: %v", err)
+	}
+	defer next.Close()
+	if got, err := next.Lease(Principal{Admin: true}, l.ID); err != nil || got.Server != l.Server {
+		t.Errorf("the new service has lease %s as %+v (%v), want it on %s", l.ID, got, err, l.Server)
 	}
 }

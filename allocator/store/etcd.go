@@ -12,20 +12,32 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
-// maxTxnOps stays under etcd's default --max-txn-ops (128).
+// maxTxnOps stays under etcd's default --max-txn-ops (128), the commit
+// marker included.
 const maxTxnOps = 100
+
+// attemptTimeout bounds one transaction: a request to a member that lost
+// its leader would wait for etcd's own request timeout (seconds), while a
+// retry through another member commits once a new leader is elected.
+const attemptTimeout = time.Second
 
 // Etcd keeps the state in etcd so that several allocator replicas can run:
 // one leads (an etcd election) and writes; the others wait to take over.
 // Every write is guarded by the leader's election key, so a replica that
 // lost leadership can no longer change anything.
 type Etcd struct {
-	cli      *clientv3.Client
-	prefix   string
-	session  *concurrency.Session
-	election *concurrency.Election
-	leader   string // the election key this replica holds once it leads
-	rev      int64  // its create revision
+	cli        *clientv3.Client
+	prefix     string
+	sessionTTL time.Duration
+	session    *concurrency.Session
+	election   *concurrency.Election
+	leader     string // the election key this replica holds while it leads
+	rev        int64  // its create revision
+	// committed is the revision of this leader's last write, the commit
+	// marker's: a write applies only while the marker is still there, so
+	// a retried write whose first attempt committed, or a stale attempt
+	// that reaches etcd late, changes nothing.
+	committed int64
 }
 
 // OpenEtcd connects to etcd and opens a session whose lease lasts
@@ -35,25 +47,73 @@ func OpenEtcd(ctx context.Context, endpoints []string, prefix string, sessionTTL
 	if err != nil {
 		return nil, fmt.Errorf("etcd %v: %w", endpoints, err)
 	}
-	session, err := concurrency.NewSession(cli, concurrency.WithTTL(max(int(sessionTTL.Seconds()), 1)))
-	if err != nil {
+	e := &Etcd{cli: cli, prefix: strings.TrimRight(prefix, "/") + "/", sessionTTL: sessionTTL}
+	if err := e.openSession(); err != nil {
 		_ = cli.Close()
-		return nil, fmt.Errorf("etcd %v: opening a session: %w", endpoints, err)
+		return nil, fmt.Errorf("etcd %v: %w", endpoints, err)
 	}
-	prefix = strings.TrimRight(prefix, "/") + "/"
-	return &Etcd{cli: cli, prefix: prefix, session: session, election: concurrency.NewElection(session, prefix+"leader")}, nil
+	return e, nil
 }
 
-// Campaign blocks until this replica leads (or ctx ends).
+func (e *Etcd) openSession() error {
+	session, err := concurrency.NewSession(e.cli, concurrency.WithTTL(max(int(e.sessionTTL.Seconds()), 1)))
+	if err != nil {
+		return fmt.Errorf("opening a session: %w", err)
+	}
+	e.session, e.election = session, concurrency.NewElection(session, e.prefix+"leader")
+	return nil
+}
+
+func (e *Etcd) commitKey() string { return e.prefix + "meta/commit" }
+
+// Campaign blocks until this replica leads (or ctx ends). After StepDown,
+// or once the session ended, it campaigns in a new session.
 func (e *Etcd) Campaign(ctx context.Context, id string) error {
+	if e.session == nil || sessionEnded(e.session) {
+		if err := e.openSession(); err != nil {
+			return err
+		}
+	}
 	if err := e.election.Campaign(ctx, id); err != nil {
 		return err
+	}
+	marker, err := e.cli.Get(ctx, e.commitKey())
+	if err != nil {
+		_ = e.StepDown()
+		return fmt.Errorf("reading the commit marker: %w", err)
+	}
+	e.committed = 0
+	if len(marker.Kvs) > 0 {
+		e.committed = marker.Kvs[0].ModRevision
 	}
 	e.leader, e.rev = e.election.Key(), e.election.Rev()
 	return nil
 }
 
-// Lost is closed when this replica's session ends: it no longer leads.
+// StepDown gives up leadership: it ends the session, so that a standby
+// takes over at once and this replica's writes are refused from then on.
+// The next Campaign opens a new one.
+func (e *Etcd) StepDown() error {
+	e.leader = ""
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = e.election.Resign(ctx)
+	err := e.session.Close()
+	e.session = nil
+	return err
+}
+
+func sessionEnded(s *concurrency.Session) bool {
+	select {
+	case <-s.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// Lost is closed when the current session ends: this replica no longer
+// leads.
 func (e *Etcd) Lost() <-chan struct{} { return e.session.Done() }
 
 // Name implements Store.
@@ -135,18 +195,44 @@ func (e *Etcd) Apply(ctx context.Context, changes []Change) error {
 		ops[i] = last[k]
 	}
 	for len(ops) > 0 {
-		n := min(len(ops), maxTxnOps)
-		resp, err := e.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(e.leader), "=", e.rev)).
-			Then(ops[:n]...).Commit()
-		if err != nil {
+		n := min(len(ops), maxTxnOps-1)
+		if err := e.commit(ctx, ops[:n]); err != nil {
 			return err
-		}
-		if !resp.Succeeded {
-			return ErrNotLeader
 		}
 		ops = ops[n:]
 	}
+	return nil
+}
+
+// commit applies ops in one transaction, with the commit marker, while
+// this replica leads and the marker is the one it last wrote. When the
+// marker moved although this replica still leads, only this replica can
+// have moved it, with these same ops (its writes are sequential and a
+// write's attempts all expect the marker it found): an earlier attempt
+// committed, whose answer was lost.
+func (e *Etcd) commit(ctx context.Context, ops []clientv3.Op) error {
+	attempt, cancel := context.WithTimeout(ctx, attemptTimeout)
+	defer cancel()
+	resp, err := e.cli.Txn(attempt).
+		If(clientv3.Compare(clientv3.CreateRevision(e.leader), "=", e.rev),
+			clientv3.Compare(clientv3.ModRevision(e.commitKey()), "=", e.committed)).
+		Then(append(ops[:len(ops):len(ops)], clientv3.OpPut(e.commitKey(), e.leader))...).
+		Else(clientv3.OpGet(e.leader), clientv3.OpGet(e.commitKey())).
+		Commit()
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil:
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case resp.Succeeded:
+		e.committed = resp.Header.Revision
+		return nil
+	}
+	held, marker := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
+	if len(held) == 0 || held[0].CreateRevision != e.rev || len(marker) == 0 {
+		return ErrNotLeader
+	}
+	e.committed = marker[0].ModRevision
 	return nil
 }
 
@@ -154,9 +240,11 @@ func (e *Etcd) Apply(ctx context.Context, changes []Change) error {
 func (e *Etcd) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if e.leader != "" {
-		_ = e.election.Resign(ctx)
+	if e.session != nil {
+		if e.leader != "" {
+			_ = e.election.Resign(ctx)
+		}
+		_ = e.session.Close()
 	}
-	_ = e.session.Close()
 	return e.cli.Close()
 }

@@ -11,6 +11,7 @@ package store
 
 import (
 	"context"
+	"errors"
 
 	"github.com/gpupool/gpupool/allocator"
 )
@@ -40,6 +41,11 @@ type Change struct {
 	Quotas  []Quota            // set or removed
 	NextID  uint64             // the lease ID counter after the step; 0 leaves it
 }
+
+// ErrUnavailable wraps an Apply error that may pass (the store's servers
+// electing a leader, a connection lost): the changes may or may not have
+// been made durable, and applying the same changes again is safe.
+var ErrUnavailable = errors.New("store unavailable")
 
 // Store is where the allocator's state lives between restarts.
 type Store interface {

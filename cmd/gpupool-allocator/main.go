@@ -110,14 +110,24 @@ Flags:
 		}
 	}()
 	log.Info("allocator serving", "address", "http://"+ln.Addr().String(), "store", *storeKind, "policy", *policy)
-	defer func() {
+	// Stop taking requests and finish those in flight before the service
+	// and the store close (and an etcd leader resigns).
+	drain := func() {
 		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
-	}()
-
-	var st store.Store
-	var lost <-chan struct{}
+	}
+	defer drain()
+	finish := func(st store.Store, code int) int {
+		drain()
+		_ = st.Close()
+		return code
+	}
+	term := leadership{
+		cfg: service.Config{Policy: *policy, DefaultTTL: *defaultTTL, MaxTTL: *maxTTL,
+			HeartbeatTimeout: *heartbeatTimeout, Quotas: quotas, Registry: reg, Logger: log},
+		auth: auth, gatherer: reg, tick: *tick, log: log, leader: leader, current: &current, standby: standby, drain: drain,
+	}
 	switch *storeKind {
 	case "bolt":
 		b, err := store.OpenBolt(*dataDir, 10*time.Second)
@@ -125,62 +135,101 @@ Flags:
 			log.Error("opening the store", "err", err)
 			return 1
 		}
-		st = b
+		if err := term.serve(ctx, b, nil); err != nil {
+			return finish(b, 1)
+		}
+		return finish(b, 0)
 	case "etcd":
 		e, err := store.OpenEtcd(ctx, strings.Split(*etcdEndpoints, ","), *etcdPrefix, *sessionTTL)
 		if err != nil {
 			log.Error("opening the store", "err", err)
 			return 1
 		}
-		st, lost = e, e.Lost()
 		host, _ := os.Hostname()
-		log.Info("standing by for leadership", "etcd", *etcdEndpoints)
-		if err := e.Campaign(ctx, fmt.Sprintf("%s/%d/%s", host, os.Getpid(), ln.Addr())); err != nil {
-			_ = st.Close()
-			if ctx.Err() != nil {
-				return 0
+		id := fmt.Sprintf("%s/%d/%s", host, os.Getpid(), ln.Addr())
+		for ctx.Err() == nil {
+			log.Info("standing by for leadership", "etcd", *etcdEndpoints)
+			if err := e.Campaign(ctx, id); err != nil {
+				if ctx.Err() == nil {
+					log.Error("campaigning for leadership; trying again", "err", err)
+					sleep(ctx, time.Second)
+				}
+				continue
 			}
-			log.Error("campaigning for leadership", "err", err)
-			return 1
+			log.Info("leading")
+			if err := term.serve(ctx, e, e.Lost()); err != nil && ctx.Err() == nil {
+				// Whatever ended the term, the next one starts from what
+				// etcd holds: this replica's memory may be behind it.
+				log.Error("stepping down; campaigning again", "err", err)
+				_ = e.StepDown()
+				sleep(ctx, time.Second)
+			}
 		}
-		log.Info("leading")
+		return finish(e, 0)
 	default:
 		log.Error("bad flag", "err", fmt.Sprintf("--store %q is not one of bolt, etcd", *storeKind))
 		return cli.ExitUsage
 	}
-	svc, err := service.New(ctx, service.Config{
-		Store: st, Policy: *policy, DefaultTTL: *defaultTTL, MaxTTL: *maxTTL,
-		HeartbeatTimeout: *heartbeatTimeout, Quotas: quotas, Registry: reg, Logger: log,
-	})
-	if err != nil {
-		_ = st.Close()
-		log.Error("starting the allocator", "err", err)
-		return 1
-	}
-	go svc.Run(ctx, *tick)
-	serving := service.Handler(svc, auth, reg, log)
-	current.Store(&serving)
-	leader.Set(1)
-	log.Info("allocator ready", "store", st.Name())
+}
 
-	code := 0
+// leadership serves the API while this replica leads: from a service
+// recovered from the store to the end of the term.
+type leadership struct {
+	cfg      service.Config
+	auth     *service.Authenticator
+	gatherer prometheus.Gatherer
+	tick     time.Duration
+	log      *slog.Logger
+	leader   prometheus.Gauge
+	current  *atomic.Pointer[http.Handler]
+	standby  http.Handler
+	// drain stops the HTTP server once its requests are answered.
+	drain func()
+}
+
+// errLostLeadership ends a term whose etcd session ended.
+var errLostLeadership = errors.New("lost leadership (etcd session ended)")
+
+// serve recovers a service from st and serves it until ctx ends (nil),
+// the store fails or lost is closed (why). Then the standby answer is
+// back, and the service is closed: requests it had not made durable are
+// told to try again, elsewhere.
+func (l *leadership) serve(ctx context.Context, st store.Store, lost <-chan struct{}) error {
+	cfg := l.cfg
+	cfg.Store = st
+	svc, err := service.New(ctx, cfg)
+	if err != nil {
+		l.log.Error("starting the allocator", "err", err)
+		return err
+	}
+	termCtx, endTerm := context.WithCancel(ctx)
+	defer endTerm()
+	go svc.Run(termCtx, l.tick)
+	serving := service.Handler(svc, l.auth, l.gatherer, l.log)
+	l.current.Store(&serving)
+	l.leader.Set(1)
+	l.log.Info("allocator ready", "store", st.Name())
+
 	select {
 	case <-ctx.Done():
+		l.drain() // the requests in flight are answered before the service closes
 	case <-svc.Failed():
-		code = 1
+		err = errors.New("the store failed")
 	case <-lost:
-		log.Error("lost leadership (etcd session ended); exiting so a standby serves")
-		code = 1
+		err = errLostLeadership
 	}
-	// Stop taking requests and finish those in flight before the store
-	// closes (and an etcd leader resigns).
-	leader.Set(0)
-	current.Store(&standby)
-	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(shutdown)
-	_ = st.Close()
-	return code
+	l.leader.Set(0)
+	l.current.Store(&l.standby)
+	svc.Close()
+	return err
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
 }
 
 // checkStore loads a store without changing it, restores what it holds

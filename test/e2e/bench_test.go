@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/etcdtest"
 )
 
 // BenchmarkAcquireRelease measures acquire+release round trips through the
@@ -23,7 +24,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		benchAcquireRelease(b, "--data-dir", b.TempDir())
 	})
 	b.Run("store=etcd", func(b *testing.B) {
-		benchAcquireRelease(b, "--store", "etcd", "--etcd-endpoints", startEtcd(b))
+		benchAcquireRelease(b, "--store", "etcd", "--etcd-endpoints", etcdtest.Start(b))
 	})
 }
 

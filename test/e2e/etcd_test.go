@@ -2,9 +2,6 @@ package e2e
 
 import (
 	"context"
-	"net"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,54 +9,17 @@ import (
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/etcdtest"
 )
 
-// startEtcd runs Debian's etcd on loopback ports in a temp dir.
-func startEtcd(t testing.TB) string {
-	t.Helper()
-	bin, err := exec.LookPath("etcd")
-	if err != nil {
-		t.Skip("etcd not installed (make deps installs Debian's etcd-server)")
-	}
-	client, peer := freePort(t), freePort(t)
-	clientURL, peerURL := "http://127.0.0.1:"+client, "http://127.0.0.1:"+peer
-	cmd := exec.Command(bin, "--name", "e2e", "--data-dir", filepath.Join(t.TempDir(), "etcd"),
-		"--listen-client-urls", clientURL, "--advertise-client-urls", clientURL,
-		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
-		"--initial-cluster", "e2e="+peerURL, "--log-level", "warn")
-	var logs syncBuffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if conn, err := net.Dial("tcp", "127.0.0.1:"+client); err == nil {
-			_ = conn.Close()
-			return clientURL
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("etcd did not start:\n%s", logs.String())
-		}
-	}
-}
-
-func freePort(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ln.Close() }()
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	return port
-}
+// freePort returns a loopback TCP port free at the time of the call.
+func freePort(t testing.TB) string { return etcdtest.FreePort(t) }
 
 // TestEtcdLeaderFailover runs two allocator replicas on etcd, kills the
 // leader with SIGKILL under load, and checks that the standby takes over,
 // clients retry through it, and nothing acknowledged is lost.
 func TestEtcdLeaderFailover(t *testing.T) {
-	endpoints := startEtcd(t)
+	endpoints := etcdtest.Start(t)
 	config := writeLoadConfig(t)
 	args := []string{"--store", "etcd", "--etcd-endpoints", endpoints, "--etcd-session-ttl", "2s", "--config", config.Path}
 	leader := startAllocator(t, args...)
@@ -105,7 +65,7 @@ func TestEtcdLeaderFailover(t *testing.T) {
 // pod's lease that lives until released, is in etcd: the standby that takes
 // over from a killed leader serves it.
 func TestEtcdTakeoverKeepsWhatKubernetesWrites(t *testing.T) {
-	endpoints := startEtcd(t)
+	endpoints := etcdtest.Start(t)
 	config := writePoolConfig(t, map[string]int64{"team-a": 100, "team-b": 200})
 	args := []string{"--store", "etcd", "--etcd-endpoints", endpoints, "--etcd-session-ttl", "2s", "--config", config.Path}
 	leader := startAllocator(t, args...)
