@@ -43,7 +43,12 @@ type Etcd struct {
 // OpenEtcd connects to etcd and opens a session whose lease lasts
 // sessionTTL: when this replica dies, a standby takes over after that long.
 func OpenEtcd(ctx context.Context, endpoints []string, prefix string, sessionTTL time.Duration) (*Etcd, error) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Context: ctx})
+	// Keepalive pings find a member that stopped answering (partitioned
+	// away, frozen) and move the streams on it, the session's keepalive
+	// and the election's watch, to another; etcd refuses pings more often
+	// than every 5s (--grpc-keepalive-min-time).
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Context: ctx,
+		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 2 * time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("etcd %v: %w", endpoints, err)
 	}
@@ -56,7 +61,17 @@ func OpenEtcd(ctx context.Context, endpoints []string, prefix string, sessionTTL
 }
 
 func (e *Etcd) openSession() error {
-	session, err := concurrency.NewSession(e.cli, concurrency.WithTTL(max(int(e.sessionTTL.Seconds()), 1)))
+	ttl := max(int(e.sessionTTL.Seconds()), 1)
+	// The grant is bounded: a member that stopped answering would hold it
+	// forever, and the next try goes to another. (The session's keepalive
+	// must not be: it lives on the client's context.)
+	ctx, cancel := context.WithTimeout(e.cli.Ctx(), e.sessionTTL+attemptTimeout)
+	lease, err := e.cli.Grant(ctx, int64(ttl))
+	cancel()
+	if err != nil {
+		return fmt.Errorf("opening a session: %w", err)
+	}
+	session, err := concurrency.NewSession(e.cli, concurrency.WithLease(lease.ID), concurrency.WithTTL(ttl))
 	if err != nil {
 		return fmt.Errorf("opening a session: %w", err)
 	}
@@ -74,19 +89,44 @@ func (e *Etcd) Campaign(ctx context.Context, id string) error {
 			return err
 		}
 	}
-	if err := e.election.Campaign(ctx, id); err != nil {
+	// A session that ends while it waits its turn ends the campaign; the
+	// next one opens a new session.
+	campaign, cancel := context.WithCancel(ctx)
+	defer cancel()
+	session := e.session
+	go func() {
+		select {
+		case <-session.Done():
+			cancel()
+		case <-campaign.Done():
+		}
+	}()
+	if err := e.election.Campaign(campaign, id); err != nil {
+		if ctx.Err() == nil && sessionEnded(session) {
+			return errors.New("the session ended while campaigning")
+		}
 		return err
 	}
-	marker, err := e.cli.Get(ctx, e.commitKey())
-	if err != nil {
+	// The election also returns once the keys before this replica's are
+	// gone when its own went with them: it leads only if its key is there.
+	key, rev := e.election.Key(), e.election.Rev()
+	check, cancelCheck := context.WithTimeout(ctx, attemptTimeout)
+	defer cancelCheck()
+	resp, err := e.cli.Txn(check).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
+		Then(clientv3.OpGet(e.commitKey())).Commit()
+	switch {
+	case err != nil:
 		_ = e.StepDown()
 		return fmt.Errorf("reading the commit marker: %w", err)
+	case !resp.Succeeded:
+		_ = e.StepDown()
+		return ErrNotLeader
 	}
 	e.committed = 0
-	if len(marker.Kvs) > 0 {
-		e.committed = marker.Kvs[0].ModRevision
+	if marker := resp.Responses[0].GetResponseRange().Kvs; len(marker) > 0 {
+		e.committed = marker[0].ModRevision
 	}
-	e.leader, e.rev = e.election.Key(), e.election.Rev()
+	e.leader, e.rev = key, rev
 	return nil
 }
 

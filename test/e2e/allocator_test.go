@@ -165,7 +165,7 @@ func crashUnderLoad(t *testing.T, c *client.Client, crash func(), recover func()
 					continue
 				}
 				o := &outcome{req: api.AcquireRequest{Namespace: "load", GPUAmount: 1, GPUPercent: 1 + rng.IntN(5),
-					IdempotencyKey: fmt.Sprintf("w%d-%d", w, i), TTL: "10m"}}
+					IdempotencyKey: fmt.Sprintf("%s/w%d-%d", t.Name(), w, i), TTL: "10m"}}
 				mu.Lock()
 				all = append(all, o)
 				mu.Unlock()
