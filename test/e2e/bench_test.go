@@ -15,7 +15,8 @@ import (
 
 // BenchmarkAcquireRelease measures acquire+release round trips through the
 // allocator binary's HTTP API on loopback, from 16 concurrent clients, with
-// each store: every grant and release is durable before it is answered.
+// each store (etcd with one member and with three): every grant and
+// release is durable before it is answered.
 // Tokens are on, as deployed: each client holds the namespace's token.
 // It reports durable acquisitions per second and the acquire latency's p50
 // and p99.
@@ -25,6 +26,11 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	})
 	b.Run("store=etcd", func(b *testing.B) {
 		benchAcquireRelease(b, "--store", "etcd", "--etcd-endpoints", etcdtest.Start(b))
+	})
+	// Three members, as deployed for high availability: a write commits
+	// once two of them have it.
+	b.Run("store=etcd-3", func(b *testing.B) {
+		benchAcquireRelease(b, "--store", "etcd", "--etcd-endpoints", etcdtest.Endpoints(etcdtest.StartCluster(b, 3)))
 	})
 }
 
