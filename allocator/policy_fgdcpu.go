@@ -112,7 +112,9 @@ func pressureOn(w Workload, gpus *[maxModels]int) modelPressure {
 		}
 	}
 	var p modelPressure
-	if constrained < minConstrainedShare*all {
+	// A workload without GPU tasks (the allocator's until it has seen
+	// demands) puts pressure on nothing.
+	if all == 0 || constrained < minConstrainedShare*all {
 		return p
 	}
 	total := 0

@@ -1,6 +1,9 @@
 package allocator
 
-import "testing"
+import (
+	"math"
+	"testing"
+)
 
 // TestFGDCPUKeepsScarceModels: a task that may run anywhere and asks for
 // many cores would strand GPUs of a CPU-poor G2 server, so CPU stranding
@@ -63,11 +66,35 @@ func TestPressureOn(t *testing.T) {
 		{"one model", Workload{{GPUs: 1, PerGPU: 1000, Weight: 0.95}, {GPUs: 1, PerGPU: 1000, Models: 4, Weight: 0.05}}, [3]float64{0, 0, 0}},
 		{"split by GPUs", Workload{{GPUs: 1, PerGPU: 1000, Weight: 0.8}, {GPUs: 1, PerGPU: 1000, Models: 6, Weight: 0.2}}, [3]float64{0, 0.5, 0.5}},
 		{"capped", Workload{{GPUs: 1, PerGPU: 1000, Weight: 0.5}, {GPUs: 2, PerGPU: 500, Models: 4, Weight: 0.5}}, [3]float64{0, 0, 1}},
+		{"no GPU tasks", Workload{{CPUMilli: 1000, Weight: 1}}, [3]float64{0, 0, 0}},
+		{"no workload", nil, [3]float64{0, 0, 0}},
 	} {
 		p := pressureOn(tc.work, &gpus)
 		for m, want := range tc.want {
-			if d := p[m] - want; d > 1e-12 || d < -1e-12 {
+			if d := p[m] - want; math.IsNaN(p[m]) || d > 1e-12 || d < -1e-12 {
 				t.Errorf("%s: pressure on model %d = %v, want %v", tc.name, m, p[m], want)
+			}
+		}
+	}
+}
+
+// TestPoliciesPlaceWithoutAWorkload: the allocator starts its policy with
+// no workload (it learns one from the demands it sees), and every policy
+// must place then.
+func TestPoliciesPlaceWithoutAWorkload(t *testing.T) {
+	c := NewCluster()
+	s := Server{Name: "a", CPUMilli: 32000, GPUs: gpusOf("H100", 4)}
+	if _, err := c.AddNode(&s); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range PolicyNames() {
+		p, err := NewPolicy(name, PolicyOptions{Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range []Demand{{GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 1000}, {GPUs: 2, PerGPU: WholeGPU}} {
+			if _, ok := p.Place(c, &d); !ok {
+				t.Errorf("%s did not place %+v on an empty server", name, d)
 			}
 		}
 	}
