@@ -30,7 +30,7 @@ type allocatorCluster struct {
 func (c *allocatorCluster) start(i int) {
 	c.replicas[i] = startAllocator(c.t, "--listen", c.addrs[i], "--store", "etcd",
 		"--etcd-endpoints", etcdtest.Endpoints(c.etcd), "--etcd-session-ttl", "2s",
-		"--policy", "best-fit", "--config", c.config.Path)
+		"--config", c.config.Path)
 }
 
 func (c *allocatorCluster) urls() []string {
