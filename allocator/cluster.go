@@ -38,6 +38,12 @@ type Cluster struct {
 	maxShare    Share
 	gpusByModel [maxModels]int
 	Scale       uint64
+	// changed lists the nodes whose Version moved, oldest first, after the
+	// first changedBase changes (dropped to bound it), so that a policy
+	// catches up with the cluster by the nodes that changed rather than by
+	// looking at every node.
+	changed     []int
+	changedBase uint64
 }
 
 // Node is one server's free resources.
@@ -153,6 +159,7 @@ func (c *Cluster) AddNode(s *Server) (int, error) {
 	}
 	c.Nodes = append(c.Nodes, n)
 	c.rescale(nil, &n)
+	c.logChange(len(c.Nodes) - 1)
 	return len(c.Nodes) - 1, nil
 }
 
@@ -164,9 +171,10 @@ func (c *Cluster) ResetNode(i int, s *Server) error {
 		return err
 	}
 	old := &c.Nodes[i]
-	n.Schedulable, n.Version = old.Schedulable, old.Version+1
+	n.Schedulable, n.Version = old.Schedulable, old.Version
 	c.rescale(old, &n)
 	*old = n
+	c.touch(i)
 	return nil
 }
 
@@ -311,7 +319,7 @@ type Placement struct {
 // come from a policy on the current state.
 func (c *Cluster) Commit(p Placement, d *Demand) {
 	n := &c.Nodes[p.Node]
-	n.Version++
+	c.touch(p.Node)
 	n.CPUFree -= d.CPUMilli
 	n.MemFree -= d.Memory
 	for _, gi := range p.GPUs {
@@ -325,7 +333,7 @@ func (c *Cluster) Commit(p Placement, d *Demand) {
 // hold takes (sign 1) or returns (sign -1) what a lease holds on node i.
 func (c *Cluster) hold(i int, l *Lease, sign int64) {
 	n := &c.Nodes[i]
-	n.Version++
+	c.touch(i)
 	n.CPUFree -= sign * l.CPUMilli
 	n.MemFree -= sign * l.MemoryBytes
 	for _, g := range l.GPUs {
@@ -350,7 +358,7 @@ func (c *Cluster) SetGPUHealth(node, gpu int, healthy bool) {
 	n := &c.Nodes[node]
 	if n.GPUs[gpu].Healthy != healthy {
 		n.GPUs[gpu].Healthy = healthy
-		n.Version++
+		c.touch(node)
 	}
 }
 
@@ -362,6 +370,36 @@ func (c *Cluster) SetSchedulable(node int, ok bool) bool {
 		return false
 	}
 	n.Schedulable = ok
-	n.Version++
+	c.touch(node)
 	return true
+}
+
+// touch moves node i's Version on: the caller changes the node.
+func (c *Cluster) touch(i int) {
+	c.Nodes[i].Version++
+	c.logChange(i)
+}
+
+func (c *Cluster) logChange(i int) {
+	// Past a few changes per node, catching up costs more than looking at
+	// every node, so the log starts over rather than grow.
+	if len(c.changed) >= 2*len(c.Nodes)+64 {
+		c.changedBase += uint64(len(c.changed))
+		c.changed = c.changed[:0]
+	}
+	c.changed = append(c.changed, i)
+}
+
+// changes counts the changes to nodes so far.
+func (c *Cluster) changes() uint64 {
+	return c.changedBase + uint64(len(c.changed))
+}
+
+// changedSince lists the nodes changed since changes() was since, with
+// repeats; ok is false when the log no longer reaches back that far.
+func (c *Cluster) changedSince(since uint64) (nodes []int, ok bool) {
+	if since < c.changedBase {
+		return nil, false
+	}
+	return c.changed[since-c.changedBase:], true
 }

@@ -81,12 +81,14 @@ type rater func(i int, n *Node, d *Demand) (score int64, gpus gpuMask)
 // Raters are pure functions of a node's state, the demand and the
 // cluster's Scale, so a rating is kept until the node's Version or the
 // Scale changes: a decision rates afresh only the nodes that changed since
-// the last demand of the same shape.
+// the last demand of the same shape, and finds the best by the tournament
+// of ratingRow.
 type tieBreaker struct {
 	rng *rand.Rand
 	// rank is each node's place in the shuffle, grown as nodes appear.
-	rank  []uint32
-	cache ratingCache
+	rank    []uint32
+	cache   ratingCache
+	holders modelHolders
 }
 
 func newTieBreaker(seed uint64) *tieBreaker {
@@ -112,53 +114,106 @@ func (t *tieBreaker) ranks(c *Cluster) []uint32 {
 	return t.rank
 }
 
-// pick rates every node that fits and returns a top-rated one.
+// pick returns a top-rated node that fits d.
 func (t *tieBreaker) pick(c *Cluster, d *Demand, rate rater) (Placement, bool) {
 	rank := t.ranks(c)
-	// On a node whose every GPU is of a model d takes, d rates as the same
-	// demand for any model would: such demands share that one's ratings,
-	// rather than each set of models rating every node afresh. On a node
-	// with none of d's models d never fits; only a node with some of them
-	// needs ratings of d's own, kept when the first such node is met.
 	anyModel := d.shape()
 	anyModel.Models = 0
 	anyModelRow := t.cache.row(c, &anyModel)
-	var ownRow []rating
-	best, found := int64(0), false
-	var where Placement
-	var gpus gpuMask
-	for i := range c.Nodes {
+	if d.Models != 0 || d.Nodes != nil {
+		return t.scan(c, d, rate, rank, anyModelRow)
+	}
+	best := anyModelRow.catchUp(c, rank, func(i int) { rateNode(&anyModelRow.ratings[i], i, &c.Nodes[i], d, rate) })
+	if best < 0 {
+		return Placement{}, false
+	}
+	return Placement{Node: int(best), GPUs: anyModelRow.ratings[best].gpus.indices()}, true
+}
+
+// scan rates every node d may go to and returns a top-rated one. Demands
+// limited to some models or nodes come in many more shapes than the others
+// and each shape seldom: a tournament of their own would be rebuilt more
+// often than it saved a walk.
+//
+// On a node whose every GPU is of a model d takes, d rates as the same
+// demand for any model would: such demands share that one's ratings,
+// rather than each set of models rating every node afresh. On a node with
+// none of d's models d never fits; only a node with some of them needs
+// ratings of d's own, kept when the first such node is met.
+func (t *tieBreaker) scan(c *Cluster, d *Demand, rate rater, rank []uint32, anyModelRow *ratingRow) (Placement, bool) {
+	anyModel := d.shape()
+	anyModel.Models = 0
+	nodes, some := len(c.Nodes), d.Models != 0 && d.GPUs > 0
+	var holding []int
+	if some {
+		holding = t.holders.of(c, d.Models)
+		nodes = len(holding)
+	}
+	var ownRow *ratingRow
+	var best *rating
+	where := -1
+	for k := range nodes {
+		i := k
+		if some {
+			i = holding[k]
+		}
 		if !d.Nodes.allows(i) {
 			continue
 		}
-		n, r, asked := &c.Nodes[i], &anyModelRow[i], &anyModel
+		n, r, asked := &c.Nodes[i], &anyModelRow.ratings[i], &anyModel
 		if d.Models != 0 && n.Models&^d.Models != 0 {
-			if d.GPUs > 0 && n.Models&d.Models == 0 {
-				continue
-			}
 			if ownRow == nil {
 				ownRow = t.cache.row(c, d)
 			}
-			r, asked = &ownRow[i], d
+			r, asked = &ownRow.ratings[i], d
 		}
-		if r.seen != n.Version+1 {
-			r.seen, r.fits = n.Version+1, n.Fits(asked)
-			if r.fits {
-				r.score, r.gpus = rate(i, n, asked)
-			}
-		}
-		if !r.fits {
-			continue
-		}
-		if !found || r.score > best || r.score == best && rank[i] < rank[where.Node] {
-			best, found, where.Node, gpus = r.score, true, i, r.gpus
+		rateNode(r, i, n, asked, rate)
+		if r.fits && (best == nil || r.score > best.score || r.score == best.score && rank[i] < rank[where]) {
+			best, where = r, i
 		}
 	}
-	if !found {
+	if best == nil {
 		return Placement{}, false
 	}
-	where.GPUs = gpus.indices()
-	return where, true
+	return Placement{Node: where, GPUs: best.gpus.indices()}, true
+}
+
+// modelHolders lists, per set of models, the nodes with a GPU of one of
+// them: a demand for GPUs of some models fits nowhere else, and most
+// nodes hold none of a few models. A node's models change only with the
+// cluster's Scale (its GPUs by model change), or with new nodes.
+type modelHolders struct {
+	cluster *Cluster
+	scale   uint64
+	nodes   int
+	holding map[ModelSet][]int
+}
+
+func (h *modelHolders) of(c *Cluster, models ModelSet) []int {
+	if h.cluster != c || h.scale != c.Scale || h.nodes != len(c.Nodes) {
+		*h = modelHolders{cluster: c, scale: c.Scale, nodes: len(c.Nodes), holding: map[ModelSet][]int{}}
+	}
+	holding, ok := h.holding[models]
+	if !ok {
+		for i := range c.Nodes {
+			if c.Nodes[i].Models&models != 0 {
+				holding = append(holding, i)
+			}
+		}
+		h.holding[models] = holding
+	}
+	return holding
+}
+
+// rateNode brings r, node i's rating for d, up to n's Version.
+func rateNode(r *rating, i int, n *Node, d *Demand, rate rater) {
+	if r.seen == n.Version+1 {
+		return
+	}
+	r.seen, r.fits = n.Version+1, n.Fits(d)
+	if r.fits {
+		r.score, r.gpus = rate(i, n, d)
+	}
 }
 
 // rating is what a rater said of one node for one demand shape.
@@ -167,6 +222,91 @@ type rating struct {
 	fits  bool
 	score int64
 	gpus  gpuMask
+}
+
+// ratingRow is one demand shape's ratings of every node, and a tournament
+// over them: top[k] is the better of top[2k] and top[2k+1], a leaf
+// top[len(top)/2+i] is node i when it fits, so top[1] is the best node. A
+// decision then rates the nodes changed since the last demand of the shape
+// and replays their matches, rather than walk all nodes; a replay stops
+// where a match's winner stays as it was.
+type ratingRow struct {
+	ratings []rating
+	top     []contender
+	// nodes is how many nodes top was built for (adding one moves the
+	// ranks), synced the cluster's changes() it has caught up with.
+	nodes  int
+	synced uint64
+}
+
+// contender is a node in the tournament with what decides its matches,
+// kept in the tree so that a match reads no more than its two sides.
+type contender struct {
+	score int64
+	rank  uint32
+	node  int32 // -1: none, or a node that does not fit
+}
+
+// better is the higher score, then the earlier rank.
+func better(a, b contender) contender {
+	switch {
+	case b.node < 0:
+		return a
+	case a.node < 0:
+		return b
+	case b.score > a.score || b.score == a.score && b.rank < a.rank:
+		return b
+	}
+	return a
+}
+
+func (rw *ratingRow) contender(i int, rank []uint32) contender {
+	if r := &rw.ratings[i]; r.fits {
+		return contender{score: r.score, rank: rank[i], node: int32(i)}
+	}
+	return contender{node: -1}
+}
+
+// catchUp refreshes the ratings of the nodes changed since the row last
+// caught up with c (all of them when the row is new, the nodes changed in
+// number or the cluster's log does not reach back) and returns the best
+// node, -1 when none fits.
+func (rw *ratingRow) catchUp(c *Cluster, rank []uint32, refresh func(i int)) int32 {
+	changed, ok := c.changedSince(rw.synced)
+	rw.synced = c.changes()
+	leaves := len(rw.top) / 2
+	if !ok || rw.nodes != len(c.Nodes) {
+		rw.nodes = len(c.Nodes)
+		for leaves = 1; leaves < len(c.Nodes); leaves *= 2 {
+		}
+		rw.top = make([]contender, 2*leaves)
+		for i := range rw.top[leaves:] {
+			rw.top[leaves+i] = contender{node: -1}
+			if i < len(c.Nodes) {
+				refresh(i)
+				rw.top[leaves+i] = rw.contender(i, rank)
+			}
+		}
+		for k := leaves - 1; k > 0; k-- {
+			rw.top[k] = better(rw.top[2*k], rw.top[2*k+1])
+		}
+		return rw.top[1].node
+	}
+	for j, i := range changed {
+		if j > 0 && changed[j-1] == i {
+			continue
+		}
+		refresh(i)
+		rw.top[leaves+i] = rw.contender(i, rank)
+		for k := (leaves + i) / 2; k > 0; k /= 2 {
+			winner := better(rw.top[2*k], rw.top[2*k+1])
+			if winner == rw.top[k] {
+				break
+			}
+			rw.top[k] = winner
+		}
+	}
+	return rw.top[1].node
 }
 
 // maxCachedDemands bounds the demand shapes a ratingCache remembers; past
@@ -179,10 +319,10 @@ type ratingCache struct {
 	cluster *Cluster
 	scale   uint64
 	ids     map[Demand]int
-	rows    [][]rating
+	rows    []*ratingRow
 }
 
-func (rc *ratingCache) row(c *Cluster, d *Demand) []rating {
+func (rc *ratingCache) row(c *Cluster, d *Demand) *ratingRow {
 	if rc.cluster != c || rc.scale != c.Scale || len(rc.rows) >= maxCachedDemands {
 		*rc = ratingCache{cluster: c, scale: c.Scale, ids: map[Demand]int{}}
 	}
@@ -191,12 +331,13 @@ func (rc *ratingCache) row(c *Cluster, d *Demand) []rating {
 	if !ok {
 		id = len(rc.rows)
 		rc.ids[shape] = id
-		rc.rows = append(rc.rows, nil)
+		rc.rows = append(rc.rows, &ratingRow{})
 	}
-	if n := len(c.Nodes); len(rc.rows[id]) < n {
-		rc.rows[id] = append(rc.rows[id], make([]rating, n-len(rc.rows[id]))...)
+	rw := rc.rows[id]
+	if n := len(c.Nodes); len(rw.ratings) < n {
+		rw.ratings = append(rw.ratings, make([]rating, n-len(rw.ratings))...)
 	}
-	return rc.rows[id]
+	return rw
 }
 
 // tightestGPUs chooses d.GPUs usable GPUs of n, those with the least free

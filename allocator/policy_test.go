@@ -28,7 +28,35 @@ func TestModelConstrainedDemandsShareRatings(t *testing.T) {
 	if rated[0] != 1 || rated[1] != 1 || rated[2] != 1 {
 		t.Errorf("nodes rated %v times; want each once: the T4 nodes for both demands, the V100 node for neither T4 demand", rated)
 	}
-	if len(ties.cache.rows) != 1 {
-		t.Errorf("%d rows of ratings kept, want 1: the T4 demand needs none of its own on nodes of one model", len(ties.cache.rows))
+}
+
+// TestRatingsCatchUpPastTheChangeLog: a row that fell behind further than
+// the cluster's log of changes reaches rates every node afresh.
+func TestRatingsCatchUpPastTheChangeLog(t *testing.T) {
+	c := NewCluster()
+	for i := range 2 {
+		if _, err := c.AddNode(&Server{Name: string(rune('a' + i)), CPUMilli: int64(64000 - 32000*i),
+			GPUs: []GPU{{Model: "T4", Healthy: true}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Rates the node with the most free CPU best.
+	rate := func(_ int, n *Node, _ *Demand) (int64, gpuMask) { return n.CPUFree, 1 }
+	ties := newTieBreaker(1)
+	small := Demand{CPUMilli: 100}
+	if where, _ := ties.pick(c, &small, rate); where.Node != 0 {
+		t.Fatalf("placed at node %d, want node 0, the one with more CPU free", where.Node)
+	}
+	// Node 0 is left with less CPU than node 1, then node 1 changes often
+	// enough that the log starts over, out of reach of node 0's change.
+	c.Commit(Placement{Node: 0}, &Demand{CPUMilli: 40000})
+	for range 2 * (2*len(c.Nodes) + 64) {
+		c.Commit(Placement{Node: 1}, &Demand{})
+	}
+	if _, ok := c.changedSince(1); ok {
+		t.Fatal("the change log still reaches back to the first change; the test needs it not to")
+	}
+	if where, _ := ties.pick(c, &small, rate); where.Node != 1 {
+		t.Errorf("placed at node %d, want node 1, the one with more CPU free", where.Node)
 	}
 }

@@ -171,9 +171,11 @@ func (d *poolDriver) checkCache(op, arg byte) {
 	some.add(1)
 	some.add(2)
 	t4, _ := c.ModelSetOf([]string{"T4"})
+	t4OrV100, _ := c.ModelSetOf([]string{"T4", "V100"})
 	for _, probe := range []Demand{{GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000}, {GPUs: 2, PerGPU: WholeGPU}, {CPUMilli: 8000},
 		{GPUs: 2, PerGPU: WholeGPU / 2, Link: LinkPCIeSwitch}, {GPUs: 3, PerGPU: WholeGPU, Link: LinkSocket},
-		{GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000, Nodes: some}, {GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000, Models: t4}} {
+		{GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000, Nodes: some}, {GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000, Models: t4},
+		{GPUs: 1, PerGPU: WholeGPU, Models: t4OrV100}} {
 		warmAt, warmOK := d.policy.Place(c, &probe)
 		freshAt, freshOK := fresh.Place(c, &probe)
 		if warmOK != freshOK || !reflect.DeepEqual(warmAt, freshAt) {

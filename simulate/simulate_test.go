@@ -250,25 +250,40 @@ func TestReproducesFGDPaper(t *testing.T) {
 }
 
 // BenchmarkPlacement replays the default trace on the full OpenB cluster
-// (1213 servers, 6212 GPUs) once per iteration and reports placement
-// decisions per second of policy time on one core.
+// (1213 servers, 6212 GPUs) once per iteration, as it is and with a quarter
+// of its GPU pods bound to GPU models (model constraints multiply the
+// demand shapes the FGD policies rate), and reports placement decisions per
+// second of policy time on one core.
 func BenchmarkPlacement(b *testing.B) {
-	tr := loadTrace(b, DefaultPods)
-	for _, policy := range allocator.PolicyNames() {
-		b.Run(policy, func(b *testing.B) {
-			var decisions int
-			var seconds float64
-			for i := range b.N {
-				r, err := Replay(tr, policy, uint64(42+i%10))
-				if err != nil {
-					b.Fatal(err)
+	asIs := loadTrace(b, DefaultPods)
+	models := loadTrace(b, DefaultPods)
+	v, err := ParseVariant("models=25%")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if models.Pods, err = v.Derive(models.Pods, models.Servers, 1); err != nil {
+		b.Fatal(err)
+	}
+	for _, workload := range []struct {
+		name string
+		tr   *Trace
+	}{{"as-is", asIs}, {"models=25%", models}} {
+		for _, policy := range allocator.PolicyNames() {
+			b.Run(workload.name+"/"+policy, func(b *testing.B) {
+				var decisions int
+				var seconds float64
+				for i := range b.N {
+					r, err := Replay(workload.tr, policy, uint64(42+i%10))
+					if err != nil {
+						b.Fatal(err)
+					}
+					decisions += r.Decisions
+					seconds += r.PlaceTime.Seconds()
 				}
-				decisions += r.Decisions
-				seconds += r.PlaceTime.Seconds()
-			}
-			b.ReportMetric(float64(decisions)/seconds, "decisions/s")
-			b.ReportMetric(float64(decisions)/float64(b.N), "decisions/replay")
-		})
+				b.ReportMetric(float64(decisions)/seconds, "decisions/s")
+				b.ReportMetric(float64(decisions)/float64(b.N), "decisions/replay")
+			})
+		}
 	}
 }
 
