@@ -1,5 +1,6 @@
 // Package etcdtest runs Debian's etcd (3.4) for tests: one member or a
-// cluster, on loopback ports in temp dirs, killed when the test ends.
+// cluster, on loopback ports or each member in its own network namespace,
+// in temp dirs, killed when the test ends.
 package etcdtest
 
 import (
@@ -11,7 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,8 +23,12 @@ type Member struct {
 	Name, ClientURL string
 	args            []string
 	logFile         string
-	mu              sync.Mutex
-	cmd             *exec.Cmd
+	// netns is the network namespace the member runs in and link the
+	// host's end of the veth pair that joins it to the cluster's bridge;
+	// both empty for a member on loopback.
+	netns, link string
+	mu          sync.Mutex
+	cmd         *exec.Cmd
 }
 
 // Start runs a one-member etcd and returns its client URL.
@@ -32,29 +36,42 @@ func Start(t testing.TB) string {
 	return StartCluster(t, 1)[0].ClientURL
 }
 
-// StartCluster runs an etcd cluster of n members and waits until it
-// answers through every member.
+// StartCluster runs an etcd cluster of n members on loopback and waits
+// until it answers through every member.
 func StartCluster(t testing.TB, n int) []*Member {
+	t.Helper()
+	members := make([]*Member, n)
+	peerURLs := make([]string, n)
+	for i := range members {
+		members[i] = &Member{Name: fmt.Sprint("m", i), ClientURL: "http://127.0.0.1:" + FreePort(t)}
+		peerURLs[i] = "http://127.0.0.1:" + FreePort(t)
+	}
+	startMembers(t, members, peerURLs)
+	return members
+}
+
+// startMembers starts the members, peers at peerURLs, and waits until
+// the cluster answers through every one.
+func startMembers(t testing.TB, members []*Member, peerURLs []string) {
 	t.Helper()
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
 		t.Skip("etcd not installed (make deps installs Debian's etcd-server)")
 	}
-	members := make([]*Member, n)
-	peers := make([]string, n)
-	peerURLs := make([]string, n)
-	for i := range members {
-		members[i] = &Member{Name: fmt.Sprint("m", i), ClientURL: "http://127.0.0.1:" + FreePort(t)}
-		peerURLs[i] = "http://127.0.0.1:" + FreePort(t)
-		peers[i] = members[i].Name + "=" + peerURLs[i]
+	peers := make([]string, len(members))
+	for i, m := range members {
+		peers[i] = m.Name + "=" + peerURLs[i]
 	}
 	dir := t.TempDir()
 	for i, m := range members {
 		m.logFile = filepath.Join(dir, m.Name+".log")
-		m.args = []string{bin, "--name", m.Name, "--data-dir", filepath.Join(dir, m.Name),
+		if m.netns != "" {
+			m.args = []string{"ip", "netns", "exec", m.netns}
+		}
+		m.args = append(m.args, bin, "--name", m.Name, "--data-dir", filepath.Join(dir, m.Name),
 			"--listen-client-urls", m.ClientURL, "--advertise-client-urls", m.ClientURL,
 			"--listen-peer-urls", peerURLs[i], "--initial-advertise-peer-urls", peerURLs[i],
-			"--initial-cluster", strings.Join(peers, ","), "--log-level", "warn"}
+			"--initial-cluster", strings.Join(peers, ","), "--log-level", "warn")
 		m.start(t)
 	}
 	t.Cleanup(func() {
@@ -65,7 +82,6 @@ func StartCluster(t testing.TB, n int) []*Member {
 	for _, m := range members {
 		m.WaitServing(t)
 	}
-	return members
 }
 
 func (m *Member) start(t testing.TB) {
@@ -126,40 +142,33 @@ func (m *Member) Restart(t testing.TB) {
 	m.WaitServing(t)
 }
 
-// Stop freezes the member with SIGSTOP: to its peers and clients it is
-// partitioned away (connections stay open, nothing answers) until
-// Continue.
-func (m *Member) Stop() { m.signal(syscall.SIGSTOP) }
-
-// Continue resumes a stopped member.
-func (m *Member) Continue() { m.signal(syscall.SIGCONT) }
-
-func (m *Member) signal(sig syscall.Signal) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd != nil {
-		_ = m.cmd.Process.Signal(sig)
-	}
-}
-
 // Leader returns the member that leads the cluster now, asking the live
 // members' maintenance status; nil when none knows one.
 func Leader(t testing.TB, members []*Member) *Member {
 	t.Helper()
 	for _, m := range members {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.ClientURL}, DialTimeout: time.Second})
-		if err != nil {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		st, err := cli.Status(ctx, m.ClientURL)
-		cancel()
-		_ = cli.Close()
-		if err == nil && st.Leader != 0 && st.Leader == st.Header.MemberId {
+		if st := status(t, m); st != nil && st.Leader != 0 && st.Leader == st.Header.MemberId {
 			return m
 		}
 	}
 	return nil
+}
+
+// status is the member's maintenance status; nil when it does not answer.
+func status(t testing.TB, m *Member) *clientv3.StatusResponse {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.ClientURL}, DialTimeout: time.Second})
+	if err != nil {
+		return nil
+	}
+	defer func() { _ = cli.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	st, err := cli.Status(ctx, m.ClientURL)
+	if err != nil {
+		return nil
+	}
+	return st
 }
 
 // Endpoints are the members' client URLs, comma-separated.
