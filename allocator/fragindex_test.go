@@ -66,8 +66,36 @@ func TestFragIndexMergesModelConstrainedTypes(t *testing.T) {
 		{GPUs: 1, PerGPU: 500, CPUMilli: 4000, Models: 2, Weight: 0.125},
 		{GPUs: 1, PerGPU: 500, CPUMilli: 4000, Models: 3, Weight: 0.125},
 	}
-	merged := newFragIndex(w).on(1)
+	merged := newFragIndex(w).on(1).types
 	if len(merged) != 2 || merged[0].weight != 0.875 || !merged[1].unusable {
 		t.Errorf("on model 1: %+v, want the types of model 1 or any as one of weight 0.875, then the unusable one", merged)
+	}
+}
+
+// TestFragIndexRemembersStatesExactly: a node state measured before
+// measures the same again, to the last bit, whatever else the node differs
+// in; states that differ in what counts (a GPU's free share, its health,
+// free CPU either side of a type's ask) measure afresh.
+func TestFragIndexRemembersStatesExactly(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for round := range 200 {
+		w := randomWorkload(rng, 1+rng.IntN(50), round%2 == 0)
+		remembering := newFragIndex(w)
+		for range 200 {
+			// Few GPUs, few shares and free CPU on and beside the asks
+			// (multiples of 8000): states come back often.
+			n := Node{Schedulable: rng.IntN(8) != 0, CPUCap: 64000, CPUFree: int64(rng.IntN(5))*8000 + int64(rng.IntN(3)-1)}
+			if rng.IntN(4) == 0 {
+				n.CPUCap, n.CPUFree = 0, 0
+			}
+			model := ModelSet(1) << rng.IntN(3)
+			for range 1 + rng.IntN(3) {
+				n.GPUs = append(n.GPUs, NodeGPU{Free: Share(rng.IntN(3)) * 500, Model: model, Healthy: rng.IntN(6) != 0})
+				n.Models |= model
+			}
+			if got, want := remembering.fragmentation(&n), newFragIndex(w).fragmentation(&n); got != want {
+				t.Fatalf("round %d: node %+v: remembered %v, measured afresh %v", round, n, got, want)
+			}
+		}
 	}
 }

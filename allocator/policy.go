@@ -237,6 +237,10 @@ type ratingRow struct {
 	// ranks), synced the cluster's changes() it has caught up with.
 	nodes  int
 	synced uint64
+	// caughtUp[i] is the catch-up that last visited node i; catchUps
+	// counts them.
+	caughtUp []uint64
+	catchUps uint64
 }
 
 // contender is a node in the tournament with what decides its matches,
@@ -279,7 +283,12 @@ func (rw *ratingRow) catchUp(c *Cluster, rank []uint32, refresh func(i int)) int
 		rw.nodes = len(c.Nodes)
 		for leaves = 1; leaves < len(c.Nodes); leaves *= 2 {
 		}
-		rw.top = make([]contender, 2*leaves)
+		if len(rw.top) != 2*leaves {
+			rw.top = make([]contender, 2*leaves)
+		}
+		if len(rw.caughtUp) < len(c.Nodes) {
+			rw.caughtUp = make([]uint64, len(c.Nodes))
+		}
 		for i := range rw.top[leaves:] {
 			rw.top[leaves+i] = contender{node: -1}
 			if i < len(c.Nodes) {
@@ -292,10 +301,14 @@ func (rw *ratingRow) catchUp(c *Cluster, rank []uint32, refresh func(i int)) int
 		}
 		return rw.top[1].node
 	}
-	for j, i := range changed {
-		if j > 0 && changed[j-1] == i {
+	// A node changed several times since the last catch-up is in changed
+	// as often; its first visit brings it up to date.
+	rw.catchUps++
+	for _, i := range changed {
+		if rw.caughtUp[i] == rw.catchUps {
 			continue
 		}
+		rw.caughtUp[i] = rw.catchUps
 		refresh(i)
 		rw.top[leaves+i] = rw.contender(i, rank)
 		for k := (leaves + i) / 2; k > 0; k /= 2 {
