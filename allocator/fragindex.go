@@ -28,8 +28,9 @@ type fragIndex struct {
 	known map[nodeState]float64
 }
 
-// maxKnownStates bounds fragIndex.known; past it the index starts over.
-const maxKnownStates = 1 << 16
+// maxKnownStates bounds fragIndex.known (about 1.5 MiB); past it the
+// index starts over. A whole OpenB replay meets 9-14k states.
+const maxKnownStates = 1 << 15
 
 // nodeState is what fragmentation reads of a node whose types all count
 // by share alone (no partial type) and that has at most
