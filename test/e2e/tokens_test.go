@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -47,7 +48,7 @@ func TestDaemonWithServersTokenSeesItsLeases(t *testing.T) {
 		"--listen", strings.TrimPrefix(daemonURL, "http://"), "--probe-listen", "127.0.0.1:0", "--simulate-gpus", "H100:80Gi:2",
 		"--simulated-workload", workload, "--interval", "200ms", "--process-every", "1", "--heartbeat", "500ms",
 		"--metric-labels-allowlist", "app")
-	external := startAdapter(t, logs, a.URL, config.adminTokenFile(t))
+	external := startAdapter(t, logs, a.URL, config.adminTokenFile(t)).API
 
 	ml := newClient(t, a.URL, config.Tenant["ml"])
 	waitFor(t, func() bool { p, err := ml.Pool(context.Background()); return err == nil && len(p.Servers) == 1 })
@@ -112,28 +113,50 @@ func within(t *testing.T, d time.Duration, what string, cond func() bool) bool {
 	return true
 }
 
+// adapterProcess is a running gpupool-adapter.
+type adapterProcess struct {
+	cmd *exec.Cmd
+	// API is the base URL of its external metrics API; Metrics of its own
+	// /metrics.
+	API, Metrics string
+}
+
 // startAdapter runs gpupool-adapter on the direct backend with the admin
 // token file, as deploy/base/adapter.yaml does, on a loopback port with a
-// self-signed certificate and no cluster to delegate to, and returns the
-// base URL of its external metrics API.
-func startAdapter(t *testing.T, logs *syncBuffer, allocatorURL, tokenFile string) string {
+// self-signed certificate and no cluster to delegate to.
+func startAdapter(t *testing.T, logs *syncBuffer, allocatorURL, tokenFile string) *adapterProcess {
 	t.Helper()
-	port := freePort(t)
-	startBinary(t, logs, "gpupool-adapter", regexp.MustCompile(`Serving securely`), "--backend", "direct",
+	port, metricsAddr := freePort(t), "127.0.0.1:"+freePort(t)
+	cmd := startBinary(t, logs, "gpupool-adapter", regexp.MustCompile(`Serving securely`), "--backend", "direct",
 		"--allocator", allocatorURL, "--allocator-token-file", tokenFile, "--no-delegation",
-		"--secure-port", port, "--bind-address", "127.0.0.1", "--cert-dir", t.TempDir(), "--metrics-listen", "127.0.0.1:0")
-	return "https://127.0.0.1:" + port + "/apis/external.metrics.k8s.io/v1beta1"
+		"--secure-port", port, "--bind-address", "127.0.0.1", "--cert-dir", t.TempDir(), "--metrics-listen", metricsAddr)
+	return &adapterProcess{cmd: cmd, API: "https://127.0.0.1:" + port + "/apis/external.metrics.k8s.io/v1beta1", Metrics: "http://" + metricsAddr}
+}
+
+// newAdapterClient is a client of the adapter's self-signed loopback
+// certificate.
+func newAdapterClient() *http.Client {
+	return &http.Client{Timeout: 5 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // a loopback certificate it made itself
 }
 
 // externalValue reads an external metric as the HPA does and returns its
 // one value ("" when the adapter answers none) and the answer.
 func externalValue(t *testing.T, base, ns, metric, selector string) (value, answer string) {
 	t.Helper()
-	insecure := &http.Client{Timeout: 5 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // the adapter's self-signed loopback certificate
-	resp, err := insecure.Get(fmt.Sprintf("%s/namespaces/%s/%s?labelSelector=%s", base, ns, metric, url.QueryEscape(selector)))
+	value, answer, err := queryExternal(newAdapterClient(), base, ns, metric, selector)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return value, answer
+}
+
+// queryExternal is externalValue through c, with the error of a request
+// that got no answer.
+func queryExternal(c *http.Client, base, ns, metric, selector string) (value, answer string, err error) {
+	resp, err := c.Get(fmt.Sprintf("%s/namespaces/%s/%s?labelSelector=%s", base, ns, metric, url.QueryEscape(selector)))
+	if err != nil {
+		return "", "", err
 	}
 	defer func() { _ = resp.Body.Close() }()
 	body, _ := io.ReadAll(resp.Body)
@@ -144,7 +167,7 @@ func externalValue(t *testing.T, base, ns, metric, selector string) (value, answ
 	}
 	answer = resp.Status + " " + string(body)
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &list) != nil || len(list.Items) != 1 {
-		return "", answer
+		return "", answer, nil
 	}
-	return list.Items[0].Value, answer
+	return list.Items[0].Value, answer, nil
 }
