@@ -75,6 +75,22 @@ demo: ## the whole pool on this machine for 60s (allocator, simulated GPU server
 	$(GO) build $(RELEASE_FLAGS) -o bin/ ./cmd/gpupool-demo
 	@set -m 2>/dev/null; bin/gpupool-demo $(DEMO_FLAGS)
 
+# The soak's settings, each overridable (SOAK_DURATION=5m make soak);
+# SOAK_OUT gets soak.csv, soak.png and verdicts.md.
+SOAK_DURATION      ?= 1h
+SOAK_EVERY         ?= 1m
+SOAK_BASELINE      ?= 10m
+SOAK_RESTART_EVERY ?= 3m
+SOAK_OUT           ?= $(CURDIR)/bin/soak
+
+# Not in CI: it runs an hour. The binaries are built as the release's
+# (RELEASE_FLAGS but the stripping, which maps nothing into memory), so
+# that their memory is what a deployment's is.
+.PHONY: soak
+soak: ## the demo-sized pool as real binaries for an hour under churn (a lease a second, a GPU server restarted every 3 minutes, the adapter queried 10 times a second); samples memory and goroutines each minute into bin/soak and fails where they grow
+	SOAK_DURATION=$(SOAK_DURATION) SOAK_EVERY=$(SOAK_EVERY) SOAK_BASELINE=$(SOAK_BASELINE) SOAK_RESTART_EVERY=$(SOAK_RESTART_EVERY) \
+		SOAK_OUT=$(SOAK_OUT) GOFLAGS="$(GOFLAGS) -trimpath -tags=grpcnotrace" $(GO) test -count=1 -v -run '^TestSoak$$' -timeout 0 ./test/e2e
+
 .PHONY: simulate
 simulate: ## replay the embedded OpenB trace against every placement policy
 	$(GO) run ./cmd/gpupool simulate
