@@ -275,7 +275,7 @@ func checkBooks(t *testing.T, c *client.Client, listed []api.Lease) {
 	}
 }
 
-func metrics(t *testing.T, url string) string {
+func metrics(t testing.TB, url string) string {
 	t.Helper()
 	resp, err := http.Get(url + "/metrics")
 	if err != nil {
