@@ -124,7 +124,7 @@ type adapterProcess struct {
 // startAdapter runs gpupool-adapter on the direct backend with the admin
 // token file, as deploy/base/adapter.yaml does, on a loopback port with a
 // self-signed certificate and no cluster to delegate to.
-func startAdapter(t *testing.T, logs *syncBuffer, allocatorURL, tokenFile string) *adapterProcess {
+func startAdapter(t testing.TB, logs *syncBuffer, allocatorURL, tokenFile string) *adapterProcess {
 	t.Helper()
 	port, metricsAddr := freePort(t), "127.0.0.1:"+freePort(t)
 	cmd := startBinary(t, logs, "gpupool-adapter", regexp.MustCompile(`Serving securely`), "--backend", "direct",
