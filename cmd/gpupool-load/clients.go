@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -79,9 +80,13 @@ func (h *holder) acquire(ctx context.Context, req api.AcquireRequest, acquiring 
 }
 
 // renewUntilLost renews the lease every third of ttl until ctx ends or the
-// allocator no longer has it.
+// allocator no longer has it. The first renewal comes at a random point of
+// the first third, as from clients that started at different times: the
+// ramp-up acquires every lease within seconds, and renewals that stayed
+// as bunched would measure a stampede rather than the steady state.
 func (h *holder) renewUntilLost(ctx context.Context, id string, ttl time.Duration, st *clientStats, errs *errorCounts) {
-	for pause(ctx, ttl/3) {
+	wait := rand.N(ttl / 3) //nolint:gosec // spreading renewals needs no secure randomness
+	for ; pause(ctx, wait); wait = ttl / 3 {
 		t0 := time.Now()
 		_, err := h.client.Renew(ctx, id, 0)
 		switch {

@@ -131,6 +131,9 @@ func BenchmarkThousandServers(b *testing.B) {
 		s := runLoad(b, os.Stdout, "--allocator", a.URL, "--pool-config", config.Path, "--servers", "1000", "--leases", "10000",
 			"--percent", "10", "--group", "1000", "--duration", duration, "--progress", "15s", "--concurrency", "64",
 			"--allocator-pid", strconv.Itoa(a.cmd.Process.Pid), "--adapter", external, "--adapter-insecure")
+		if failed := grep(logs.String(), "level=ERROR"); failed != "" {
+			b.Logf("the adapter's errors:\n%s", failed)
+		}
 		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 		b.ReportMetric(ms(s.Heartbeat.P99), "heartbeat-p99-ms")
 		b.ReportMetric(ms(s.Acquire.P99), "acquire-p99-ms")
