@@ -152,6 +152,10 @@ bench: deps build ## placement decisions/s per policy, a whole replay timed, dur
 	@echo "whole replay, all policies x seeds 42-51, default trace:"
 	bin/gpupool simulate --seeds 42-51 --policies all
 
+.PHONY: scale
+scale: ## gpupool-load at 1,000 GPU servers (8,000 GPUs) and 10,000 leases against the allocator and the adapter: heartbeat, acquisition and adapter p99, /metrics size, the allocator's CPU and RSS (about 4 minutes; GPUPOOL_SCALE_DURATION sets the load's length)
+	$(GO) test -count=1 -run '^$$' -bench ThousandServers -benchtime 1x -timeout 20m ./test/e2e
+
 .PHONY: fuzz
 fuzz: ## fuzz the pool's operation stream, server registration, request and process-report decoding, leases on the wire, quantity parsing and the extender's node names (60s each)
 	$(GO) test ./allocator -run '^$$' -fuzz FuzzPool -fuzztime 60s
