@@ -85,7 +85,7 @@ func (h *holder) acquire(ctx context.Context, req api.AcquireRequest, acquiring 
 // ramp-up acquires every lease within seconds, and renewals that stayed
 // as bunched would measure a stampede rather than the steady state.
 func (h *holder) renewUntilLost(ctx context.Context, id string, ttl time.Duration, st *clientStats, errs *errorCounts) {
-	wait := rand.N(ttl / 3) //nolint:gosec // spreading renewals needs no secure randomness
+	wait := rand.N(ttl / 3)
 	for ; pause(ctx, wait); wait = ttl / 3 {
 		t0 := time.Now()
 		_, err := h.client.Renew(ctx, id, 0)

@@ -69,7 +69,7 @@ func (s *simServer) register(ctx context.Context, c *client.Client, st *serverSt
 // ends, starting at a random point of the first interval so that the
 // servers' rounds spread as real daemons' do.
 func (s *simServer) beat(ctx context.Context, c *client.Client, interval time.Duration, st *serverStats, errs *errorCounts) {
-	if !pause(ctx, rand.N(interval)) { //nolint:gosec // spreading rounds needs no secure randomness
+	if !pause(ctx, rand.N(interval)) {
 		return
 	}
 	t := time.NewTicker(interval)
