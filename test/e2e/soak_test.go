@@ -3,11 +3,13 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -118,10 +120,11 @@ func TestSoak(t *testing.T) {
 
 	ctx, stop := context.WithCancel(context.Background())
 	var running sync.WaitGroup
-	churn := &leaseChurn{tenants: map[string]*client.Client{}, rng: rand.New(rand.NewPCG(1, 2))}
-	for ns := range soakQuotas {
+	// Seeded, and the namespaces in order: every soak churns alike.
+	churn := &leaseChurn{tenants: map[string]*client.Client{}, rng: rand.New(rand.NewPCG(1, 2)),
+		namespaces: slices.Sorted(maps.Keys(soakQuotas))}
+	for _, ns := range churn.namespaces {
 		churn.tenants[ns] = newClient(t, a.URL, config.Tenant[ns])
-		churn.namespaces = append(churn.namespaces, ns)
 	}
 	queries := &adapterQueries{client: newAdapterClient(), api: adapter.API}
 	running.Go(func() {
