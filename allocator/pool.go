@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"cmp"
+	"container/heap"
 	"fmt"
 	"maps"
 	"reflect"
@@ -31,10 +32,19 @@ type Pool struct {
 	servers   []Server       // by node index
 	nodeIndex map[string]int // server name -> node index
 	leases    map[string]*Lease
-	byKey     map[string]string // namespace/idempotency key -> lease ID
-	quota     map[string]Share  // namespace -> hard limit
-	used      map[string]Share  // namespace -> leased
-	nextID    uint64
+	// onServer is the live leases by server and ID: each server's daemon
+	// lists its own every few seconds, at a cost of its leases, not the
+	// pool's.
+	onServer map[string]map[string]*Lease
+	// expiries orders the leases that can expire by when, so that every
+	// call ends those due without looking at the others. A renewal pushes
+	// the lease again; an entry whose lease has ended or moved its expiry
+	// is dropped when it comes up.
+	expiries expiryQueue
+	byKey    map[string]string // namespace/idempotency key -> lease ID
+	quota    map[string]Share  // namespace -> hard limit
+	used     map[string]Share  // namespace -> leased
+	nextID   uint64
 	// expired holds leases ended by expiry until Expire hands them out.
 	expired []Lease
 }
@@ -49,7 +59,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	}
 	return &Pool{
 		cfg: cfg, cluster: NewCluster(), nodeIndex: map[string]int{},
-		leases: map[string]*Lease{}, byKey: map[string]string{},
+		leases: map[string]*Lease{}, onServer: map[string]map[string]*Lease{}, byKey: map[string]string{},
 		quota: map[string]Share{}, used: map[string]Share{},
 	}, nil
 }
@@ -109,21 +119,13 @@ func sameDevices(a, b []GPU) bool {
 	})
 }
 
-// LeasesOn counts the leases live at now on a server.
-func (p *Pool) LeasesOn(now time.Time, server string) int {
+// LeasesOn returns the leases live at now on a server, in ID order.
+func (p *Pool) LeasesOn(now time.Time, server string) []Lease {
 	p.expireDue(now)
-	return p.leasesOn(server)
+	return cloneSorted(p.onServer[server])
 }
 
-func (p *Pool) leasesOn(server string) int {
-	n := 0
-	for _, l := range p.leases {
-		if l.Server == server {
-			n++
-		}
-	}
-	return n
-}
+func (p *Pool) leasesOn(server string) int { return len(p.onServer[server]) }
 
 // SetGPUHealth marks one GPU of a registered server healthy or not, as its
 // heartbeat says; an unhealthy GPU keeps its leases and takes no new ones.
@@ -248,6 +250,15 @@ func checkRetry(l *Lease, r *Request) error {
 func (p *Pool) add(i int, l *Lease) {
 	p.cluster.hold(i, l, 1)
 	p.leases[l.ID] = l
+	on := p.onServer[l.Server]
+	if on == nil {
+		on = map[string]*Lease{}
+		p.onServer[l.Server] = on
+	}
+	on[l.ID] = l
+	if !l.UntilReleased() {
+		heap.Push(&p.expiries, expiry{at: l.ExpiresAt, id: l.ID})
+	}
 	if q := l.Share(); q > 0 {
 		p.used[l.Namespace] += q
 	}
@@ -356,6 +367,7 @@ func (p *Pool) Renew(now time.Time, id string, ttl time.Duration) (Lease, error)
 		ttl = l.TTL
 	}
 	l.TTL, l.ExpiresAt = ttl, now.Add(ttl)
+	heap.Push(&p.expiries, expiry{at: l.ExpiresAt, id: l.ID})
 	return cloneLease(l), nil
 }
 
@@ -380,18 +392,33 @@ func (p *Pool) Expire(now time.Time) []Lease {
 }
 
 // expireDue ends the leases due at now, in ID order. Every call of the
-// pool makes it, so it sorts the few that are due rather than all.
+// pool makes it, so it takes the few that are due off expiries.
 func (p *Pool) expireDue(now time.Time) {
 	var due []*Lease
-	for _, l := range p.leases {
-		if !l.UntilReleased() && !now.Before(l.ExpiresAt) {
+	for len(p.expiries) > 0 && !now.Before(p.expiries[0].at) {
+		e := heap.Pop(&p.expiries).(expiry)
+		if l, ok := p.leases[e.id]; ok && l.ExpiresAt.Equal(e.at) {
 			due = append(due, l)
 		}
 	}
 	slices.SortFunc(due, func(a, b *Lease) int { return compareIDs(a.ID, b.ID) })
+	// A lease renewed away from an expiry and back to it is queued twice.
+	due = slices.Compact(due)
 	for _, l := range due {
 		p.end(l)
 		p.expired = append(p.expired, *l)
+	}
+	// Released and renewed leases leave entries behind until their time;
+	// past twice the live leases the queue is rebuilt from those, so that
+	// it grows with them rather than with churn.
+	if len(p.expiries) > 2*len(p.leases)+64 {
+		p.expiries = p.expiries[:0]
+		for _, l := range p.leases {
+			if !l.UntilReleased() {
+				p.expiries = append(p.expiries, expiry{at: l.ExpiresAt, id: l.ID})
+			}
+		}
+		heap.Init(&p.expiries)
 	}
 }
 
@@ -404,6 +431,15 @@ func (p *Pool) live(now time.Time, id string) (*Lease, error) {
 		return nil, &LeaseNotFoundError{ID: id}
 	}
 	return l, nil
+}
+
+// cloneSorted copies leases in ID order.
+func cloneSorted(leases map[string]*Lease) []Lease {
+	out := make([]Lease, 0, len(leases))
+	for _, id := range sortedIDs(leases) {
+		out = append(out, cloneLease(leases[id]))
+	}
+	return out
 }
 
 // sortedIDs orders lease IDs by their number: shorter first, as IDs are
@@ -424,6 +460,10 @@ func (p *Pool) end(l *Lease) {
 		delete(p.used, l.Namespace)
 	}
 	delete(p.leases, l.ID)
+	delete(p.onServer[l.Server], l.ID)
+	if len(p.onServer[l.Server]) == 0 {
+		delete(p.onServer, l.Server)
+	}
 	if l.Request.IdempotencyKey != "" {
 		delete(p.byKey, l.Namespace+"/"+l.Request.IdempotencyKey)
 	}
@@ -432,11 +472,7 @@ func (p *Pool) end(l *Lease) {
 // Leases returns the leases live at now, in ID order.
 func (p *Pool) Leases(now time.Time) []Lease {
 	p.expireDue(now)
-	out := make([]Lease, 0, len(p.leases))
-	for _, id := range sortedIDs(p.leases) {
-		out = append(out, cloneLease(p.leases[id]))
-	}
-	return out
+	return cloneSorted(p.leases)
 }
 
 // Lease returns one live lease.
@@ -596,3 +632,23 @@ func (p *Pool) SetNextID(n uint64) { p.nextID = max(p.nextID, n) }
 // SetPolicy replaces the placement policy, for one built on a fresher
 // expected workload.
 func (p *Pool) SetPolicy(pol Policy) { p.cfg.Policy = pol }
+
+// expiry is when a lease expires unless renewed.
+type expiry struct {
+	at time.Time
+	id string
+}
+
+// expiryQueue is a heap of expiries, the earliest first (container/heap).
+type expiryQueue []expiry
+
+func (q expiryQueue) Len() int           { return len(q) }
+func (q expiryQueue) Less(i, j int) bool { return q[i].at.Before(q[j].at) }
+func (q expiryQueue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *expiryQueue) Push(x any)        { *q = append(*q, x.(expiry)) }
+func (q *expiryQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}

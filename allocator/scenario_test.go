@@ -135,7 +135,7 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		if err != nil {
 			return "error: " + err.Error()
 		}
-		return l.ID + " " + expiry(&l)
+		return l.ID + " " + expiryOf(&l)
 	case "release":
 		l, err := s.pool.Release(s.now, arg("id", ""))
 		if err != nil {
@@ -193,8 +193,8 @@ func scenarioTopology(t *testing.T, d *datadriven.TestData, gpus int, arg func(k
 	return top
 }
 
-// expiry says when a lease expires, as time since the scenario's start.
-func expiry(l *Lease) string {
+// expiryOf says when a lease expires, as time since the scenario's start.
+func expiryOf(l *Lease) string {
 	if l.UntilReleased() {
 		return "until released"
 	}
@@ -246,7 +246,7 @@ func (s *scenario) state() string {
 		b.WriteString("\n")
 	}
 	for _, l := range s.pool.Leases(s.now) {
-		fmt.Fprintf(&b, "%s %s\n", formatLease(&l), expiry(&l))
+		fmt.Fprintf(&b, "%s %s\n", formatLease(&l), expiryOf(&l))
 	}
 	for _, q := range s.pool.Quotas(s.now) {
 		hard := "unlimited"

@@ -47,9 +47,10 @@ func thousandServers(b *testing.B, leases int) (*testAllocator, []string) {
 
 // BenchmarkServerRound is one GPU server's round at 1,000 servers with
 // 1,000 and with 10,000 leases: a heartbeat, then the listing of its
-// leases. The heartbeat's write ends the leases due, which the pool finds
-// by looking at every lease: the round costs more the more leases there
-// are (docs/design.md, "A thousand GPU servers").
+// leases. It costs the leases on that server, not the pool's: the
+// heartbeat's write ends the leases due off the pool's expiry heap, and
+// the listing reads the pool's leases by server (docs/design.md, "A
+// thousand GPU servers").
 func BenchmarkServerRound(b *testing.B) {
 	hb := api.Heartbeat{GPUs: make([]api.GPUHealth, 8)}
 	for i := range hb.GPUs {

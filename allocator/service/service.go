@@ -53,7 +53,6 @@ type Service struct {
 
 	mu       sync.Mutex
 	pool     *allocator.Pool
-	leases   *leaseIndex // the pool's leases by server
 	lastSeen map[string]time.Time
 	// freed is closed, and replaced, whenever share or quota frees up, to
 	// wake the requests that wait for it.
@@ -161,7 +160,6 @@ func (s *Service) recover(ctx context.Context) error {
 	for _, srv := range st.Servers {
 		s.lastSeen[srv.Name] = now
 	}
-	s.leases = newLeaseIndex(s.pool.Leases(now))
 	if len(dropped) > 0 {
 		if err := s.cfg.Store.Apply(ctx, []store.Change{{Ended: dropped}}); err != nil {
 			return fmt.Errorf("recording leases expired while down: %w", err)
@@ -420,7 +418,6 @@ func (s *Service) apply(op func(now time.Time) (store.Change, error)) (done chan
 		s.metrics.expirations.Add(float64(len(expired)))
 		s.wakeLocked()
 	}
-	s.leases.apply(c)
 	// An answer that a lease is gone may rest on a change not yet durable
 	// (a retried release racing the first): it waits for the writes queued
 	// before it, as a change does.
@@ -598,7 +595,7 @@ func (s *Service) Leases(f LeaseFilter) []allocator.Lease {
 	now := s.clock()
 	var leases []allocator.Lease
 	if f.Server != "" { // each daemon's every round: its server's, not a copy of the pool's
-		leases = s.leases.on(f.Server, now)
+		leases = s.pool.LeasesOn(now, f.Server)
 	} else {
 		leases = s.pool.Leases(now)
 	}
@@ -765,7 +762,7 @@ func (s *Service) Server(name string) (api.ServerStatus, error) {
 	if !known {
 		return api.ServerStatus{}, &allocator.ServerNotFoundError{Name: name}
 	}
-	return s.serverStatus(&state, len(s.leases.on(name, s.clock()))), nil
+	return s.serverStatus(&state, len(s.pool.LeasesOn(s.clock(), name))), nil
 }
 
 // serverStatus is one server and what is leased on it; s.mu is held.
