@@ -419,7 +419,7 @@ func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartC
 	}
 	whose := "another pod's"
 	if other, ok := p.pods.allocatedWith(digest); ok {
-		whose = "pod " + other.Namespace + "/" + other.Name + "'s"
+		whose = "pod " + other + "'s"
 	}
 	p.log.Error("refusing to start a container with another pod's lease", "pod", namespace+"/"+name, "given", whose)
 	return nil, status.Errorf(codes.FailedPrecondition,

@@ -28,16 +28,23 @@ type pods struct {
 	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
 
-	mu        sync.Mutex
-	arrivals  map[types.UID]uint64
-	last      uint64
-	allocated map[types.UID]bool
+	mu       sync.Mutex
+	arrivals map[types.UID]uint64
+	last     uint64
+	// allocated is the pods this process marked, with the devices' digest.
+	allocated map[types.UID]allocation
+}
+
+// allocation is a pod marked allocated and the digest of its devices.
+type allocation struct {
+	pod    string // namespace/name
+	digest string
 }
 
 func newPods(client kubernetes.Interface, node string) (*pods, error) {
 	onNode := fields.OneTermEqualSelector("spec.nodeName", node).String()
 	p := &pods{
-		node: node, client: client, arrivals: map[types.UID]uint64{}, allocated: map[types.UID]bool{},
+		node: node, client: client, arrivals: map[types.UID]uint64{}, allocated: map[types.UID]allocation{},
 		factory: informers.NewSharedInformerFactoryWithOptions(client, 0,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = onNode })),
 	}
@@ -144,7 +151,7 @@ func (p *pods) waiting(objs []any) []waiting {
 	var out []waiting
 	for _, obj := range objs {
 		pod := obj.(*corev1.Pod)
-		if awaitsDevices(pod, p.node) && !p.allocated[pod.UID] {
+		if _, marked := p.allocated[pod.UID]; awaitsDevices(pod, p.node) && !marked {
 			out = append(out, waiting{pod: pod, arrival: p.arrivals[pod.UID]})
 		}
 	}
@@ -168,17 +175,28 @@ func (p *pods) markAllocated(ctx context.Context, pod *corev1.Pod, digest string
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.allocated[pod.UID] = true
+	p.allocated[pod.UID] = allocation{pod: pod.Namespace + "/" + pod.Name, digest: digest}
 	return nil
 }
 
-// allocatedWith is the pod of the node's that AnnotationAllocated says
-// got devices digest, as far as the informer knows.
-func (p *pods) allocatedWith(digest string) (*corev1.Pod, bool) {
+// allocatedWith is the pod (namespace/name) of the node's that was marked
+// allocated devices digest: by this process, or as far as the informer
+// knows (a plugin before it), since its watch may not yet show this
+// process's own marks.
+func (p *pods) allocatedWith(digest string) (string, bool) {
+	p.mu.Lock()
+	for _, a := range p.allocated {
+		if a.digest == digest {
+			p.mu.Unlock()
+			return a.pod, true
+		}
+	}
+	p.mu.Unlock()
 	objs := p.informer.GetStore().List()
 	i := slices.IndexFunc(objs, func(obj any) bool { return obj.(*corev1.Pod).Annotations[kube.AnnotationAllocated] == digest })
 	if i < 0 {
-		return nil, false
+		return "", false
 	}
-	return objs[i].(*corev1.Pod), true
+	pod := objs[i].(*corev1.Pod)
+	return pod.Namespace + "/" + pod.Name, true
 }
