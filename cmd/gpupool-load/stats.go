@@ -5,15 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/procstat"
 )
 
 // latencies records the durations of one kind of call.
@@ -110,40 +108,14 @@ type processSample struct {
 	rss int64
 }
 
-// clockTicks is the kernel's USER_HZ, the unit of /proc/<pid>/stat's
-// times: 100 on every Linux architecture Go runs on.
-const clockTicks = 100
-
-// sampleProcess reads the process's user and system CPU time from
-// /proc/<pid>/stat and its resident set from /proc/<pid>/status.
+// sampleProcess reads the process's CPU time and resident memory.
 func sampleProcess(pid int) (processSample, error) {
 	at := time.Now()
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	u, err := procstat.Read(pid)
 	if err != nil {
 		return processSample{}, err
 	}
-	// The command name, in parentheses, may hold spaces: the fields
-	// counted from stat(5)'s third start after its closing one.
-	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-	if len(fields) < 13 {
-		return processSample{}, fmt.Errorf("/proc/%d/stat has %d fields after the command name, want at least 13", pid, len(fields))
-	}
-	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
-	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return processSample{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
-	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return processSample{}, err
-	}
-	var rssKiB int64
-	for line := range strings.Lines(string(status)) {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			rssKiB, _ = strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-		}
-	}
-	return processSample{at: at, cpu: time.Duration(utime+stime) * time.Second / clockTicks, rss: rssKiB << 10}, nil
+	return processSample{at: at, cpu: u.CPU, rss: u.RSS}, nil
 }
 
 // cpuPerSecond is the CPU seconds the process used per second of wall

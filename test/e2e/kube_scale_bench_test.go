@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/internal/procstat"
 	"github.com/gpupool/gpupool/kube"
 	"github.com/gpupool/gpupool/simulate"
 	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
@@ -352,35 +352,16 @@ type procUsage struct {
 	peakRSS int64 // bytes
 }
 
-// clockTicks is the unit of /proc/<pid>/stat's times (USER_HZ, 100 on
-// every Linux architecture Go supports).
-const clockTicks = 100
-
 // usageOf reads each process's usage from /proc.
 func usageOf(b testing.TB, pids map[string]int) map[string]procUsage {
 	b.Helper()
 	usage := make(map[string]procUsage, len(pids))
 	for name, pid := range pids {
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		u, err := procstat.Read(pid)
 		if err != nil {
 			b.Fatalf("%s: %v", name, err)
 		}
-		// The fields after the command's closing parenthesis start at
-		// the state, field 3; utime and stime are fields 14 and 15.
-		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-		utime, _ := strconv.ParseInt(fields[11], 10, 64)
-		stime, _ := strconv.ParseInt(fields[12], 10, 64)
-		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-		if err != nil {
-			b.Fatalf("%s: %v", name, err)
-		}
-		var hwmKB int64
-		for line := range strings.Lines(string(status)) {
-			if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-				hwmKB, _ = strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			}
-		}
-		usage[name] = procUsage{cpu: time.Duration(utime+stime) * time.Second / clockTicks, peakRSS: hwmKB << 10}
+		usage[name] = procUsage{cpu: u.CPU, peakRSS: u.PeakRSS}
 	}
 	return usage
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/procstat"
 	"github.com/gpupool/gpupool/internal/soak"
 )
 
@@ -248,7 +249,9 @@ func sampleSoak(t *testing.T, at time.Duration, admin *client.Client, allocator 
 	var samples []soak.Sample
 	for _, p := range processes {
 		s := soak.Sample{At: at, Process: p.name, PID: p.cmd.Process.Pid, LiveLeases: len(leases)}
-		if s.RSSBytes, s.AnonBytes, err = soak.ReadRSS(s.PID); err == nil {
+		var u procstat.Usage
+		if u, err = procstat.Read(s.PID); err == nil {
+			s.RSSBytes, s.AnonBytes = u.RSS, u.RSSAnon
 			s.Goroutines, err = goroutinesOf(ctx, p.metrics)
 		}
 		if err != nil {
