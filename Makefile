@@ -141,16 +141,22 @@ e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the 
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -count=1 -timeout 30m ./test/e2e/...
 
 .PHONY: bench
-bench: deps build ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, daemon scrape and sampling cost, the simulated GPUs' /proc pass, a scheduler-extender filter at 1,213 nodes, adapter latency, HPA reaction time, kwok at 1,213 nodes, the OpenB workload placed through Kubernetes
+bench: deps build ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, daemon scrape and sampling cost, the simulated GPUs' /proc pass, a scheduler-extender filter at 1,213 nodes, adapter latency, HPA reaction time, kwok at 1,213 nodes, the OpenB workload placed through Kubernetes at 100 pods/s beside the stock kube-scheduler
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./simulate
 	$(GO) test -run '^$$' -bench AcquireRelease -benchtime 4000x ./test/e2e
-	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench 'AdapterThroughAPIServer|HPAReaction|KubeScale' -benchtime 1x -timeout 30m ./test/e2e
+	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench 'AdapterThroughAPIServer|HPAReaction|KubeScale' -benchtime 1x -timeout 40m ./test/e2e
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench KwokScale -benchtime 1x ./test/e2e/kube
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./gpuserver
 	$(GO) test -run '^$$' -bench DeviceHoldersScan -benchtime 200x ./collector
 	$(GO) test -run '^$$' -bench Filter1213Nodes -benchtime 1000x ./kube/scheduler
 	@echo "whole replay, all policies x seeds 42-51, default trace:"
 	bin/gpupool simulate --seeds 42-51 --policies all
+
+# Not in CI, which runs one rate in make bench: three rates, each placed
+# through the pool and through the stock kube-scheduler (about 35 minutes).
+.PHONY: bench-kube
+bench-kube: deps build ## the OpenB workload through Kubernetes at 40, 100 and 200 pods/s asked, the pool beside the stock kube-scheduler: throughput, latency, CPU and memory by component, GPU share unallocated against the replay
+	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench KubeScale -benchtime 1x -timeout 60m ./test/e2e -kubescale.rates 40,100,200
 
 .PHONY: scale
 scale: ## gpupool-load at 1,000 GPU servers (8,000 GPUs) and 10,000 leases against the allocator and the adapter: heartbeat, acquisition and adapter p99, /metrics size, the allocator's CPU and RSS (about 4 minutes; GPUPOOL_SCALE_DURATION sets the load's length)

@@ -69,9 +69,10 @@ const (
 	// MinTTL is the shortest lease lifetime: a holder renews every third
 	// of it, so anything shorter expires before its first renewal.
 	MinTTL = time.Second
-	// MaxServers bounds a request's candidate servers: Kubernetes' largest
-	// supported cluster has 5,000 nodes.
-	MaxServers = 5000
+	// MaxServers bounds a request's candidate servers: the scheduler
+	// names every feasible node, and clusters run beyond the 5,000 nodes
+	// Kubernetes tests at.
+	MaxServers = 100_000
 )
 
 // Validate checks each field against its limits and returns a *FieldError

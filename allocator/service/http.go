@@ -19,7 +19,13 @@ import (
 )
 
 // maxBody bounds request bodies; a server with 64 GPUs fits well within.
-const maxBody = 1 << 20
+// An acquisition may name every node of a large cluster as its candidate
+// servers (allocator.MaxServers), hence its own bound: 100,000 names of 63
+// characters, the usual longest, are 6.5 MB.
+const (
+	maxBody        = 1 << 20
+	maxAcquireBody = 8 << 20
+)
 
 // Handler serves the /v1 API, /metrics and /healthz. With auth nil every
 // request acts as admin (for the embedded demo on loopback).
@@ -147,7 +153,7 @@ func (h *handler) acquire(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var in api.AcquireRequest
-	if !h.decode(w, r, &in) {
+	if !h.decodeUpTo(w, r, &in, maxAcquireBody) {
 		return
 	}
 	req, wait, err := in.Parse()
@@ -320,9 +326,14 @@ func (h *handler) adminPrincipal(w http.ResponseWriter, r *http.Request, operati
 	return ok
 }
 
-// decode reads a JSON body, answering 400 or 413 itself when it cannot.
+// decode reads a JSON body of at most maxBody bytes, answering 400 or 413
+// itself when it cannot.
 func (h *handler) decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	return h.decodeUpTo(w, r, v, maxBody)
+}
+
+func (h *handler) decodeUpTo(w http.ResponseWriter, r *http.Request, v any, limit int64) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
 	if err == nil {

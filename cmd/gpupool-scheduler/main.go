@@ -52,6 +52,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	resync := fs.Duration("resync", leases.DefaultResync, "how often every lease is compared with its pod and every quota with its ResourceQuotas (and once at start)")
 	qps := fs.Float64("kube-api-qps", 200, "requests per second to kube-apiserver (a bind reads the pod and creates its binding)")
 	burst := fs.Int("kube-api-burst", 400, "burst of requests to kube-apiserver above --kube-api-qps")
+	unboundTimeout := fs.Duration("unbound-lease-timeout", scheduler.DefaultUnboundLeaseTimeout, "how long a lease a filter took waits for its pod's bind: then, the pod still unbound, it is released (kube-scheduler's cycle failed after the filter, which the extender protocol does not report); the resync releases such leases too, after a restart")
+	logFlags := cli.AddLogFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: gpupool-scheduler [flags]
 
@@ -91,7 +93,11 @@ Flags:
 	if exit, ok := cli.Parse(fs, args, stdout, stderr); !ok {
 		return exit
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	log, err := logFlags.Logger(stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return cli.ExitUsage
+	}
 	bad := func(err error) int {
 		log.Error("bad flag", "err", err)
 		return cli.ExitUsage
@@ -128,11 +134,13 @@ Flags:
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	ext := scheduler.New(scheduler.Config{Allocator: alloc, Kube: kubeClient, Registry: reg, Logger: log})
-	controller, err := leases.NewController(leases.Config{Client: kubeClient, Allocator: alloc, Unit: unit, Resync: *resync, Logger: log, Registry: reg})
+	controller, err := leases.NewController(leases.Config{Client: kubeClient, Allocator: alloc, Unit: unit, Resync: *resync,
+		UnboundLeaseTimeout: *unboundTimeout, Logger: log, Registry: reg})
 	if err != nil {
 		return bad(err)
 	}
+	ext := scheduler.New(scheduler.Config{Allocator: alloc, Kube: kubeClient, Pods: controller.Pods(),
+		UnboundLeaseTimeout: *unboundTimeout, Registry: reg, Logger: log})
 
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {

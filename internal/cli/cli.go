@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 
@@ -60,4 +61,34 @@ func ReadToken(path string) (string, error) {
 		return "", err
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+// LogFlags are the --log-level and --log-format every long-running command
+// takes.
+type LogFlags struct {
+	level, format string
+}
+
+// AddLogFlags registers --log-level and --log-format on fs.
+func AddLogFlags(fs *flag.FlagSet) *LogFlags {
+	l := &LogFlags{}
+	fs.StringVar(&l.level, "log-level", "info", "least severe record logged: debug (every decision, such as each kube-scheduler call and the allocator's answer), info, warn or error")
+	fs.StringVar(&l.format, "log-format", "text", "text (key=value) or json (one object a line, for a log pipeline)")
+	return l
+}
+
+// Logger is the logger the flags ask for, writing to w.
+func (l *LogFlags) Logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(l.level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", l.level)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch l.format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", l.format)
 }

@@ -54,6 +54,11 @@ type Config struct {
 	// Resync is how often the controller compares every lease with its
 	// pod and every quota with its ResourceQuotas; 5 minutes when 0.
 	Resync time.Duration
+	// UnboundLeaseTimeout is how long after its grant a lease whose pod is
+	// still not bound is released by the resync: the scheduler's filter
+	// took it and the pod's cycle failed. 30 s when 0, the scheduler
+	// extender's default wait for a bind.
+	UnboundLeaseTimeout time.Duration
 	// Recorder writes Events on pods; nil records them through Client.
 	Recorder record.EventRecorder
 	Logger   *slog.Logger
@@ -80,14 +85,15 @@ const uidIndex = "uid"
 
 // Controller keeps leases and quotas following the cluster.
 type Controller struct {
-	unit        kube.Unit
-	resyncEvery time.Duration
-	log         *slog.Logger
-	alloc       *client.Client
-	client      kubernetes.Interface
-	record      record.EventRecorder
-	events      record.EventBroadcaster // nil when Config.Recorder was given
-	metrics     *metrics
+	unit           kube.Unit
+	resyncEvery    time.Duration
+	unboundTimeout time.Duration
+	log            *slog.Logger
+	alloc          *client.Client
+	client         kubernetes.Interface
+	record         record.EventRecorder
+	events         record.EventBroadcaster // nil when Config.Recorder was given
+	metrics        *metrics
 
 	factory informers.SharedInformerFactory
 	pods    cache.SharedIndexInformer
@@ -118,6 +124,9 @@ func NewController(cfg Config) (*Controller, error) {
 	if cfg.Resync <= 0 {
 		cfg.Resync = DefaultResync
 	}
+	if cfg.UnboundLeaseTimeout <= 0 {
+		cfg.UnboundLeaseTimeout = 30 * time.Second
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -129,7 +138,7 @@ func NewController(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	c := &Controller{
-		unit: cfg.Unit, resyncEvery: cfg.Resync, log: cfg.Logger, alloc: cfg.Allocator, client: cfg.Client, record: cfg.Recorder, metrics: m,
+		unit: cfg.Unit, resyncEvery: cfg.Resync, unboundTimeout: cfg.UnboundLeaseTimeout, log: cfg.Logger, alloc: cfg.Allocator, client: cfg.Client, record: cfg.Recorder, metrics: m,
 		factory: informers.NewSharedInformerFactory(cfg.Client, 0),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[item](retryBase, retryMax),
@@ -205,6 +214,12 @@ func (c *Controller) watch() error {
 	}
 	c.synced = []cache.InformerSynced{c.pods.HasSynced, nodes.Informer().HasSynced, quotas.Informer().HasSynced}
 	return nil
+}
+
+// Pods reads the controller's cache of pods, which Run fills: the
+// scheduler extender reads pods from it rather than watch them twice.
+func (c *Controller) Pods() corelisters.PodLister {
+	return corelisters.NewPodLister(c.pods.GetIndexer())
 }
 
 // enqueuePod queues the release of an ended pod's lease; pods the pool

@@ -12,7 +12,7 @@ var (
 	reconcilesTotal = metricdef.Counter("bitfusion_lease_controller_reconciles_total", "reconciles", metricdef.Labels{"kind", "result"},
 		"Items reconciled, by kind (pod, node, quota, resync) and result (success, error: retried with backoff).")
 	releasesTotal = metricdef.Counter("bitfusion_lease_controller_releases_total", "leases", metricdef.Labels{"reason"},
-		"Pod leases released, by reason (pod_deleted, pod_succeeded, pod_failed, node_deleted).")
+		"Pod leases released, by reason (pod_deleted, pod_succeeded, pod_failed, node_deleted, pod_unbound: a lease the scheduler took for a pod never bound).")
 	reacquisitionsTotal = metricdef.Counter("bitfusion_lease_controller_reacquisitions_total", "leases", metricdef.Labels{"outcome"},
 		"Bound pods whose lease was gone, by outcome of acquiring it again on their node (granted, refused).")
 )

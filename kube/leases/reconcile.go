@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,6 +23,7 @@ const (
 	reasonPodSucceeded = "pod_succeeded"
 	reasonPodFailed    = "pod_failed"
 	reasonNodeDeleted  = "node_deleted"
+	reasonPodUnbound   = "pod_unbound"
 )
 
 // Reasons of the Events written on pods.
@@ -138,7 +140,7 @@ func (c *Controller) resync(ctx context.Context) error {
 }
 
 // leaseEnd says why a pod lease must end now, or "" while its pod may run
-// on an existing node. The cache answers for most leases; a miss is
+// on an existing node, or may yet be bound there. The cache answers for most leases; a miss is
 // confirmed with the API, since the scheduler acquires a lease for a pod,
 // on a node, that the cache may not show yet.
 func (c *Controller) leaseEnd(ctx context.Context, l *api.Lease) (string, error) {
@@ -150,6 +152,11 @@ func (c *Controller) leaseEnd(ctx context.Context, l *api.Lease) (string, error)
 		return reasonPodDeleted, nil
 	case endReason(pod) != "":
 		return endReason(pod), nil
+	case pod.Spec.NodeName == "" && time.Since(l.GrantedAt) > c.unboundTimeout:
+		// A filter's lease whose pod was never bound: its scheduling cycle
+		// failed while gpupool-scheduler was down, or the extender's own
+		// wait was lost with it.
+		return reasonPodUnbound, nil
 	}
 	if _, err := c.nodes.Get(l.Server); err == nil {
 		return "", nil

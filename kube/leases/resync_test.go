@@ -3,6 +3,7 @@ package leases
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/kubetest"
 )
 
 // TestResyncOnStart: what happened while the controller was down is
@@ -169,5 +171,28 @@ func TestRestoreKeepsAHeldLease(t *testing.T) {
 		if got := testutil.ToFloat64(e.ctrl.metrics.reacquisitions.WithLabelValues(outcome)); got != 0 {
 			t.Errorf("reacquisitions %s = %v, want 0", outcome, got)
 		}
+	}
+}
+
+// TestResyncReleasesLeasesOfPodsNeverBound: a lease the scheduler's filter
+// took for a pod that is still not bound after the timeout (its cycle
+// failed while gpupool-scheduler was down) is released; one younger than
+// the timeout stays, its bind may yet come.
+func TestResyncReleasesLeasesOfPodsNeverBound(t *testing.T) {
+	e := newEnv(t, kube.UnitPercent)
+	e.ctrl.unboundTimeout = 200 * time.Millisecond
+	stale := gpuPod("stale", "", 50)
+	e.create(stale)
+	staleLease := kubetest.Acquire(e.ctx, t, e.admin, stale, "s1")
+	time.Sleep(300 * time.Millisecond)
+	young := gpuPod("young", "", 50)
+	e.create(young)
+	youngLease := kubetest.Acquire(e.ctx, t, e.admin, young, "s2")
+	e.run()
+	if e.leaseExists(staleLease.ID) || !e.leaseExists(youngLease.ID) {
+		t.Errorf("after the resync the stale lease is there (%v) or the young one gone (%v)", e.leaseExists(staleLease.ID), !e.leaseExists(youngLease.ID))
+	}
+	if got := e.released(reasonPodUnbound); got != 1 {
+		t.Errorf("releases by pod_unbound = %v, want 1", got)
 	}
 }

@@ -12,11 +12,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gpupool/gpupool/allocator/api"
@@ -31,6 +33,14 @@ type Config struct {
 	Allocator *client.Client
 	// Kube reads pods and binds them.
 	Kube kubernetes.Interface
+	// Pods, when set, answers most reads of a pod from an informer's
+	// cache; the API answers the rest, and the decisions that must not act
+	// on a stale pod.
+	Pods corelisters.PodLister
+	// UnboundLeaseTimeout is how long a lease a filter took waits for its
+	// pod's bind before it is released, the pod unbound;
+	// DefaultUnboundLeaseTimeout when 0.
+	UnboundLeaseTimeout time.Duration
 	// Registry gets the extender's metrics (MetricFamilies).
 	Registry prometheus.Registerer
 	Logger   *slog.Logger
@@ -40,6 +50,9 @@ type Config struct {
 type Extender struct {
 	alloc   *client.Client
 	kube    kubernetes.Interface
+	pods    livePods
+	calls   podCalls
+	unbound unboundLeases
 	log     *slog.Logger
 	metrics *metrics
 	// names are the node names kube-scheduler sent so far.
@@ -48,7 +61,13 @@ type Extender struct {
 
 // New returns an extender; Handler serves it.
 func New(cfg Config) *Extender {
-	return &Extender{alloc: cfg.Allocator, kube: cfg.Kube, log: cfg.Logger, metrics: newMetrics(cfg.Registry)}
+	if cfg.UnboundLeaseTimeout <= 0 {
+		cfg.UnboundLeaseTimeout = DefaultUnboundLeaseTimeout
+	}
+	e := &Extender{alloc: cfg.Allocator, kube: cfg.Kube, pods: livePods{cache: cfg.Pods, api: cfg.Kube}, log: cfg.Logger,
+		unbound: unboundLeases{timeout: cfg.UnboundLeaseTimeout}}
+	e.metrics = newMetrics(cfg.Registry, e.unbound.waiting)
+	return e
 }
 
 // filter acquires the pod's lease among the candidate nodes and answers
@@ -66,27 +85,94 @@ func (e *Extender) filter(ctx context.Context, args *filterArgs) (*extenderv1.Ex
 		// thousand nodes; the names are all the allocator needs.
 		return &extenderv1.ExtenderFilterResult{Error: "gpupool extender: kube-scheduler sent nodes, not node names: set nodeCacheCapable: true in its extender configuration"}, resultError
 	}
-	pod, nodes := args.Pod, args.NodeNames.names
+	start := time.Now()
+	named, nodes := args.Pod, args.NodeNames.names
+	if len(nodes) == 0 {
+		// Nothing is feasible: an allocator asked among no servers would
+		// place anywhere.
+		return &extenderv1.ExtenderFilterResult{NodeNames: &[]string{}}, resultUnschedulable
+	}
+	unlock := e.calls.lock(named.UID, false)
+	defer unlock()
+	var lease api.Lease
+	pod, err := e.pods.pod(ctx, named.Namespace, named.Name, named.UID, false)
+	if err == nil {
+		lease, err = e.place(ctx, pod, nodes)
+	}
+	var answer *extenderv1.ExtenderFilterResult
+	res := resultPlaced
+	switch {
+	case err == nil:
+		answer = &extenderv1.ExtenderFilterResult{NodeNames: &[]string{lease.Server}}
+		e.watchBind(pod, lease)
+	case errors.As(err, new(*refusal)):
+		answer, res = unschedulable(nodes, err.Error()), resultUnschedulable
+	default:
+		e.log.Warn("filter failed", "pod", named.Namespace+"/"+named.Name, "err", err)
+		answer, res = &extenderv1.ExtenderFilterResult{Error: err.Error()}, resultError
+	}
+	// One record a call: what docs/design.md's "Placement through
+	// Kubernetes" reads the order of the pool's decisions from.
+	e.log.Debug("filter", "pod", named.Namespace+"/"+named.Name, "uid", named.UID, "nodes", len(nodes), "result", res,
+		"server", lease.Server, "lease", lease.ID, "err", errText(err), "took", time.Since(start))
+	return answer, res
+}
+
+// refusal is why the pool will not place a pod now, as its
+// FailedScheduling event says it.
+type refusal struct{ why string }
+
+func (r *refusal) Error() string { return r.why }
+
+// place acquires pod's lease among nodes; the pool's refusal to is a
+// *refusal, any other error the allocator's failure to answer.
+func (e *Extender) place(ctx context.Context, pod *v1.Pod, nodes []string) (api.Lease, error) {
 	req, err := leaseRequest(pod, nodes)
 	if err != nil {
-		return unschedulable(nodes, err.Error()), resultUnschedulable
+		return api.Lease{}, &refusal{err.Error()}
 	}
 	lease, err := e.alloc.Acquire(ctx, req)
 	if client.IsReason(err, api.ReasonConflict) {
 		// The pod's lease from an earlier cycle is on a node no longer
-		// among the candidates, or the pod's request changed (its labels):
-		// the pod is not bound, so the lease can go and a new one come.
+		// among the candidates, or the pod's request changed (its labels).
+		// The lease can go and a new one come only while the pod is not
+		// bound, nor being bound.
+		if err := e.notBound(ctx, pod); err != nil {
+			return api.Lease{}, err
+		}
 		lease, err = e.replace(ctx, pod, req)
 	}
 	switch {
-	case err == nil:
-		return &extenderv1.ExtenderFilterResult{NodeNames: &[]string{lease.Server}}, resultPlaced
 	case refused(err):
-		return unschedulable(nodes, "gpupool allocator: "+err.Error()), resultUnschedulable
-	default:
-		e.log.Warn("filter: the allocator did not answer", "pod", pod.Namespace+"/"+pod.Name, "err", err)
-		return &extenderv1.ExtenderFilterResult{Error: "gpupool allocator: " + err.Error()}, resultError
+		return lease, &refusal{"gpupool allocator: " + err.Error()}
+	case err != nil:
+		return lease, fmt.Errorf("gpupool allocator: %w", err)
 	}
+	return lease, nil
+}
+
+// errText is err's message, "" for none.
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// notBound returns nil when pod, as kube-apiserver has it now, is not
+// bound and no bind of it is under way.
+func (e *Extender) notBound(ctx context.Context, pod *v1.Pod) error {
+	if e.calls.binding(pod.UID) {
+		return fmt.Errorf("gpupool extender: a bind of pod %s/%s is under way: its lease stays", pod.Namespace, pod.Name)
+	}
+	live, err := e.pods.pod(ctx, pod.Namespace, pod.Name, pod.UID, true)
+	switch {
+	case err != nil:
+		return err
+	case live.Spec.NodeName != "":
+		return fmt.Errorf("gpupool extender: pod %s/%s is bound to %s: its lease stays", pod.Namespace, pod.Name, live.Spec.NodeName)
+	}
+	return nil
 }
 
 // replace releases the pod's leases and acquires again.
@@ -142,42 +228,71 @@ func leaseRequest(pod *v1.Pod, servers []string) (api.AcquireRequest, error) {
 	return req, nil
 }
 
-// bind acquires the pod's lease again, pinned to the node kube-scheduler
-// chose (the same lease filter acquired: the request and its key are the
-// same), and binds the pod with the lease and its GPUs as annotations,
-// which kube-apiserver copies onto the pod in the same write as the node.
+// bind binds the pod to the node kube-scheduler chose with the lease
+// its filter took, whose ID and GPUs go on the pod as annotations, which
+// kube-apiserver writes in the same write as the node. The Binding names
+// the pod's UID, so kube-apiserver refuses it for another pod of the name
+// or a pod bound already: no read of the pod comes first. Without the
+// filter's lease at hand (gpupool-scheduler restarted, the wait expired)
+// it acquires the pod's lease again pinned to the node, the same lease
+// when it is still held: the request and its key are the same.
 func (e *Extender) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (*extenderv1.ExtenderBindingResult, result) {
-	err := e.bindPod(ctx, args)
+	start := time.Now()
+	unlock := e.calls.lock(args.PodUID, true)
+	lease, err := e.bindPod(ctx, args)
+	unlock()
+	e.log.Debug("bind", "pod", args.PodNamespace+"/"+args.PodName, "uid", args.PodUID, "node", args.Node,
+		"lease", lease.ID, "err", errText(err), "took", time.Since(start))
 	if err != nil {
 		e.log.Warn("bind failed", "pod", args.PodNamespace+"/"+args.PodName, "node", args.Node, "err", err)
 		return &extenderv1.ExtenderBindingResult{Error: err.Error()}, resultError
 	}
+	e.unbound.bound(args.PodUID)
 	return &extenderv1.ExtenderBindingResult{}, resultBound
 }
 
-func (e *Extender) bindPod(ctx context.Context, args *extenderv1.ExtenderBindingArgs) error {
-	pods := e.kube.CoreV1().Pods(args.PodNamespace)
-	pod, err := pods.Get(ctx, args.PodName, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("gpupool extender: reading the pod: %w", err)
+func (e *Extender) bindPod(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (api.Lease, error) {
+	lease, ok := e.unbound.lease(args.PodUID)
+	if !ok || lease.Server != args.Node {
+		var err error
+		if lease, err = e.acquireOn(ctx, args); err != nil {
+			return api.Lease{}, err
+		}
 	}
-	if pod.UID != args.PodUID {
-		return fmt.Errorf("gpupool extender: pod %s/%s is now UID %s, kube-scheduler binds UID %s", pod.Namespace, pod.Name, pod.UID, args.PodUID)
+	err := e.kube.CoreV1().Pods(args.PodNamespace).Bind(ctx, &v1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: args.PodName, Namespace: args.PodNamespace, UID: args.PodUID, Annotations: kube.LeaseAnnotations(&lease)},
+		Target:     v1.ObjectReference{Kind: "Node", Name: args.Node},
+	}, metav1.CreateOptions{})
+	if err == nil {
+		return lease, nil
+	}
+	// A bind kube-scheduler gave up waiting for may have landed: this is
+	// its retry, and the pod says so.
+	pod, perr := e.pods.pod(ctx, args.PodNamespace, args.PodName, args.PodUID, true)
+	switch {
+	case perr != nil:
+		return api.Lease{}, perr
+	case pod.Spec.NodeName == args.Node && pod.Annotations[kube.AnnotationLease] == lease.ID:
+		return lease, nil
+	case pod.Spec.NodeName != "":
+		return api.Lease{}, fmt.Errorf("gpupool extender: pod %s/%s is bound to %s already", pod.Namespace, pod.Name, pod.Spec.NodeName)
+	}
+	return api.Lease{}, fmt.Errorf("gpupool extender: binding the pod: %w", err)
+}
+
+// acquireOn acquires the pod's lease pinned to the bind's node.
+func (e *Extender) acquireOn(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (api.Lease, error) {
+	pod, err := e.pods.pod(ctx, args.PodNamespace, args.PodName, args.PodUID, false)
+	if err != nil {
+		return api.Lease{}, err
 	}
 	req, err := leaseRequest(pod, []string{args.Node})
 	if err != nil {
-		return err
+		return api.Lease{}, err
 	}
 	lease, err := e.alloc.Acquire(ctx, req)
 	if err != nil {
-		return fmt.Errorf("gpupool allocator: %w", err)
+		return api.Lease{}, fmt.Errorf("gpupool allocator: %w", err)
 	}
-	err = pods.Bind(ctx, &v1.Binding{
-		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, Annotations: kube.LeaseAnnotations(&lease)},
-		Target:     v1.ObjectReference{Kind: "Node", Name: args.Node},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("gpupool extender: binding the pod: %w", err)
-	}
-	return nil
+	return lease, nil
 }

@@ -5,18 +5,22 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -56,6 +60,9 @@ type testExtender struct {
 	alloc   *client.Client
 	kube    *fake.Clientset
 	reg     *prometheus.Registry
+
+	mu    sync.Mutex
+	taken []*v1.Binding // the Bindings the cluster took
 }
 
 // newTestExtender serves the extender over an allocator with the servers
@@ -69,9 +76,44 @@ func newTestExtender(t *testing.T, servers []api.Server, quotas map[string]alloc
 
 func newExtenderOn(t testing.TB, alloc *client.Client, pods ...runtime.Object) *testExtender {
 	te := &testExtender{alloc: alloc, kube: fake.NewClientset(pods...), reg: prometheus.NewRegistry()}
+	te.kube.PrependReactor("create", "pods", te.bindPod)
 	te.Extender = New(Config{Allocator: alloc, Kube: te.kube, Registry: te.reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	te.handler = te.Handler()
 	return te
+}
+
+// bindPod does what kube-apiserver does on a Binding, which the fake
+// cluster does not: it sets the pod's node and adds the Binding's
+// annotations, and refuses a pod bound already.
+func (te *testExtender) bindPod(a k8stesting.Action) (bool, runtime.Object, error) {
+	if a.GetSubresource() != "binding" {
+		return false, nil, nil
+	}
+	b := a.(k8stesting.CreateAction).GetObject().(*v1.Binding)
+	tracker := te.kube.Tracker()
+	obj, err := tracker.Get(v1.SchemeGroupVersion.WithResource("pods"), b.Namespace, b.Name)
+	if err != nil {
+		return true, nil, err
+	}
+	pod := obj.(*v1.Pod).DeepCopy()
+	if b.UID != "" && b.UID != pod.UID {
+		return true, nil, apierrors.NewConflict(v1.Resource("pods/binding"), pod.Name, fmt.Errorf("precondition failed: UID in precondition: %s, UID in object meta: %s", b.UID, pod.UID))
+	}
+	if pod.Spec.NodeName != "" {
+		return true, nil, apierrors.NewConflict(v1.Resource("pods/binding"), pod.Name, fmt.Errorf("pod %s is already assigned to node %q", pod.Name, pod.Spec.NodeName))
+	}
+	pod.Spec.NodeName = b.Target.Name
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	maps.Copy(pod.Annotations, b.Annotations)
+	if err := tracker.Update(v1.SchemeGroupVersion.WithResource("pods"), pod, pod.Namespace); err != nil {
+		return true, nil, err
+	}
+	te.mu.Lock()
+	defer te.mu.Unlock()
+	te.taken = append(te.taken, b)
+	return true, b, nil
 }
 
 // call posts body to the extender as kube-scheduler does and decodes the
@@ -97,8 +139,23 @@ func mustJSON(t testing.TB, v any) []byte {
 	return b
 }
 
+// inCluster makes pod kube-apiserver's copy, which the extender acts on.
+func (te *testExtender) inCluster(t testing.TB, pod *v1.Pod) {
+	t.Helper()
+	pods := te.kube.CoreV1().Pods(pod.Namespace)
+	_, err := pods.Update(context.Background(), pod, metav1.UpdateOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = pods.Create(context.Background(), pod, metav1.CreateOptions{})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// callFilter filters pod, kube-apiserver's copy, among nodes.
 func (te *testExtender) callFilter(t *testing.T, pod *v1.Pod, nodes ...string) extenderv1.ExtenderFilterResult {
 	t.Helper()
+	te.inCluster(t, pod)
 	var res extenderv1.ExtenderFilterResult
 	te.call(t, verbFilter, mustJSON(t, extenderv1.ExtenderArgs{Pod: pod, NodeNames: &nodes}), &res)
 	return res
@@ -245,6 +302,9 @@ func TestFilterFailures(t *testing.T) {
 				alloc.Retries = 1
 			}
 			te := newExtenderOn(t, alloc)
+			if tc.pod != nil {
+				te.inCluster(t, tc.pod)
+			}
 			args := extenderv1.ExtenderArgs{Pod: tc.pod}
 			if tc.nodes != nil {
 				args.NodeNames = &tc.nodes
@@ -287,7 +347,7 @@ func TestBindWritesTheLeaseOnThePod(t *testing.T) {
 	placedOn(t, te.callFilter(t, pod, "gpu-a"), "gpu-a")
 	lease := te.leases(t, pod)[0]
 
-	for range 2 { // the second as after a lost answer
+	for range 2 { // the second as after a lost answer: the pod says it is bound
 		if res := te.callBind(t, pod, "gpu-a"); res.Error != "" {
 			t.Fatalf("bind: %s", res.Error)
 		}
@@ -296,8 +356,8 @@ func TestBindWritesTheLeaseOnThePod(t *testing.T) {
 		t.Errorf("after bind the pod holds %+v, want %s alone", held, lease.ID)
 	}
 	bindings := te.bindings()
-	if len(bindings) != 2 {
-		t.Fatalf("%d bindings created, want one per bind call", len(bindings))
+	if len(bindings) != 1 {
+		t.Fatalf("%d bindings created, want one", len(bindings))
 	}
 	b := bindings[0]
 	if b.Name != pod.Name || b.Namespace != pod.Namespace || b.UID != pod.UID || b.Target != (v1.ObjectReference{Kind: "Node", Name: "gpu-a"}) {
@@ -310,15 +370,11 @@ func TestBindWritesTheLeaseOnThePod(t *testing.T) {
 	}
 }
 
-// bindings are the Bindings created so far.
+// bindings are the Bindings the cluster took so far.
 func (te *testExtender) bindings() []*v1.Binding {
-	var out []*v1.Binding
-	for _, a := range te.kube.Actions() {
-		if c, ok := a.(k8stesting.CreateAction); ok && c.GetSubresource() == "binding" {
-			out = append(out, c.GetObject().(*v1.Binding))
-		}
-	}
-	return out
+	te.mu.Lock()
+	defer te.mu.Unlock()
+	return slices.Clone(te.taken)
 }
 
 // TestBindFailures: a bind that cannot write the pod's own lease on it
@@ -338,20 +394,22 @@ func TestBindFailures(t *testing.T) {
 		{name: "another node than filter's", pod: pod, node: "gpu-b",
 			err: `gpupool allocator: idempotency-key "uid-trainer-0" already used by lease lease-000001 on server gpu-a, which is not among the servers asked`},
 		{name: "pod gone", node: "gpu-a",
-			err: `gpupool extender: reading the pod: pods "trainer-0" not found`},
+			err: "gpupool extender: no pod team-a/trainer-0 with UID uid-trainer-0 in the cluster"},
 		{name: "pod replaced", pod: replaced, node: "gpu-a",
-			err: "gpupool extender: pod team-a/trainer-0 is now UID uid-of-a-new-pod, kube-scheduler binds UID uid-trainer-0"},
+			err: "gpupool extender: no pod team-a/trainer-0 with UID uid-trainer-0 in the cluster"},
 		{name: "binding refused", pod: pod, node: "gpu-a", apiserver: errors.New("etcdserver: request timed out"),
 			err: "gpupool extender: binding the pod: etcdserver: request timed out"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var objects []runtime.Object
-			if tc.pod != nil {
-				objects = append(objects, tc.pod)
-			}
-			te := newTestExtender(t, []api.Server{servicetest.Server("gpu-a", 1), servicetest.Server("gpu-b", 1)}, nil, objects...)
+			te := newTestExtender(t, []api.Server{servicetest.Server("gpu-a", 1), servicetest.Server("gpu-b", 1)}, nil)
 			placedOn(t, te.callFilter(t, pod, "gpu-a"), "gpu-a")
 			filtered := te.leases(t, pod)
+			if err := te.kube.CoreV1().Pods(pod.Namespace).Delete(context.Background(), pod.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.pod != nil {
+				te.inCluster(t, tc.pod)
+			}
 			if tc.apiserver != nil {
 				te.kube.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
 					return a.GetSubresource() == "binding", nil, tc.apiserver

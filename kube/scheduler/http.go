@@ -14,8 +14,9 @@ import (
 )
 
 // maxBody bounds a call's body: a pod (at most etcd's 1.5 MiB) and the
-// candidate node names (5,000 nodes of the longest names are 1.3 MB).
-const maxBody = 4 << 20
+// candidate node names (allocator.MaxServers, 100,000 names of 63
+// characters, the usual longest, are 6.5 MB).
+const maxBody = 16 << 20
 
 // Handler serves POST /filter and POST /bind, the verbs kube-scheduler's
 // extender configuration names (filterVerb: filter, bindVerb: bind).

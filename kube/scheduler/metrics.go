@@ -16,10 +16,14 @@ var (
 	requestDuration = metricdef.Histogram("bitfusion_extender_request_duration_seconds", "seconds", metricdef.Labels{"verb"},
 		"Time to answer a kube-scheduler call, the allocator's and kube-apiserver's answers included, by verb.",
 		prometheus.ExponentialBuckets(0.0005, 2, 14))
+	unboundReleasedTotal = metricdef.Counter("bitfusion_extender_unbound_leases_released_total", "leases", nil,
+		"Leases a filter took that were released because their pod was not bound within --unbound-lease-timeout: kube-scheduler's cycle failed after the filter.")
+	unboundWaiting = metricdef.Gauge("bitfusion_extender_leases_awaiting_bind", "leases", nil,
+		"Pods holding a lease from a filter whose bind has not come yet.")
 )
 
 // MetricFamilies is the table of the extender's metrics.
-var MetricFamilies = []*metricdef.Family{requestsTotal, requestDuration}
+var MetricFamilies = []*metricdef.Family{requestsTotal, requestDuration, unboundReleasedTotal, unboundWaiting}
 
 // result is how a call ended, as bitfusion_extender_requests_total counts it.
 type result string
@@ -53,23 +57,34 @@ var verbResults = map[string][]result{
 }
 
 type metrics struct {
-	requests *prometheus.CounterVec
-	duration *prometheus.HistogramVec
+	requests        *prometheus.CounterVec
+	duration        *prometheus.HistogramVec
+	unboundReleased prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{requests: requestsTotal.NewCounterVec(), duration: requestDuration.NewHistogramVec()}
+func newMetrics(reg prometheus.Registerer, waiting func() int) *metrics {
+	released := unboundReleasedTotal.NewCounterVec()
+	m := &metrics{requests: requestsTotal.NewCounterVec(), duration: requestDuration.NewHistogramVec(), unboundReleased: released.WithLabelValues()}
 	for verb, results := range verbResults {
 		for _, r := range results {
 			m.requests.WithLabelValues(verb, string(r))
 		}
 		m.duration.WithLabelValues(verb)
 	}
-	reg.MustRegister(m.requests, m.duration)
+	reg.MustRegister(m.requests, m.duration, released, waitingCollector(waiting))
 	return m
 }
 
 func (m *metrics) answered(verb string, r result, start time.Time) {
 	m.requests.WithLabelValues(verb, string(r)).Inc()
 	m.duration.WithLabelValues(verb).Observe(time.Since(start).Seconds())
+}
+
+// waitingCollector reports bitfusion_extender_leases_awaiting_bind.
+type waitingCollector func() int
+
+func (w waitingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- unboundWaiting.Desc() }
+
+func (w waitingCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- unboundWaiting.Metric(float64(w()))
 }

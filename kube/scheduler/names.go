@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"unicode/utf8"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/gpupool/gpupool/allocator"
 )
 
 // filterArgs is kube-scheduler's extenderv1.ExtenderArgs as the filter
@@ -41,8 +45,18 @@ func (n *nodeNames) UnmarshalJSON(data []byte) error {
 	case data[0] != '[':
 		return errNotNames
 	case !plainASCII(data):
+		// Escapes (\u0061 is "a") are valid JSON, if not what
+		// kube-scheduler writes; a name beyond ASCII is no node name.
 		n.given = true
-		return json.Unmarshal(data, &n.names)
+		if err := json.Unmarshal(data, &n.names); err != nil {
+			return err
+		}
+		for _, name := range n.names {
+			if err := checkNodeName(name); err != nil {
+				return err
+			}
+		}
+		return n.checkCount()
 	}
 	n.known.mu.Lock()
 	defer n.known.mu.Unlock()
@@ -56,14 +70,18 @@ func (n *nodeNames) UnmarshalJSON(data []byte) error {
 		if rest[0] != '"' || end == 0 {
 			return errNotNames
 		}
-		n.names = append(n.names, n.known.intern(rest[1:end]))
+		name, err := n.known.intern(rest[1:end])
+		if err != nil {
+			return err
+		}
+		n.names = append(n.names, name)
 		rest = skipSpace(rest[end+1:])
 		switch rest[0] {
 		case ',':
 			rest = skipSpace(rest[1:])
 		case ']':
 			n.given = true
-			return nil
+			return n.checkCount()
 		default:
 			return errNotNames
 		}
@@ -71,6 +89,28 @@ func (n *nodeNames) UnmarshalJSON(data []byte) error {
 }
 
 var errNotNames = errors.New("NodeNames is not an array of node names")
+
+// checkCount refuses more names than the allocator takes.
+func (n *nodeNames) checkCount() error {
+	if len(n.names) > allocator.MaxServers {
+		return fmt.Errorf("NodeNames: %d names, more than %d", len(n.names), allocator.MaxServers)
+	}
+	return nil
+}
+
+// checkNodeName refuses what kube-apiserver would not take as a node's
+// name (a DNS-1123 subdomain), so that only names of real nodes are kept.
+func checkNodeName(name string) error {
+	errs := validation.IsDNS1123Subdomain(name)
+	if len(errs) == 0 {
+		return nil
+	}
+	shown := name
+	if len(shown) > 64 {
+		shown = shown[:64] + "..."
+	}
+	return fmt.Errorf("NodeNames: %q (%d bytes) is not a node name: %s", shown, len(name), errs[0])
+}
 
 // plainASCII reports whether b holds no escape and nothing beyond ASCII.
 func plainASCII(b []byte) bool {
@@ -87,7 +127,8 @@ func skipSpace(b []byte) []byte {
 }
 
 // maxKnownNames bounds a nameTable: when nodes come and go for long
-// enough to fill it, it starts over from the names of the next calls.
+// enough to fill it, it starts over from the names of the next calls. With
+// node names of at most 253 bytes it holds at most 17 MB of them.
 const maxKnownNames = 1 << 16
 
 // nameTable holds one string per node name seen.
@@ -96,15 +137,19 @@ type nameTable struct {
 	names map[string]string
 }
 
-// intern is the string of name; the caller holds mu.
-func (t *nameTable) intern(name []byte) string {
+// intern is the string of name, which must be a node's name; the caller
+// holds mu.
+func (t *nameTable) intern(name []byte) (string, error) {
 	if s, ok := t.names[string(name)]; ok { // converting to look up allocates nothing
-		return s
+		return s, nil
+	}
+	s := string(name)
+	if err := checkNodeName(s); err != nil {
+		return "", err
 	}
 	if t.names == nil || len(t.names) >= maxKnownNames {
 		t.names = make(map[string]string)
 	}
-	s := string(name)
 	t.names[s] = s
-	return s
+	return s, nil
 }

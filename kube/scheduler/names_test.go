@@ -2,18 +2,22 @@ package scheduler
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // FuzzNodeNames: whatever JSON kube-scheduler sends as NodeNames, the
 // filter reads the names encoding/json reads, or refuses what is not an
-// array of strings, as encoding/json does.
+// array of strings, as encoding/json does, or holds a name that is no
+// node's, as kube-apiserver's validation says.
 func FuzzNodeNames(f *testing.F) {
 	for _, seed := range []string{
 		`null`, `[]`, `[ ]`, `["gpu-0"]`, ` [ "gpu-0" , "gpu-1" ] `, `["gpu-\u0030", "a\"b"]`, `["", ""]`,
-		`[1]`, `["a", 1]`, `["a" "b"]`, `{}`, `"gpu-0"`, `[["a"]]`, `["é"]`,
+		`[1]`, `["a", 1]`, `["a" "b"]`, `{}`, `"gpu-0"`, `[["a"]]`, `["é"]`, `["GPU-0"]`, `["a..b"]`, `["-a"]`, `["a.b-c.d"]`,
 	} {
 		f.Add(seed)
 	}
@@ -24,6 +28,11 @@ func FuzzNodeNames(f *testing.F) {
 		}
 		var want []string
 		wantErr := json.Unmarshal([]byte(data), &want)
+		for _, name := range want {
+			if errs := validation.IsDNS1123Subdomain(name); wantErr == nil && len(errs) > 0 {
+				wantErr = errors.New(errs[0])
+			}
+		}
 		var args filterArgs
 		args.NodeNames.known = known
 		err := json.Unmarshal([]byte(`{"NodeNames":`+data+`}`), &args)

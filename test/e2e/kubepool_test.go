@@ -32,6 +32,12 @@ type kubePoolOptions struct {
 	Namespaces []string
 	// AllocatorArgs are more flags for the allocator, such as --policy.
 	AllocatorArgs []string
+	// SchedulerArgs are more flags for gpupool-scheduler, such as
+	// --log-level.
+	SchedulerArgs []string
+	// ExtenderTimeout is kube-scheduler's httpTimeout for the extender;
+	// zero is its default, 5 s.
+	ExtenderTimeout time.Duration
 	// HPASyncPeriod is the HPA controller's; zero is the harness's default.
 	HPASyncPeriod time.Duration
 }
@@ -55,7 +61,9 @@ type kubePool struct {
 	config        *poolConfig
 	allocatorArgs []string
 	extender      string
+	schedulerArgs []string
 	scheduler     *exec.Cmd
+	webhook       *exec.Cmd
 }
 
 // startKubePool starts a control plane and gpupool on it, until the test
@@ -76,7 +84,7 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 		t.Fatal(err)
 	}
 	t.Cleanup(cp.Stop)
-	p := &kubePool{CP: cp, Logs: &syncBuffer{}, unit: o.Unit}
+	p := &kubePool{CP: cp, Logs: &syncBuffer{}, unit: o.Unit, schedulerArgs: o.SchedulerArgs}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("control plane:\n%s\nallocator:\n%s\ngpupool:\n%s", cp.Logs(20), tail(p.Allocator.logs.String(), 20), tail(p.Logs.String(), 40))
@@ -97,7 +105,7 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 
 	certFile, keyFile := writeServingCert(t, cp, dir)
 	webhook := "127.0.0.1:" + freePort(t)
-	startBinary(t, p.Logs, "gpupool-webhook", regexp.MustCompile(`webhook serving`), "--listen", webhook, "--unit", string(o.Unit),
+	p.webhook = startBinary(t, p.Logs, "gpupool-webhook", regexp.MustCompile(`webhook serving`), "--listen", webhook, "--unit", string(o.Unit),
 		"--tls-cert-file", certFile, "--tls-private-key-file", keyFile)
 	registerWebhook(t, cp.Client, "gpupool", "https://"+webhook, cp.CA, o.Namespaces)
 	for _, ns := range o.Namespaces {
@@ -109,7 +117,7 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 
 	p.extender = "127.0.0.1:" + freePort(t)
 	p.startScheduler(t)
-	if err := cp.StartScheduler(ctx, e2ekube.SchedulerOptions{ExtenderURL: "http://" + p.extender}); err != nil {
+	if err := cp.StartScheduler(ctx, e2ekube.SchedulerOptions{ExtenderURL: "http://" + p.extender, ExtenderTimeout: o.ExtenderTimeout}); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -121,9 +129,9 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 // t ends, hence no subtest restarts it for the tests after it.
 func (p *kubePool) startScheduler(t testing.TB) {
 	t.Helper()
-	p.scheduler = startBinary(t, p.Logs, "gpupool-scheduler", regexp.MustCompile(`extender serving`), "--listen", p.extender,
-		"--metrics-listen", "127.0.0.1:0", "--allocator", p.Allocator.URL, "--token-file", p.config.adminTokenFile(t),
-		"--kubeconfig", p.CP.Kubeconfig, "--unit", string(p.unit))
+	args := []string{"--listen", p.extender, "--metrics-listen", "127.0.0.1:0", "--allocator", p.Allocator.URL,
+		"--token-file", p.config.adminTokenFile(t), "--kubeconfig", p.CP.Kubeconfig, "--unit", string(p.unit)}
+	p.scheduler = startBinary(t, p.Logs, "gpupool-scheduler", regexp.MustCompile(`extender serving`), append(args, p.schedulerArgs...)...)
 }
 
 // killScheduler kills gpupool-scheduler: kube-scheduler's calls to the

@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"errors"
 	"net/url"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	componentbaseconfigv1alpha1 "k8s.io/component-base/config/v1alpha1"
 	schedulerconfigv1 "k8s.io/kube-scheduler/config/v1"
 	"k8s.io/utils/ptr"
@@ -32,6 +34,11 @@ type SchedulerOptions struct {
 	// DefaultOnly leaves out gpupool's profile: its pods are placed by a
 	// kube-scheduler of its own, as deploy/components/kubernetes runs.
 	DefaultOnly bool
+	// MostAllocated scores nodes by NodeResourcesFit's MostAllocated
+	// strategy over these resources (weight 1 each), packing pods as a
+	// cluster without gpupool packs extended resources such as GPUs;
+	// empty keeps the default, LeastAllocated.
+	MostAllocated []string
 }
 
 // StartScheduler starts kube-scheduler, with two profiles, default-scheduler
@@ -105,6 +112,20 @@ func (c *ControlPlane) schedulerConfig(kubeconfig string, o SchedulerOptions) ([
 		// which nodes kube-scheduler happened to look at.
 		PercentageOfNodesToScore: ptr.To[int32](100),
 		Profiles:                 []schedulerconfigv1.KubeSchedulerProfile{{SchedulerName: ptr.To("default-scheduler")}},
+	}
+	if len(o.MostAllocated) > 0 {
+		args := schedulerconfigv1.NodeResourcesFitArgs{
+			TypeMeta:        metav1.TypeMeta{APIVersion: schedulerconfigv1.SchemeGroupVersion.String(), Kind: "NodeResourcesFitArgs"},
+			ScoringStrategy: &schedulerconfigv1.ScoringStrategy{Type: schedulerconfigv1.MostAllocated},
+		}
+		for _, r := range o.MostAllocated {
+			args.ScoringStrategy.Resources = append(args.ScoringStrategy.Resources, schedulerconfigv1.ResourceSpec{Name: r, Weight: 1})
+		}
+		raw, err := json.Marshal(args)
+		if err != nil {
+			return nil, err
+		}
+		config.Profiles[0].PluginConfig = []schedulerconfigv1.PluginConfig{{Name: "NodeResourcesFit", Args: runtime.RawExtension{Raw: raw}}}
 	}
 	if !o.DefaultOnly {
 		config.Profiles = append(config.Profiles, schedulerconfigv1.KubeSchedulerProfile{SchedulerName: ptr.To(gpukube.SchedulerName)})
