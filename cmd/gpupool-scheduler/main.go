@@ -60,12 +60,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 Places pods through the GPU pool as a kube-scheduler extender. kube-scheduler
 (the upstream one, as a second profile or scheduler named gpupool-scheduler)
 filters the nodes itself, then calls POST /filter with the feasible node
-names: the extender acquires the pod's lease from the allocator among them,
-with the pod as its owner and its UID as the idempotency key, and answers
-the lease's server as the only node. POST /bind acquires again pinned to the
-chosen node (the same lease) and binds the pod with the annotations
-gpupool.io/lease and gpupool.io/gpus. A pod the pool cannot place stays
-Pending with kube-scheduler's FailedScheduling event saying why.
+names: the extender reads the pod as kube-apiserver has it (never as the
+call describes it), acquires its lease from the allocator among those nodes,
+with the pod as its owner and its UID as the idempotency key, and answers the
+lease's server as the only node. POST /bind binds the pod with that lease,
+the annotations gpupool.io/lease and gpupool.io/gpus written with the node
+in one Binding. The calls for one pod are taken one at a time, and the lease
+of a pod that is bound, or being bound, is never moved. A pod the pool
+cannot place stays Pending with kube-scheduler's FailedScheduling event
+saying why. The extender protocol has no Unreserve: a lease a filter took
+whose pod is not bound within --unbound-lease-timeout (its scheduling cycle
+failed after the filter) is released. --log-level debug logs every call with
+the allocator's answer.
 
 kube-scheduler's extender configuration: urlPrefix this address, filterVerb
 filter, bindVerb bind, nodeCacheCapable true, managedResources

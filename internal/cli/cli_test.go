@@ -72,3 +72,42 @@ func TestReadToken(t *testing.T) {
 		t.Error("a missing token file reads")
 	}
 }
+
+// TestLogFlags: --log-level and --log-format make the logger, and a bad
+// value is refused naming the flag, the value and what it takes.
+func TestLogFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		debug     bool
+		json, err string
+	}{
+		{args: nil},
+		{args: []string{"--log-level", "debug", "--log-format", "json"}, debug: true, json: `"msg":"hello"`},
+		{args: []string{"--log-level", "loud"}, err: `--log-level "loud": want debug, info, warn or error`},
+		{args: []string{"--log-format", "xml"}, err: `--log-format "xml": want text or json`},
+	} {
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		lf := AddLogFlags(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		log, err := lf.Logger(&out)
+		if tc.err != "" {
+			if err == nil || err.Error() != tc.err {
+				t.Errorf("%v: error %v, want %q", tc.args, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		log.Debug("hello")
+		if got := out.Len() > 0; got != tc.debug {
+			t.Errorf("%v: debug logged %v, want %v", tc.args, got, tc.debug)
+		}
+		if tc.json != "" && !strings.Contains(out.String(), tc.json) {
+			t.Errorf("%v: logged %q, want JSON with %s", tc.args, out.String(), tc.json)
+		}
+	}
+}

@@ -110,6 +110,11 @@ func (e *Extender) filter(ctx context.Context, args *filterArgs) (*extenderv1.Ex
 	default:
 		e.log.Warn("filter failed", "pod", named.Namespace+"/"+named.Name, "err", err)
 		answer, res = &extenderv1.ExtenderFilterResult{Error: err.Error()}, resultError
+		if pod != nil {
+			// The allocator may have granted a lease whose answer was
+			// lost: it too ends unless a bind comes.
+			e.watchBind(pod, api.Lease{})
+		}
 	}
 	// One record a call: what docs/design.md's "Placement through
 	// Kubernetes" reads the order of the pool's decisions from.

@@ -272,7 +272,7 @@ func stockPod(name string, p *simulate.Pod) *corev1.Pod {
 }
 
 // recordOf reads what explains a run's placement once it settled.
-func recordOf(b *testing.B, ctx context.Context, pool *kubePool) *scaleRecord {
+func recordOf(b testing.TB, ctx context.Context, pool *kubePool) *scaleRecord {
 	b.Helper()
 	r := &scaleRecord{}
 	r.calls, r.released = extenderCalls(pool.Logs.String())
@@ -313,7 +313,7 @@ func gpuArrivals(tr *simulate.Trace) ([]simulate.Pod, allocator.Share) {
 // memory, and registers them in the allocator one after another in the
 // trace's order, so that the allocator's servers are in the replay's
 // order (its policies break ties by it).
-func addTraceServers(b *testing.B, ctx context.Context, pool *kubePool, servers []allocator.Server) {
+func addTraceServers(b testing.TB, ctx context.Context, pool *kubePool, servers []allocator.Server) {
 	b.Helper()
 	nodes := traceNodes(servers)
 	var g errgroup.Group

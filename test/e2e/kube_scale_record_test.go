@@ -192,6 +192,7 @@ func (r *scaleRecord) report(b *testing.B, tr *simulate.Trace, arrivals []simula
 	answers := map[string]int{}
 	perPod := map[string]int{}
 	var filterTook, bindTook []time.Duration
+	var candidates []int
 	for _, c := range r.calls {
 		key := c.Msg + " " + c.Result
 		if c.Msg == verbBindRecord {
@@ -206,6 +207,7 @@ func (r *scaleRecord) report(b *testing.B, tr *simulate.Trace, arrivals []simula
 			}
 			perPod[c.UID]++
 			filterTook = append(filterTook, time.Duration(c.Took))
+			candidates = append(candidates, c.Nodes)
 		}
 		answers[key]++
 	}
@@ -222,6 +224,17 @@ func (r *scaleRecord) report(b *testing.B, tr *simulate.Trace, arrivals []simula
 		quantileOf(filterTook, 0.5), quantileOf(filterTook, 0.99), quantileOf(filterTook, 1),
 		quantileOf(bindTook, 0.5), quantileOf(bindTook, 0.99), quantileOf(bindTook, 1))
 	fmt.Println()
+	slices.Sort(candidates)
+	if len(candidates) > 0 {
+		fewer := 0
+		for _, n := range candidates {
+			if n < len(tr.Servers)*9/10 {
+				fewer++
+			}
+		}
+		fmt.Printf("candidate nodes a filter: min %d, p1 %d, p50 %d, max %d; %d filters among fewer than 90%% of the %d nodes\n",
+			candidates[0], candidates[len(candidates)/100], candidates[len(candidates)/2], candidates[len(candidates)-1], fewer, len(tr.Servers))
+	}
 	fmt.Printf("unbound pods by cause:\n%s", tally(r.unboundCauses()))
 	fmt.Printf("at the end: %v\n", r.audit())
 	order, outOfOrder := r.liveOrder(arrivals)

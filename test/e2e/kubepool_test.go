@@ -56,6 +56,9 @@ type kubePool struct {
 	Allocator *allocatorProcess
 	// Logs gather gpupool-webhook's and gpupool-scheduler's output.
 	Logs *syncBuffer
+	// AllocatorForScheduler, when set, is where gpupool-scheduler started
+	// from then on finds the allocator, such as a proxy that slows it.
+	AllocatorForScheduler string
 
 	unit          kube.Unit
 	config        *poolConfig
@@ -129,7 +132,11 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 // t ends, hence no subtest restarts it for the tests after it.
 func (p *kubePool) startScheduler(t testing.TB) {
 	t.Helper()
-	args := []string{"--listen", p.extender, "--metrics-listen", "127.0.0.1:0", "--allocator", p.Allocator.URL,
+	allocatorURL := p.Allocator.URL
+	if p.AllocatorForScheduler != "" {
+		allocatorURL = p.AllocatorForScheduler
+	}
+	args := []string{"--listen", p.extender, "--metrics-listen", "127.0.0.1:0", "--allocator", allocatorURL,
 		"--token-file", p.config.adminTokenFile(t), "--kubeconfig", p.CP.Kubeconfig, "--unit", string(p.unit)}
 	p.scheduler = startBinary(t, p.Logs, "gpupool-scheduler", regexp.MustCompile(`extender serving`), append(args, p.schedulerArgs...)...)
 }
