@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -56,6 +57,12 @@ const (
 
 // scaleRates are the rates BenchmarkKubeScale creates pods at: `make bench`
 // runs one, `make bench-kube` the three that issue 25 asks for.
+// Knobs that push the pool's side into the regimes a busy cluster meets.
+var (
+	scaleExtenderTimeout = flag.Duration("kubescale.extender-timeout", 0, "kube-scheduler's httpTimeout for gpupool's extender; 0 is its default, 5s: shorter makes binds and filters time out as on a saturated control plane")
+	scaleQueued          = flag.Bool("kubescale.queued", false, "stop kube-scheduler (SIGSTOP) while the pods are created: every pod is queued before the first is placed")
+)
+
 var scaleRates = flag.String("kubescale.rates", "100", "pods a second BenchmarkKubeScale creates, comma-separated: at each rate the pool and the stock kube-scheduler place the same pods, one after the other")
 
 // scaleWorkload is what both sides of BenchmarkKubeScale place, and the
@@ -150,7 +157,8 @@ func runPoolSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 	ctx, cancel := context.WithTimeout(b.Context(), 20*time.Minute)
 	defer cancel()
 	pool := startKubePool(b, ctx, kubePoolOptions{Namespaces: []string{scaleNamespace}, AllocatorArgs: []string{"--policy", scalePolicy},
-		SchedulerArgs: []string{"--log-level", "debug", "--log-format", "json", "--unbound-lease-timeout", scaleUnboundTimeout.String()}})
+		SchedulerArgs:   []string{"--log-level", "debug", "--log-format", "json", "--unbound-lease-timeout", scaleUnboundTimeout.String()},
+		ExtenderTimeout: *scaleExtenderTimeout})
 	addTraceServers(b, ctx, pool, w.trace.Servers)
 
 	components := map[string]int{"allocator": pool.Allocator.cmd.Process.Pid, "gpupool-scheduler": pool.scheduler.Process.Pid,
@@ -159,7 +167,16 @@ func runPoolSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 		components[name] = pool.CP.PID(name)
 	}
 	before := usageOf(b, components)
-	run := submit(b, ctx, pool.CP, len(w.pods), rate, func(i int) *corev1.Pod { return tracePod(podName(i), &w.pods[i]) })
+	if *scaleQueued {
+		if err := syscall.Kill(pool.CP.PID("kube-scheduler"), syscall.SIGSTOP); err != nil {
+			b.Fatal(err)
+		}
+	}
+	run := submit(b, ctx, pool.CP, len(w.pods), rate, func(i int) *corev1.Pod { return tracePod(podName(i), &w.pods[i]) }, func() {
+		if *scaleQueued {
+			_ = syscall.Kill(pool.CP.PID("kube-scheduler"), syscall.SIGCONT)
+		}
+	})
 	after := usageOf(b, components)
 
 	// Leases of cycles that failed after their filter end within the
@@ -231,7 +248,7 @@ func runStockSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 		components[name] = cp.PID(name)
 	}
 	before := usageOf(b, components)
-	run := submit(b, ctx, cp, len(w.pods), rate, func(i int) *corev1.Pod { return stockPod(podName(i), &w.pods[i]) })
+	run := submit(b, ctx, cp, len(w.pods), rate, func(i int) *corev1.Pod { return stockPod(podName(i), &w.pods[i]) }, nil)
 	after := usageOf(b, components)
 	pods, err := cp.Client.CoreV1().Pods(scaleNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -373,10 +390,11 @@ type scaleRun struct {
 	lastBound     time.Time
 }
 
-// submit creates n pods, pod(i) the i-th, in order at rate a second, and
-// returns once each is bound or unschedulable, as a pod informer sees
-// them, and no pod was bound for scaleQuiet.
-func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, n int, rate float64, pod func(int) *corev1.Pod) *scaleRun {
+// submit creates n pods, pod(i) the i-th, in order at rate a second, calls
+// created (if any) once all are, and returns once each is bound or
+// unschedulable, as a pod informer sees them, and no pod was bound for
+// scaleQuiet.
+func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, n int, rate float64, pod func(int) *corev1.Pod, created func()) *scaleRun {
 	b.Helper()
 	run := &scaleRun{created: make([]time.Time, n), bound: make([]time.Time, n), unschedulable: make([]bool, n)}
 	factory := informers.NewSharedInformerFactoryWithOptions(cp.Client, 0, informers.WithNamespace(scaleNamespace))
@@ -424,6 +442,9 @@ func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, n int, 
 	}()
 	if err := g.Wait(); err != nil {
 		b.Fatal(err)
+	}
+	if created != nil {
+		created()
 	}
 	deadline := time.Now().Add(scaleSettle)
 	for {
