@@ -56,7 +56,7 @@ const (
 )
 
 // scaleRates are the rates BenchmarkKubeScale creates pods at: `make bench`
-// runs one, `make bench-kube` the three that issue 25 asks for.
+// runs one, `make bench-kube` three: 40, 100 and 200.
 // Knobs that push the pool's side into the regimes a busy cluster meets.
 var (
 	scaleExtenderTimeout = flag.Duration("kubescale.extender-timeout", 0, "kube-scheduler's httpTimeout for gpupool's extender; 0 is its default, 5s: shorter makes binds and filters time out as on a saturated control plane")
@@ -585,8 +585,8 @@ func (res *sideResult) totalCPUPerPod() float64 {
 // poolComponents are gpupool's own processes.
 var poolComponents = []string{"allocator", "gpupool-scheduler", "gpupool-webhook"}
 
-// compareSides is the side-by-side table of one rate, with issue 25's
-// targets for the pool against the stock kube-scheduler.
+// compareSides is the side-by-side table of one rate, with the targets
+// for the pool against the stock kube-scheduler.
 func compareSides(rate float64, w *scaleWorkload, pool, stock *sideResult) string {
 	var t strings.Builder
 	fmt.Fprintf(&t, "\n### %.0f pods a second asked, 7,210 OpenB pods on 1,213 nodes\n\n", rate)
