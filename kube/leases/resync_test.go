@@ -180,11 +180,13 @@ func TestRestoreKeepsAHeldLease(t *testing.T) {
 // the timeout stays, its bind may yet come.
 func TestResyncReleasesLeasesOfPodsNeverBound(t *testing.T) {
 	e := newEnv(t, kube.UnitPercent)
-	e.ctrl.unboundTimeout = 200 * time.Millisecond
+	// Long enough that the young lease is younger still when the resync
+	// reads it, however slow the machine.
+	e.ctrl.unboundTimeout = 3 * time.Second
 	stale := gpuPod("stale", "", 50)
 	e.create(stale)
 	staleLease := kubetest.Acquire(e.ctx, t, e.admin, stale, "s1")
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(e.ctrl.unboundTimeout + 100*time.Millisecond)
 	young := gpuPod("young", "", 50)
 	e.create(young)
 	youngLease := kubetest.Acquire(e.ctx, t, e.admin, young, "s2")
