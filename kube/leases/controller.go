@@ -55,8 +55,9 @@ type Config struct {
 	// pod and every quota with its ResourceQuotas; 5 minutes when 0.
 	Resync time.Duration
 	// UnboundLeaseTimeout is how long after its grant a lease whose pod is
-	// still not bound is released by the resync: the scheduler's filter
-	// took it and the pod's cycle failed. 30 s when 0, the scheduler
+	// still not bound is released by the resync at start: the scheduler's
+	// filter took it and the pod's cycle failed while its wait for the
+	// bind, in the scheduler's memory, was lost. 30 s when 0, the scheduler
 	// extender's default wait for a bind.
 	UnboundLeaseTimeout time.Duration
 	// Recorder writes Events on pods; nil records them through Client.
@@ -262,7 +263,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		for c.processNext(ctx) {
 		}
 	})
-	c.queue.Add(item{kind: kindResync})
+	c.queue.Add(item{kind: kindResync, atStart: true})
 	ticker := time.NewTicker(c.resyncEvery)
 	defer ticker.Stop()
 	for {
@@ -320,6 +321,8 @@ type item struct {
 	lease string
 	// reason is why the pod's lease ends (a releases_total reason).
 	reason string
+	// atStart marks the resync when the controller starts.
+	atStart bool
 }
 
 func (c *Controller) reconcile(ctx context.Context, it item) error {
@@ -331,7 +334,7 @@ func (c *Controller) reconcile(ctx context.Context, it item) error {
 	case kindQuota:
 		return c.syncQuota(ctx, it.namespace)
 	case kindResync:
-		return c.resync(ctx)
+		return c.resync(ctx, it.atStart)
 	}
 	return fmt.Errorf("unknown item kind %q", it.kind)
 }

@@ -295,7 +295,7 @@ func TestNodeDeletionReleasesItsLeases(t *testing.T) {
 	}
 	// The pods stay until Kubernetes deletes them with their node; a
 	// resync meanwhile must not give them leases on it again.
-	if err := e.ctrl.resync(e.ctx); err != nil {
+	if err := e.ctrl.resync(e.ctx, false); err != nil {
 		t.Fatal(err)
 	}
 	if ls := e.podLeases("a-uid"); len(ls) != 0 {

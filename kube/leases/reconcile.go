@@ -109,10 +109,11 @@ func (c *Controller) release(ctx context.Context, l *api.Lease, reason string) e
 }
 
 // resync repairs what events missed: every pod lease whose pod or node is
-// gone, or whose pod ended, is released; every bound pod without a lease
+// gone, or whose pod ended, is released, and at start one whose pod is
+// still unbound long after its grant; every bound pod without a lease
 // gets one again on its node; every namespace's quota is compared with
 // its ResourceQuotas.
-func (c *Controller) resync(ctx context.Context) error {
+func (c *Controller) resync(ctx context.Context, atStart bool) error {
 	ls, err := c.alloc.Leases(ctx, client.LeaseFilter{})
 	if err := c.reached(err); err != nil {
 		return fmt.Errorf("listing leases: %w", err)
@@ -125,7 +126,7 @@ func (c *Controller) resync(ctx context.Context) error {
 			continue
 		}
 		held[types.UID(l.Owner.UID)] = true
-		reason, err := c.leaseEnd(ctx, l)
+		reason, err := c.leaseEnd(ctx, l, atStart)
 		if err == nil && reason != "" {
 			err = c.release(ctx, l, reason)
 		}
@@ -143,7 +144,7 @@ func (c *Controller) resync(ctx context.Context) error {
 // on an existing node, or may yet be bound there. The cache answers for most leases; a miss is
 // confirmed with the API, since the scheduler acquires a lease for a pod,
 // on a node, that the cache may not show yet.
-func (c *Controller) leaseEnd(ctx context.Context, l *api.Lease) (string, error) {
+func (c *Controller) leaseEnd(ctx context.Context, l *api.Lease, atStart bool) (string, error) {
 	pod, err := c.livePod(ctx, l.Namespace, l.Owner.Pod, types.UID(l.Owner.UID))
 	switch {
 	case err != nil:
@@ -152,10 +153,12 @@ func (c *Controller) leaseEnd(ctx context.Context, l *api.Lease) (string, error)
 		return reasonPodDeleted, nil
 	case endReason(pod) != "":
 		return endReason(pod), nil
-	case pod.Spec.NodeName == "" && time.Since(l.GrantedAt) > c.unboundTimeout:
-		// A filter's lease whose pod was never bound: its scheduling cycle
-		// failed while gpupool-scheduler was down, or the extender's own
-		// wait was lost with it.
+	case atStart && pod.Spec.NodeName == "" && time.Since(l.GrantedAt) > c.unboundTimeout:
+		// A filter's lease whose pod was never bound, and the extender's
+		// wait for its bind was lost with the process that just restarted.
+		// While it runs, that wait ends such leases: a pod retried for
+		// long keeps its first grant's time, and a later resync would
+		// release the lease its bind is about to write on it.
 		return reasonPodUnbound, nil
 	}
 	if _, err := c.nodes.Get(l.Server); err == nil {

@@ -83,7 +83,7 @@ func TestResyncConfirmsAMissWithTheAPI(t *testing.T) {
 	if err := e.ctrl.pods.GetStore().Delete(pod); err != nil { // as if the cache lagged
 		t.Fatal(err)
 	}
-	if err := e.ctrl.resync(e.ctx); err != nil {
+	if err := e.ctrl.resync(e.ctx, false); err != nil {
 		t.Fatal(err)
 	}
 	if !e.leaseExists(l.ID) {
@@ -174,10 +174,11 @@ func TestRestoreKeepsAHeldLease(t *testing.T) {
 	}
 }
 
-// TestResyncReleasesLeasesOfPodsNeverBound: a lease the scheduler's filter
-// took for a pod that is still not bound after the timeout (its cycle
-// failed while gpupool-scheduler was down) is released; one younger than
-// the timeout stays, its bind may yet come.
+// TestResyncReleasesLeasesOfPodsNeverBound: at start, a lease the
+// scheduler's filter took for a pod that is still not bound after the
+// timeout (its cycle failed while gpupool-scheduler was down) is released;
+// one younger than the timeout stays, its bind may yet come; a periodic
+// resync leaves such leases to the extender.
 func TestResyncReleasesLeasesOfPodsNeverBound(t *testing.T) {
 	e := newEnv(t, kube.UnitPercent)
 	// Long enough that the young lease is younger still when the resync
@@ -196,5 +197,15 @@ func TestResyncReleasesLeasesOfPodsNeverBound(t *testing.T) {
 	}
 	if got := e.released(reasonPodUnbound); got != 1 {
 		t.Errorf("releases by pod_unbound = %v, want 1", got)
+	}
+	// While the controller runs, the extender's wait ends such leases: a
+	// pod retried for long keeps its first grant's time, and a resync then
+	// would take the lease its bind is about to write.
+	e.ctrl.unboundTimeout = 0
+	if err := e.ctrl.resync(e.ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if !e.leaseExists(youngLease.ID) {
+		t.Error("a periodic resync released the lease of a pod waiting for its bind")
 	}
 }

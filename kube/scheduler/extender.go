@@ -182,17 +182,26 @@ func (e *Extender) notBound(ctx context.Context, pod *v1.Pod) error {
 
 // replace releases the pod's leases and acquires again.
 func (e *Extender) replace(ctx context.Context, pod *v1.Pod, req api.AcquireRequest) (api.Lease, error) {
-	held, err := e.alloc.Leases(ctx, client.LeaseFilter{Namespace: pod.Namespace, OwnerUID: string(pod.UID)})
-	if err != nil {
+	if _, err := e.releaseLeases(ctx, pod, "filter: released the pod's lease to place it again"); err != nil {
 		return api.Lease{}, err
 	}
-	for _, l := range held {
-		if err := e.alloc.Release(ctx, l.ID); err != nil {
-			return api.Lease{}, err
-		}
-		e.log.Info("filter: released the pod's lease to place it again", "pod", pod.Namespace+"/"+pod.Name, "lease", l.ID, "server", l.Server)
-	}
 	return e.alloc.Acquire(ctx, req)
+}
+
+// releaseLeases releases the leases the allocator holds for pod, each
+// logged with why, and says how many it released.
+func (e *Extender) releaseLeases(ctx context.Context, pod *v1.Pod, why string) (int, error) {
+	held, err := e.alloc.Leases(ctx, client.LeaseFilter{Namespace: pod.Namespace, OwnerUID: string(pod.UID)})
+	if err != nil {
+		return 0, err
+	}
+	for i, l := range held {
+		if err := e.alloc.Release(ctx, l.ID); err != nil {
+			return i, err
+		}
+		e.log.Info(why, "pod", pod.Namespace+"/"+pod.Name, "lease", l.ID, "server", l.Server)
+	}
+	return len(held), nil
 }
 
 // refused reports whether the allocator answered that it will not place

@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -10,7 +9,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpupool/gpupool/allocator/api"
-	"github.com/gpupool/gpupool/allocator/client"
 )
 
 // DefaultUnboundLeaseTimeout is how long a lease taken in filter waits
@@ -91,38 +89,19 @@ func (u *unboundLeases) waiting() int {
 
 // watchBind releases pod's leases if it is not bound within the timeout.
 func (e *Extender) watchBind(pod *v1.Pod, lease api.Lease) {
-	namespace, name, uid := pod.Namespace, pod.Name, pod.UID
-	e.unbound.watch(uid, lease, func() {
+	e.unbound.watch(pod.UID, lease, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		unlock := e.calls.lock(uid, false)
+		unlock := e.calls.lock(pod.UID, false)
 		defer unlock()
-		if e.calls.binding(uid) {
+		if err := e.notBound(ctx, pod); err != nil {
+			e.log.Debug("a pod past its wait for a bind keeps its lease", "pod", pod.Namespace+"/"+pod.Name, "why", err)
 			return
 		}
-		live, err := e.pods.pod(ctx, namespace, name, uid, true)
-		switch {
-		case errors.As(err, new(*errNoSuchPod)):
-			return // the lease controller ends a deleted pod's lease
-		case err != nil:
-			e.log.Warn("could not check a pod that waits for its bind; its lease stays until the lease controller's resync", "pod", namespace+"/"+name, "err", err)
-			return
-		case live.Spec.NodeName != "":
-			return
-		}
-		held, err := e.alloc.Leases(ctx, client.LeaseFilter{Namespace: namespace, OwnerUID: string(uid)})
+		n, err := e.releaseLeases(ctx, pod, "released the lease of a pod not bound in time after its filter: its scheduling cycle failed")
+		e.metrics.unboundReleased.Add(float64(n))
 		if err != nil {
-			e.log.Warn("listing the leases of a pod not bound in time", "pod", namespace+"/"+name, "err", err)
-			return
-		}
-		for _, l := range held {
-			if err := e.alloc.Release(ctx, l.ID); err != nil {
-				e.log.Warn("releasing the lease of a pod not bound in time", "pod", namespace+"/"+name, "lease", l.ID, "err", err)
-				continue
-			}
-			e.metrics.unboundReleased.Inc()
-			e.log.Info("released the lease of a pod not bound in time after its filter: its scheduling cycle failed",
-				"pod", namespace+"/"+name, "lease", l.ID, "server", l.Server, "timeout", e.unbound.timeout)
+			e.log.Warn("releasing the leases of a pod not bound in time", "pod", pod.Namespace+"/"+pod.Name, "err", err)
 		}
 	})
 }
