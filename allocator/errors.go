@@ -48,6 +48,10 @@ type NoCapacityError struct {
 	// Servers is how many servers the request restricted placement to
 	// (0: any), Unregistered how many of them the pool does not know.
 	Servers, Unregistered int
+	// Silent is how many of the servers it could use take no new leases
+	// (their heartbeat stopped), of Known: the refusal's likely cause
+	// when they are many, and one no free share would explain.
+	Silent, Known int
 }
 
 func (e *NoCapacityError) Error() string {
@@ -88,6 +92,9 @@ func (e *NoCapacityError) Error() string {
 		if e.Unregistered > 0 {
 			fmt.Fprintf(&b, " (%d not registered)", e.Unregistered)
 		}
+	}
+	if e.Silent > 0 {
+		fmt.Fprintf(&b, "; %d of %s silent (no heartbeat within the timeout)", e.Silent, plural(e.Known, "server"))
 	}
 	return b.String()
 }

@@ -306,9 +306,22 @@ func (p *Pool) noCapacity(r *Request, d *Demand) error {
 	for _, name := range r.Servers {
 		asked[name] = true
 	}
+	count := func(i int) {
+		e.Known++
+		if !p.cluster.Nodes[i].Schedulable {
+			e.Silent++
+		}
+	}
 	for name := range asked {
-		if _, ok := p.nodeIndex[name]; !ok {
+		if i, ok := p.nodeIndex[name]; ok {
+			count(i)
+		} else {
 			e.Unregistered++
+		}
+	}
+	if len(asked) == 0 {
+		for i := range p.cluster.Nodes {
+			count(i)
 		}
 	}
 	e.Servers = len(asked)

@@ -120,6 +120,34 @@ func loadServers() []api.Server {
 	return servers
 }
 
+// heartbeat checks the servers in every second, each with its GPUs
+// healthy, as their daemons do, until the test ends; a heartbeat that
+// fails (no replica leads yet) is sent again the next second.
+func heartbeat(t *testing.T, c *client.Client, servers []api.Server) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			for _, s := range servers {
+				hb := api.Heartbeat{}
+				for i := range s.GPUs {
+					hb.GPUs = append(hb.GPUs, api.GPUHealth{Index: i, Healthy: true})
+				}
+				_ = c.Heartbeat(ctx, s.Name, hb)
+			}
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+}
+
 // crashUnderLoad runs 8 clients acquiring and releasing in namespace load
 // through c (which holds its token), with loadServers registered, calls
 // crash mid-flight, then checks through the client recover returns: no
@@ -137,6 +165,7 @@ func crashUnderLoad(t *testing.T, c *client.Client, crash func(), recover func()
 	}
 	var mu sync.Mutex
 	var all []*outcome
+	refused := map[string]int{} // the load's errors by their cause, to name it
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := range 8 {
@@ -171,6 +200,9 @@ func crashUnderLoad(t *testing.T, c *client.Client, crash func(), recover func()
 				mu.Unlock()
 				l, err := c.Acquire(context.Background(), o.req)
 				if err != nil {
+					mu.Lock()
+					refused[errorCause(err)]++
+					mu.Unlock()
 					continue // in flight when the allocator died, or no capacity
 				}
 				mu.Lock()
@@ -235,8 +267,17 @@ func crashUnderLoad(t *testing.T, c *client.Client, crash func(), recover func()
 	t.Logf("%d requests: %d acknowledged leases kept, %d acknowledged releases, %d leases live after recovery and retries",
 		len(all), acked, released, len(leases))
 	if acked < 50 {
-		t.Errorf("only %d acknowledged leases: the load did not exercise the allocator", acked)
+		t.Errorf("only %d acknowledged leases: the load did not exercise the allocator; its acquisitions failed with %v", acked, refused)
 	}
+}
+
+// errorCause is an allocator error's reason, or the error's text.
+func errorCause(err error) string {
+	var e *api.Error
+	if errors.As(err, &e) {
+		return e.Reason + ": " + e.Message
+	}
+	return err.Error()
 }
 
 // checkBooks: per GPU, leased share <= 100% and equal to the sum of the

@@ -146,6 +146,9 @@ func TestEtcdClusterFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	register(t, servers, loadServers()...)
+	// The faults outlast the heartbeat timeout: the servers check in as
+	// their daemons would, or they would take no new leases.
+	heartbeat(t, servers, loadServers())
 	load, err := client.New(c.urls(), c.config.Tenant["load"])
 	if err != nil {
 		t.Fatal(err)
