@@ -15,7 +15,7 @@ import (
 func TestCandidatesAreTheOnlyNodes(t *testing.T) {
 	for _, policy := range PolicyNames() {
 		t.Run(policy, func(t *testing.T) {
-			d := newPoolDriver(t, policy, 3)
+			d := newPoolDriver(t, policy, 3, startServers)
 			rng := rand.New(rand.NewPCG(3, 9))
 			restricted, err := NewPolicy(policy, d.opts)
 			if err != nil {

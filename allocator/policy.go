@@ -279,7 +279,8 @@ func (rw *ratingRow) catchUp(c *Cluster, rank []uint32, refresh func(i int)) int
 	changed, ok := c.changedSince(rw.synced)
 	rw.synced = c.changes()
 	leaves := len(rw.top) / 2
-	if !ok || rw.nodes != len(c.Nodes) {
+	// A new row (no tree yet) is built whole, an empty cluster's too.
+	if !ok || rw.top == nil || rw.nodes != len(c.Nodes) {
 		rw.nodes = len(c.Nodes)
 		for leaves = 1; leaves < len(c.Nodes); leaves *= 2 {
 		}

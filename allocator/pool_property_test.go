@@ -23,7 +23,25 @@ type poolDriver struct {
 	granted, expired int
 }
 
-func newPoolDriver(t *testing.T, policy string, seed uint64) *poolDriver {
+// poolStart is the pool a stream starts on: the test cluster, or one of
+// the pools a new or failing install has (no server, no healthy GPU, no
+// server with a heartbeat), from which the stream's own registrations and
+// heartbeats must bring it back.
+type poolStart int
+
+const (
+	startServers poolStart = iota
+	startEmpty
+	startUnhealthy
+	startSilent
+	poolStarts
+)
+
+func (s poolStart) String() string {
+	return [...]string{"servers", "empty", "unhealthy", "silent"}[s]
+}
+
+func newPoolDriver(t *testing.T, policy string, seed uint64, start poolStart) *poolDriver {
 	opts := PolicyOptions{Seed: seed, Workload: Workload{
 		{GPUs: 1, PerGPU: WholeGPU, CPUMilli: 8000, Weight: 0.5},
 		{GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000, Weight: 0.3},
@@ -39,6 +57,9 @@ func newPoolDriver(t *testing.T, policy string, seed uint64) *poolDriver {
 		t.Fatal(err)
 	}
 	d := &poolDriver{t: t, pool: p, policy: pol, opts: opts, now: time.Unix(0, 0)}
+	if start == startEmpty {
+		return d
+	}
 	for i, model := range []string{"A100", "A100", "T4", "V100"} {
 		srv := testServer(fmt.Sprintf("s%d", i), model, 2+2*(i%2), int64(16+8*i)<<30, 64000)
 		switch model {
@@ -47,7 +68,14 @@ func newPoolDriver(t *testing.T, policy string, seed uint64) *poolDriver {
 		case "V100":
 			srv.SetTopology(NVSwitchTopology(len(srv.GPUs)))
 		}
+		for g := range srv.GPUs {
+			srv.GPUs[g].Healthy = start != startUnhealthy
+		}
 		d.must(p.RegisterServer(srv))
+		if start == startSilent {
+			_, err := p.SetSchedulable(srv.Name, false)
+			d.must(err)
+		}
 	}
 	return d
 }
@@ -120,9 +148,12 @@ func (d *poolDriver) step(op, arg byte) {
 		d.must(d.pool.SetQuota([]string{"a", "b", "c"}[arg%3], SharePercent(float64(arg)*4)))
 	case 7:
 		servers := d.pool.Servers()
-		s := servers[int(arg)%len(servers)]
+		var s Server
+		if len(servers) > 0 {
+			s = servers[int(arg)%len(servers)]
+		}
 		switch {
-		case arg&0xc0 == 0xc0 && len(servers) < 12:
+		case len(servers) == 0 || arg&0xc0 == 0xc0 && len(servers) < 12:
 			// A new, larger server moves the fit policies' scale.
 			// Its GPUs are on two sockets of two PCIe switches.
 			srv := testServer(fmt.Sprint("n", len(servers)), "H100", 8, 80<<30, int64(64000+8000*len(servers)))
@@ -136,7 +167,12 @@ func (d *poolDriver) step(op, arg byte) {
 			_, err = d.pool.SetSchedulable(s.Name, arg&0x20 != 0)
 			d.must(err)
 		default:
-			s.GPUs[0].Healthy = arg&0x20 != 0
+			// Heals or breaks every GPU (a heartbeat) or GPU 0 alone.
+			for g := range s.GPUs {
+				if g == 0 || arg&0x08 != 0 {
+					s.GPUs[g].Healthy = arg&0x20 != 0
+				}
+			}
 			d.must(d.pool.RegisterServer(s))
 		}
 	}
@@ -252,22 +288,25 @@ func (d *poolDriver) checkRestore() {
 }
 
 // TestPoolProperties runs long seeded random operation sequences against
-// every policy and checks the invariants after each operation.
+// every policy, from every start, and checks the invariants after each
+// operation.
 func TestPoolProperties(t *testing.T) {
 	for _, policy := range PolicyNames() {
-		t.Run(policy, func(t *testing.T) {
-			for seed := range uint64(5) {
-				rng := rand.New(rand.NewPCG(seed, 7))
-				d := newPoolDriver(t, policy, seed)
-				for range 3000 {
-					d.step(byte(rng.IntN(256)), byte(rng.IntN(256)))
+		for start := range poolStarts {
+			t.Run(policy+"/"+start.String(), func(t *testing.T) {
+				for seed := range uint64(5) {
+					rng := rand.New(rand.NewPCG(seed, 7))
+					d := newPoolDriver(t, policy, seed, start)
+					for range 3000 {
+						d.step(byte(rng.IntN(256)), byte(rng.IntN(256)))
+					}
+					if d.granted < 100 || d.expired < 10 {
+						t.Fatalf("seed %d: the stream granted %d leases and expired %d: too few to test anything", seed, d.granted, d.expired)
+					}
+					d.finish()
 				}
-				if d.granted < 100 || d.expired < 10 {
-					t.Fatalf("seed %d: the stream granted %d leases and expired %d: too few to test anything", seed, d.granted, d.expired)
-				}
-				d.finish()
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -276,8 +315,13 @@ func TestPoolProperties(t *testing.T) {
 func FuzzPool(f *testing.F) {
 	f.Add([]byte{0, 10, 0, 200, 3, 0, 5, 90, 0, 7})
 	f.Add([]byte{6, 10, 0, 40, 0, 41, 0, 42, 4, 1, 5, 255, 7, 0x31})
+	// Every policy from every start, each stream a first refusal.
+	for i := range len(PolicyNames()) * int(poolStarts) {
+		f.Add(append(make([]byte, i), 0, 1))
+	}
 	f.Fuzz(func(t *testing.T, ops []byte) {
-		d := newPoolDriver(t, PolicyNames()[len(ops)%len(PolicyNames())], uint64(len(ops)))
+		policies := len(PolicyNames())
+		d := newPoolDriver(t, PolicyNames()[len(ops)%policies], uint64(len(ops)), poolStart(len(ops)/policies)%poolStarts)
 		for i := 0; i+1 < len(ops); i += 2 {
 			d.step(ops[i], ops[i+1])
 		}

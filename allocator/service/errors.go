@@ -98,7 +98,7 @@ func writeError(w http.ResponseWriter, err error, log *slog.Logger) {
 var (
 	// errUnavailable answers every operation once the store has failed or
 	// this replica stopped leading.
-	errUnavailable = errors.New("allocator store failed; recovering")
+	errUnavailable = errors.New("allocator unavailable: recovering its state from the store")
 	// errStandby answers the API on a replica that does not lead, so that
 	// clients try another.
 	errStandby      = errors.New("this allocator replica is standing by; ask the leader")

@@ -42,7 +42,7 @@ func TestErrorKinds(t *testing.T) {
 		{&methodError{method: "PATCH", path: "/v1/pool", allowed: []string{"GET"}}, 405, api.ReasonMethodNotAllowed, "", false, "PATCH is not allowed on /v1/pool; allowed: GET"},
 		{&allocator.NoCapacityError{GPUs: 4, PerGPU: allocator.WholeGPU}, 409, api.ReasonNoCapacity, "no_capacity", true, "no server has 4 free GPUs"},
 		{&allocator.IdempotencyConflictError{Key: "k", LeaseID: "lease-000001"}, 409, api.ReasonConflict, "conflict", false, ""},
-		{errUnavailable, 503, api.ReasonUnavailable, "unavailable", false, "allocator store failed; recovering"},
+		{errUnavailable, 503, api.ReasonUnavailable, "unavailable", false, "allocator unavailable: recovering its state from the store"},
 		{errStandby, 503, api.ReasonUnavailable, "unavailable", false, "this allocator replica is standing by; ask the leader"},
 		{fmt.Errorf("waiting: %w", context.Canceled), 503, api.ReasonUnavailable, "canceled", false, "request canceled before it was durable; retry with the same idempotency key"},
 		{errors.New("disk on fire"), 500, api.ReasonInternal, "error", false, "internal error"},

@@ -48,7 +48,7 @@ func Handler(s *Service, auth *Authenticator, gatherer prometheus.Gatherer, log 
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		select {
 		case <-s.Failed():
-			http.Error(w, "store failed", http.StatusServiceUnavailable)
+			http.Error(w, "failed: recovering its state from the store", http.StatusServiceUnavailable)
 		default:
 			_, _ = io.WriteString(w, "ok\n")
 		}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -68,9 +69,10 @@ type Service struct {
 	qmu    sync.Mutex
 	queued []commit
 	kick   chan struct{}
-	// broken is set once the store failed or the service closed; failed
-	// is closed on a failure. After that nothing more is written: the pool
-	// may be ahead of the store, and only a new Service recovers.
+	// broken is set once the store failed, a change panicked or the
+	// service closed; failed is closed on a failure. After that nothing
+	// more is written: the pool may be ahead of the store, or half
+	// changed, and only a new Service, loaded from the store, recovers.
 	broken   atomic.Bool
 	failOnce sync.Once
 	failed   chan struct{}
@@ -233,9 +235,9 @@ func CheckState(st store.State, now time.Time) (CheckReport, error) {
 	return CheckReport{Servers: len(st.Servers), Leases: len(st.Leases), Expired: len(expired), Misfits: misfits, NextID: st.NextID}, nil
 }
 
-// Failed is closed when the store failed; the in-memory pool may then be
-// ahead of what is durable, and only a new Service, which loads the
-// store, recovers.
+// Failed is closed when the store failed or a change panicked; the pool
+// may then be ahead of what is durable, or half changed, and only a new
+// Service, which loads the store, recovers.
 func (s *Service) Failed() <-chan struct{} { return s.failed }
 
 // Close stops the service: it takes no more changes, answers those not
@@ -338,12 +340,12 @@ func answer(batch []commit, err error) {
 	}
 }
 
-// fail marks the store broken; it takes no lock, so the committer can call
-// it whatever the request paths hold.
+// fail marks the service broken; it takes no lock, so the committer can
+// call it whatever the request paths hold.
 func (s *Service) fail(err error) {
 	s.failOnce.Do(func() {
 		s.broken.Store(true)
-		s.log.Error("store failed; this allocator serves no more until it recovers from the store", "err", err)
+		s.log.Error("this allocator serves no more until it recovers from the store", "err", err)
 		close(s.failed)
 	})
 }
@@ -399,9 +401,20 @@ func (s *Service) write(ctx context.Context, op func(now time.Time) (store.Chang
 
 // apply is write's part under the lock; done is nil when there is nothing
 // to wait for.
+//
+// A change that panics may have left the pool half changed, and nothing
+// of it was queued: the service fails, so that no later change builds on
+// that pool, and the allocator recovers from the store, which holds every
+// acknowledged change and none of this one. The caller is told to retry.
 func (s *Service) apply(op func(now time.Time) (store.Change, error)) (done chan error, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer func() {
+		if p := recover(); p != nil {
+			s.fail(fmt.Errorf("a change panicked, leaving the pool in an unknown state: %v\n%s", p, debug.Stack()))
+			done, err = nil, errUnavailable
+		}
+	}()
 	if s.broken.Load() {
 		return nil, errUnavailable
 	}

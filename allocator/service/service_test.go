@@ -222,6 +222,17 @@ func send(t *testing.T, method, url, token, body string) (int, string) {
 	return resp.StatusCode, string(answer)
 }
 
+// TestAcquireOnAnEmptyPool: what a new install meets before its first
+// daemon registers is a refusal that says so (it once was a panic in the
+// handler, which the client saw as a dropped connection).
+func TestAcquireOnAnEmptyPool(t *testing.T) {
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Now()}, nil)
+	code, body := send(t, http.MethodPost, a.url+"/v1/leases", teamAToken, `{"namespace":"team-a","gpuAmount":1}`)
+	if code != http.StatusConflict || !strings.Contains(body, "no server has 1 free GPU") {
+		t.Errorf("acquire on an empty pool: %d %s, want 409 no server has 1 free GPU", code, body)
+	}
+}
+
 func TestWaitQueuesUntilShareFrees(t *testing.T) {
 	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, map[string]allocator.Share{"team-a": allocator.WholeGPU})
 	ctx := context.Background()
@@ -499,6 +510,51 @@ func TestEveryWriteEndsTheLeasesDue(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(a.svc.metrics.expirations); n != 1 {
 		t.Errorf("%v expirations counted, want 1", n)
+	}
+}
+
+// TestPanickingChangeFailsTheService: a change that panics halfway (here
+// after taking a lease in the pool) is answered unavailable, not with a
+// dropped connection; the service then writes nothing more, and a service
+// recovered from the store has every acknowledged change and none of the
+// half-made one.
+func TestPanickingChangeFailsTheService(t *testing.T) {
+	svc, _ := newFailingService(t, Config{})
+	ctx := context.Background()
+	kept, err := svc.Acquire(ctx, allocator.Request{Namespace: "ml", GPUs: 1}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = svc.write(ctx, func(now time.Time) (store.Change, error) {
+		if _, err := svc.pool.Acquire(now, allocator.Request{Namespace: "ml", GPUs: 1}); err != nil {
+			t.Errorf("the half-made change: %v", err)
+		}
+		panic("a bug halfway through a change")
+	})
+	if !errors.Is(err, errUnavailable) {
+		t.Fatalf("a panicking change answered %v, want unavailable", err)
+	}
+	select {
+	case <-svc.Failed():
+	default:
+		t.Fatal("Failed() not closed after a change panicked")
+	}
+	if _, err := svc.Acquire(ctx, allocator.Request{Namespace: "ml", GPUs: 1}, 0); !errors.Is(err, errUnavailable) {
+		t.Errorf("acquire after the panic: %v, want unavailable", err)
+	}
+	svc.Close()
+
+	recovered, err := New(ctx, svc.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer recovered.Close()
+	leases := recovered.Leases(LeaseFilter{})
+	if len(leases) != 1 || leases[0].ID != kept.ID {
+		t.Errorf("recovered leases %v, want the acknowledged %s alone", leases, kept.ID)
+	}
+	if err := recovered.CheckInvariants(); err != nil {
+		t.Error(err)
 	}
 }
 

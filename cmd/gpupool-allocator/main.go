@@ -214,7 +214,7 @@ func (l *leadership) serve(ctx context.Context, st store.Store, lost <-chan stru
 	case <-ctx.Done():
 		l.drain() // the requests in flight are answered before the service closes
 	case <-svc.Failed():
-		err = errors.New("the store failed")
+		err = errors.New("the service failed (its log says why)")
 	case <-lost:
 		err = errLostLeadership
 	}
