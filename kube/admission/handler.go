@@ -14,12 +14,19 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"golang.org/x/sync/semaphore"
 )
 
 // maxReviewBytes bounds an AdmissionReview's body. An update carries the
 // pod twice (object and oldObject), each at most etcd's 1.5 MiB request
 // limit, in a review around them: controller-runtime bounds it the same.
 const maxReviewBytes = 7 << 20
+
+// maxBytesInFlight bounds the review bodies held at once: past it a review
+// waits for room (kube-apiserver's timeout bounds the wait), so that a
+// burst of the largest reviews cannot take the webhook past its memory
+// limit. A review costs its body and what the webhook reads of it.
+const maxBytesInFlight = 4 * maxReviewBytes
 
 // reviewVersion is the AdmissionReview version the webhook speaks: the
 // configurations list it alone in admissionReviewVersions.
@@ -29,15 +36,16 @@ var reviewVersion = admissionv1.SchemeGroupVersion.WithKind("AdmissionReview")
 // take an AdmissionReview v1 of a pod and answer one (/mutate with a JSON
 // patch), GET /healthz answers "ok".
 func NewHandler(c Config) http.Handler {
+	room := semaphore.NewWeighted(maxBytesInFlight)
 	mux := http.NewServeMux()
-	mux.Handle("POST /mutate", reviewer(func(req *admissionv1.AdmissionRequest, pod, _ *corev1.Pod) (Patch, field.ErrorList) {
+	mux.Handle("POST /mutate", reviewer(room, func(op admissionv1.Operation, pod, _ *corev1.Pod) (Patch, field.ErrorList) {
 		// Only a new pod's resources can change; an update is Validate's.
-		if req.Operation != admissionv1.Create {
+		if op != admissionv1.Create {
 			return nil, nil
 		}
 		return c.Mutate(pod)
 	}))
-	mux.Handle("POST /validate", reviewer(func(_ *admissionv1.AdmissionRequest, pod, old *corev1.Pod) (Patch, field.ErrorList) {
+	mux.Handle("POST /validate", reviewer(room, func(_ admissionv1.Operation, pod, old *corev1.Pod) (Patch, field.ErrorList) {
 		return nil, c.Validate(pod, old)
 	}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
@@ -46,20 +54,33 @@ func NewHandler(c Config) http.Handler {
 
 // decision is what a webhook decides on a pod (and, on update, its old
 // version): a patch, or why the pod is refused.
-type decision func(req *admissionv1.AdmissionRequest, pod, old *corev1.Pod) (Patch, field.ErrorList)
+type decision func(op admissionv1.Operation, pod, old *corev1.Pod) (Patch, field.ErrorList)
 
 // reviewer reads an AdmissionReview, has decide decide, and answers the
 // review. A body that is no AdmissionReview v1 is answered 400, or 413 when
 // too large; a review of anything but a pod is refused in the answer, so
 // that kube-apiserver shows the misconfiguration.
-func reviewer(decide decision) http.Handler {
+func reviewer(room *semaphore.Weighted, decide decision) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
 			http.Error(w, fmt.Sprintf("Content-Type %q: an AdmissionReview is application/json", r.Header.Get("Content-Type")), http.StatusBadRequest)
 			return
 		}
-		var review admissionv1.AdmissionReview
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxReviewBytes)).Decode(&review); err != nil {
+		size := r.ContentLength
+		switch {
+		case size > maxReviewBytes:
+			http.Error(w, fmt.Sprintf("an AdmissionReview of %d bytes: more than %d", size, maxReviewBytes), http.StatusRequestEntityTooLarge)
+			return
+		case size < 0: // chunked: room for the largest
+			size = maxReviewBytes
+		}
+		if err := room.Acquire(r.Context(), size); err != nil {
+			http.Error(w, "waiting for room to read the AdmissionReview: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		defer room.Release(size)
+		body, err := readBody(w, r)
+		if err != nil {
 			code := http.StatusBadRequest
 			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 				code = http.StatusRequestEntityTooLarge
@@ -67,7 +88,12 @@ func reviewer(decide decision) http.Handler {
 			http.Error(w, "reading the AdmissionReview: "+err.Error(), code)
 			return
 		}
-		if gvk := review.GroupVersionKind(); gvk != reviewVersion || review.Request == nil {
+		var review reviewed
+		if err := json.Unmarshal(body, &review); err != nil {
+			http.Error(w, "reading the AdmissionReview: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if review.APIVersion != reviewVersion.GroupVersion().String() || review.Kind != reviewVersion.Kind || review.Request == nil {
 			http.Error(w, fmt.Sprintf("want an %s %s with a request, got %q %q", reviewVersion.GroupVersion(), reviewVersion.Kind, review.APIVersion, review.Kind),
 				http.StatusBadRequest)
 			return
@@ -80,8 +106,22 @@ func reviewer(decide decision) http.Handler {
 	})
 }
 
+// readBody reads a review's body into a buffer of its declared size, so
+// that reading costs the body once.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body := http.MaxBytesReader(w, r.Body, maxReviewBytes)
+	if r.ContentLength < 0 {
+		return io.ReadAll(body)
+	}
+	buf := make([]byte, r.ContentLength)
+	if _, err := io.ReadFull(body, buf); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
 // answer decides req.
-func answer(req *admissionv1.AdmissionRequest, decide decision) *admissionv1.AdmissionResponse {
+func answer(req *reviewRequest, decide decision) *admissionv1.AdmissionResponse {
 	pods := corev1.SchemeGroupVersion.WithResource("pods")
 	if req.Resource.Group != pods.Group || req.Resource.Resource != pods.Resource || req.SubResource != "" {
 		resource := schema.GroupResource{Group: req.Resource.Group, Resource: req.Resource.Resource}.String()
@@ -90,24 +130,15 @@ func answer(req *admissionv1.AdmissionRequest, decide decision) *admissionv1.Adm
 		}
 		return failure(http.StatusBadRequest, "gpupool's webhook admits pods, not "+resource+": check the webhook configuration's rules")
 	}
-	var pod, old *corev1.Pod
-	for _, o := range []struct {
-		raw  []byte
-		into **corev1.Pod
-		name string
-	}{{req.Object.Raw, &pod, "object"}, {req.OldObject.Raw, &old, "oldObject"}} {
-		if len(o.raw) == 0 {
-			continue
-		}
-		*o.into = &corev1.Pod{}
-		if err := json.Unmarshal(o.raw, *o.into); err != nil {
-			return failure(http.StatusBadRequest, "reading the pod in "+o.name+": "+err.Error())
-		}
-	}
-	if pod == nil {
+	if req.Object == nil {
 		return failure(http.StatusBadRequest, "the review has no pod in object")
 	}
-	patch, errs := decide(req, pod, old)
+	pod := req.Object.pod()
+	var old *corev1.Pod
+	if req.OldObject != nil {
+		old = req.OldObject.pod()
+	}
+	patch, errs := decide(req.Operation, pod, old)
 	if len(errs) > 0 {
 		st := apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Pod").GroupKind(), pod.Name, errs).ErrStatus
 		// kube-apiserver says which webhook denied what; the causes say why.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -135,9 +136,11 @@ func TestHandlerRefusesWhatIsNoPodReview(t *testing.T) {
 		message     string
 	}{
 		{"a form", "application/x-www-form-urlencoded", good, http.StatusBadRequest, `Content-Type "application/x-www-form-urlencoded": an AdmissionReview is application/json`},
-		{"not JSON", "application/json", []byte("{"), http.StatusBadRequest, "reading the AdmissionReview: unexpected EOF"},
+		{"not JSON", "application/json", []byte("{"), http.StatusBadRequest, "reading the AdmissionReview: unexpected end of JSON input"},
 		{"too large", "application/json", append([]byte(`{"kind":"`), bytes.Repeat([]byte("x"), maxReviewBytes)...), http.StatusRequestEntityTooLarge,
-			"reading the AdmissionReview: http: request body too large"},
+			"an AdmissionReview of 7340041 bytes: more than 7340032"},
+		{"annotations not strings", "application/json", bytes.Replace(good, []byte(`"metadata":{`), []byte(`"metadata":{"annotations":{"a":1},`), 1),
+			http.StatusBadRequest, "reading the AdmissionReview: metadata.annotations: a value that is not a string"},
 		{"v1beta1", "application/json", bytes.Replace(good, []byte("admission.k8s.io/v1"), []byte("admission.k8s.io/v1beta1"), 1), http.StatusBadRequest,
 			`want an admission.k8s.io/v1 AdmissionReview with a request, got "admission.k8s.io/v1beta1" "AdmissionReview"`},
 		{"no request", "application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`), http.StatusBadRequest,
@@ -147,6 +150,17 @@ func TestHandlerRefusesWhatIsNoPodReview(t *testing.T) {
 		if code != tc.code || strings.TrimSpace(text) != tc.message {
 			t.Errorf("%s: %d %s, want %d %s", tc.name, code, text, tc.code, tc.message)
 		}
+	}
+	// A body of no declared length is cut at the bound as it is read.
+	chunked := io.MultiReader(strings.NewReader(`{"kind":"`), bytes.NewReader(bytes.Repeat([]byte("x"), maxReviewBytes)))
+	cut, err := http.Post(url+"/mutate", "application/json", chunked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := io.ReadAll(cut.Body)
+	_ = cut.Body.Close()
+	if cut.StatusCode != http.StatusRequestEntityTooLarge || strings.TrimSpace(string(text)) != "reading the AdmissionReview: http: request body too large" {
+		t.Errorf("too large, chunked: %d %s", cut.StatusCode, text)
 	}
 
 	// A review of another resource, a pod's status, is refused in the answer, where
@@ -177,5 +191,56 @@ func TestHandlerHealthz(t *testing.T) {
 	}
 	if resp, err := http.Get(url + "/mutate"); err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("GET /mutate: %v %v, want 405", resp, err)
+	}
+}
+
+// TestHandlerReadsWhatItDecidesOn: a review carrying megabytes the webhook
+// does not read (an annotation of another tool's, a container's env) is
+// decided as the same pod without them, and the patch names only what the
+// webhook sets, never those megabytes back.
+func TestHandlerReadsWhatItDecidesOn(t *testing.T) {
+	url := serve(t)
+	bulk := strings.Repeat("x", 3<<20)
+	pod := annotated(podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50")), "other.tool/state", bulk, kube.AnnotationModels, "A100")
+	pod.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "BULK", Value: bulk}}
+	resp := answered(t, url+"/mutate", review(t, admissionv1.Create, pod, nil))
+	if !resp.Allowed || len(resp.Patch) > 1024 {
+		t.Fatalf("allowed %v, a patch of %d bytes: want allowed, with a patch of what the webhook sets", resp.Allowed, len(resp.Patch))
+	}
+	var got Patch
+	if err := json.Unmarshal(resp.Patch, &got); err != nil {
+		t.Fatal(err)
+	}
+	mutated := apply(t, pod, got)
+	if mutated.Annotations["other.tool/state"] != bulk || mutated.Annotations[kube.AnnotationStatus] != kube.StatusInjected ||
+		mutated.Spec.Containers[0].Env[0].Value != bulk {
+		t.Error("the patched pod lost what it carried, or was not marked")
+	}
+	if r, _, err := kube.RequestOf(mutated.Annotations); err != nil || len(r.Models) != 1 || r.Models[0] != "A100" {
+		t.Errorf("recorded request %+v (%v): want the models annotation read", r, err)
+	}
+}
+
+// TestReadAnnotations: the annotations the webhook reads are kept, JSON
+// escapes and all; the others, of any size, are skipped.
+func TestReadAnnotations(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want readAnnotations
+	}{
+		{`null`, nil},
+		{`{}`, readAnnotations{}},
+		{` { "gpupool.io\/request" : "{\"gpuAmount\":1}" , "a": "b\"}", "auto-management/bitfusion":"all"}`,
+			readAnnotations{"gpupool.io/request": `{"gpuAmount":1}`, "auto-management/bitfusion": "all"}},
+		{`{"` + strings.Repeat("k", 400) + `":"v","bitfusion-client/os":"ubuntu20"}`, readAnnotations{"bitfusion-client/os": "ubuntu20"}},
+	} {
+		var got readAnnotations
+		if err := json.Unmarshal([]byte(tc.in), &got); err != nil || !maps.Equal(got, tc.want) || (got == nil) != (tc.want == nil) {
+			t.Errorf("%.60s: %v (%v), want %v", tc.in, got, err, tc.want)
+		}
+	}
+	var got readAnnotations
+	if err := json.Unmarshal([]byte(`["gpupool.io/request"]`), &got); err == nil {
+		t.Error("an array of annotations: no error")
 	}
 }

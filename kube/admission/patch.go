@@ -2,6 +2,8 @@ package admission
 
 import (
 	"maps"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -21,8 +23,8 @@ type Operation struct {
 type Patch []Operation
 
 // patch normalises pod as p says. Each operation is an "add", which sets a
-// member whether or not it exists, and sets a whole map or object: a JSON
-// pointer then never has to escape the "/" of bitfusion.io/ names.
+// member whether or not it exists: a container's whole resources, so that
+// no pointer names a bitfusion.io/ resource, and each annotation set.
 func (c Config) patch(pod *corev1.Pod, p *plan) Patch {
 	var ops Patch
 	was := p.gpu.container.Resources
@@ -40,15 +42,24 @@ func (c Config) patch(pod *corev1.Pod, p *plan) Patch {
 	if !equality.Semantic.DeepEqual(res, was) {
 		ops = append(ops, Operation{"add", p.gpu.pointer + "/resources", res})
 	}
-	annotations := maps.Clone(pod.Annotations)
-	if annotations == nil {
-		annotations = map[string]string{}
+	// The annotations the webhook sets, one by one: the patch carries what
+	// changes, never the pod's other annotations back.
+	set := map[string]string{kube.AnnotationRequest: p.request.Annotation(), kube.AnnotationStatus: kube.StatusInjected}
+	if pod.Annotations == nil {
+		ops = append(ops, Operation{"add", "/metadata/annotations", set})
+	} else {
+		for _, key := range slices.Sorted(maps.Keys(set)) {
+			ops = append(ops, Operation{"add", "/metadata/annotations/" + pointerEscape(key), set[key]})
+		}
 	}
-	annotations[kube.AnnotationRequest] = p.request.Annotation()
-	annotations[kube.AnnotationStatus] = kube.StatusInjected
-	ops = append(ops, Operation{"add", "/metadata/annotations", annotations})
 	if c.SchedulerName != "" && pod.Spec.SchedulerName != c.SchedulerName {
 		ops = append(ops, Operation{"add", "/spec/schedulerName", c.SchedulerName})
 	}
 	return ops
+}
+
+// pointerEscape escapes a key for a JSON pointer (RFC 6901): "~" as "~0",
+// "/" as "~1".
+func pointerEscape(key string) string {
+	return strings.NewReplacer("~", "~0", "/", "~1").Replace(key)
 }

@@ -3,15 +3,21 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -19,12 +25,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpupool/gpupool/internal/golden"
+	"github.com/gpupool/gpupool/internal/procstat"
 	"github.com/gpupool/gpupool/kube"
 	"github.com/gpupool/gpupool/kube/admission"
 )
@@ -55,12 +63,14 @@ func TestAdmission(t *testing.T) {
 	certFile, keyFile := writeServingCert(t, cp, dir)
 	c := cp.Client
 	webhooks := map[kube.Unit]*exec.Cmd{}
+	addrs := map[kube.Unit]string{}
 	for _, unit := range kube.Units {
 		namespaces := []string{unitNamespace(unit)}
 		if unit == kube.UnitPercent {
 			namespaces = append(namespaces, quotaNamespace)
 		}
 		addr := "127.0.0.1:" + freePort(t)
+		addrs[unit] = addr
 		webhooks[unit] = startBinary(t, logs, "gpupool-webhook", regexp.MustCompile(`webhook serving`), "--listen", addr, "--unit", string(unit),
 			"--tls-cert-file", certFile, "--tls-private-key-file", keyFile)
 		registerWebhook(t, c, "gpupool-"+string(unit), "https://"+addr, cp.CA, namespaces)
@@ -84,6 +94,9 @@ func TestAdmission(t *testing.T) {
 	t.Run("refusals", func(t *testing.T) { checkRefusals(t, c) })
 	t.Run("update", func(t *testing.T) { checkUpdateRefused(t, c) })
 	t.Run("quota", func(t *testing.T) { checkQuota(t, c, quotaNamespace) })
+	t.Run("largest reviews", func(t *testing.T) {
+		checkLargestReviews(t, webhooks[kube.UnitPercent], addrs[kube.UnitPercent], cp.CA)
+	})
 	t.Run("webhook down", func(t *testing.T) {
 		if err := webhooks[kube.UnitGPUs].Process.Kill(); err != nil {
 			t.Fatal(err)
@@ -373,5 +386,72 @@ func checkWebhookDown(t *testing.T, c kubernetes.Interface, ns string) {
 		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("failed calling webhook %q", admission.MutatingWebhookName)) {
 			t.Errorf("pod %s, the webhook down: %v; want a failed call", p.Name, err)
 		}
+	}
+}
+
+// checkLargestReviews sends the webhook at addr 10 reviews at once, each of
+// the largest size it takes (a pod asking for a GPU that carries megabytes
+// in another tool's annotation), three times over: each is answered, and
+// the webhook's peak RSS stays under the memory limit its manifest sets.
+func checkLargestReviews(t *testing.T, webhook *exec.Cmd, addr string, ca []byte) {
+	objs, err := kustomizeBuild(filepath.Join(deployDir, "overlays", "full"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := podOf(t, objs, "gpupool-webhook").Spec.Containers[0].Resources.Limits.Memory().Value()
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: time.Minute}
+
+	const maxReviewBytes = 7 << 20 // kube/admission's bound
+	review := func(bulk int) []byte {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "large", Namespace: unitNamespace(kube.UnitPercent),
+			Annotations: map[string]string{"other.tool/state": strings.Repeat("x", bulk)}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "main", Resources: corev1.ResourceRequirements{
+				Limits: corev1.ResourceList{kube.ResourceGPUAmount: resource.MustParse("1"), kube.ResourceGPUPercent: resource.MustParse("50")}}}}}}
+		raw, err := json.Marshal(pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := json.Marshal(admissionv1.AdmissionReview{
+			TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+			Request: &admissionv1.AdmissionRequest{UID: "large", Operation: admissionv1.Create, Namespace: pod.Namespace,
+				Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}, Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+				Object: runtime.RawExtension{Raw: raw}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	body := review(maxReviewBytes - len(review(0)))
+	if len(body) != maxReviewBytes {
+		t.Fatalf("a review of %d bytes, want %d", len(body), maxReviewBytes)
+	}
+	for range 3 {
+		var wg sync.WaitGroup
+		for range 10 {
+			wg.Go(func() {
+				resp, err := client.Post("https://"+addr+"/mutate", "application/json", bytes.NewReader(body))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer resp.Body.Close()
+				var out admissionv1.AdmissionReview
+				if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK || out.Response == nil || !out.Response.Allowed {
+					t.Errorf("a review of %d bytes: %s, %+v (%v); want allowed", len(body), resp.Status, out.Response, err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	usage, err := procstat.Read(webhook.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("30 reviews of %d MiB, 10 at a time: the webhook's peak RSS %d MiB, its manifest's limit %d MiB",
+		len(body)>>20, usage.PeakRSS>>20, limit>>20)
+	if usage.PeakRSS >= limit {
+		t.Errorf("peak RSS %d MiB, over the manifest's memory limit of %d MiB", usage.PeakRSS>>20, limit>>20)
 	}
 }
