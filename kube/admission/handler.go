@@ -8,13 +8,13 @@ import (
 	"mime"
 	"net/http"
 
+	"golang.org/x/sync/semaphore"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"golang.org/x/sync/semaphore"
 )
 
 // maxReviewBytes bounds an AdmissionReview's body. An update carries the
