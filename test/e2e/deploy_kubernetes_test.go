@@ -19,16 +19,20 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/internal/kubeconfig"
 	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
 )
 
@@ -77,7 +81,8 @@ func TestDeployedKubernetesComponent(t *testing.T) {
 	// deploy/README.md, the admin token in the overlay's token Secret.
 	v := newValidator(t, cp.Config)
 	for _, o := range objs {
-		if slices.Contains([]string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap"}, o.GetKind()) {
+		if slices.Contains([]string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap",
+			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}, o.GetKind()) {
 			if err := v.create(ctx, o, false); err != nil {
 				t.Fatalf("%s %s: %v", o.GetKind(), o.GetName(), err)
 			}
@@ -260,6 +265,8 @@ func TestDeployedKubernetesComponent(t *testing.T) {
 		t.Errorf("a pod asking for 101%%: %v; want refused with %q", err, want)
 	}
 
+	checkPoolAnnotationsGuarded(ctx, t, cp, ns, bound[examplePods[1].Name], schedulerKubeconfig)
+
 	gone := examplePods[0].Name
 	if err := pods.Delete(ctx, gone, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 		t.Fatal(err)
@@ -271,6 +278,80 @@ func TestDeployedKubernetesComponent(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Error(err)
+	}
+}
+
+// checkPoolAnnotationsGuarded: under the overlay's policies, a user of
+// namespace ns who may create and update pods can neither create a pod
+// with gpupool.io/lease nor change the lease of the bound pod leased, but
+// can still relabel it; gpupool-scheduler's ServiceAccount writes a lease
+// on a pod, as its lease controller does when it acquires one again.
+func checkPoolAnnotationsGuarded(ctx context.Context, t *testing.T, cp *e2ekube.ControlPlane, ns string, leased *corev1.Pod, schedulerKubeconfig string) {
+	t.Helper()
+	if _, err := cp.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "member"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "member"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "create", "update", "patch"}}}}
+	if _, err := cp.Client.RbacV1().Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "member"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "member"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "member", Namespace: ns}}}
+	if _, err := cp.Client.RbacV1().RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	as := func(kubeconfigPath string) kubernetes.Interface {
+		cfg, err := kubeconfig.Load(kubeconfigPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	memberKubeconfig, err := cp.ServiceAccountKubeconfig(ctx, ns, "member")
+	if err != nil {
+		t.Fatal(err)
+	}
+	member := as(memberKubeconfig).CoreV1().Pods(ns)
+
+	forged := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "forged", Annotations: map[string]string{kube.AnnotationLease: leased.Annotations[kube.AnnotationLease]}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "main"}}}}
+	// kube-apiserver loads a new policy in the background.
+	want := "only gpupool sets gpupool.io/lease on a pod: create the pod without it"
+	if err := retry(ctx, 30*time.Second, func() error {
+		_, err := member.Create(ctx, forged, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			return fmt.Errorf("a member's pod with another's lease: %v; want refused with %q", err, want)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	patch := func(pods corev1client.PodInterface, name, field, key, value string) error {
+		_, err := pods.Patch(ctx, name, types.MergePatchType,
+			fmt.Appendf(nil, `{"metadata":{%q:{%q:%q}}}`, field, key, value), metav1.PatchOptions{})
+		return err
+	}
+	if err := patch(member, leased.Name, "annotations", kube.AnnotationLease, "lease-999999"); err == nil ||
+		!strings.Contains(err.Error(), "only gpupool sets gpupool.io/lease on a pod: an update may not add, change or remove it") {
+		t.Errorf("a member changing pod %s's lease: %v; want refused", leased.Name, err)
+	}
+	if err := patch(member, leased.Name, "labels", "team", "vision"); err != nil {
+		t.Errorf("a member relabelling pod %s: %v", leased.Name, err)
+	}
+
+	plain := forged.DeepCopy()
+	plain.Name, plain.Annotations = "plain", nil
+	if _, err := member.Create(ctx, plain, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := patch(as(schedulerKubeconfig).CoreV1().Pods(ns), plain.Name, "annotations", kube.AnnotationLease, "lease-000042"); err != nil {
+		t.Errorf("gpupool-scheduler writing a lease on pod %s: %v", plain.Name, err)
 	}
 }
 
