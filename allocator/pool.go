@@ -208,27 +208,52 @@ func (p *Pool) Acquire(now time.Time, r Request) (Lease, error) {
 			return cloneLease(l), nil
 		}
 	}
-	d, err := p.demand(&r)
+	l, node, err := p.place(now, &r)
 	if err != nil {
-		return Lease{}, err
-	}
-	if d.GPUBytes == 0 {
-		if err := p.checkQuota(r.Namespace, Share(d.GPUs)*d.PerGPU); err != nil {
-			return Lease{}, err
-		}
-	}
-	where, ok := p.cfg.Policy.Place(p.cluster, &d)
-	if !ok {
-		return Lease{}, p.noCapacity(&r, &d)
-	}
-	l := p.newLease(now, &r, &d, where)
-	if err := p.checkQuota(r.Namespace, l.Share()); err != nil {
 		return Lease{}, err
 	}
 	p.nextID++
 	l.ID = fmt.Sprintf("lease-%06d", p.nextID)
-	p.add(where.Node, l)
+	p.add(node, l)
 	return cloneLease(l), nil
+}
+
+// Fits returns nil when Acquire would grant r now, or why it would not;
+// it changes nothing but the policy's caches. It tells a request waiting
+// for capacity or quota whether trying again is worth it.
+func (p *Pool) Fits(r Request) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	if _, ok := p.byKey[r.Namespace+"/"+r.IdempotencyKey]; ok && r.IdempotencyKey != "" {
+		return nil
+	}
+	_, _, err := p.place(time.Time{}, &r)
+	return err
+}
+
+// place is where r's lease would go: the lease it would be (no ID yet)
+// and its node, or why none fits within capacity and quota.
+func (p *Pool) place(now time.Time, r *Request) (*Lease, int, error) {
+	d, err := p.demand(r)
+	if err != nil {
+		return nil, 0, err
+	}
+	if d.GPUBytes == 0 {
+		if err := p.checkQuota(r.Namespace, Share(d.GPUs)*d.PerGPU); err != nil {
+			return nil, 0, err
+		}
+	}
+	where, ok := p.cfg.Policy.Place(p.cluster, &d)
+	if !ok {
+		return nil, 0, p.noCapacity(r, &d)
+	}
+	l := p.newLease(now, r, &d, where)
+	// A memory request's share is known once placed.
+	if err := p.checkQuota(r.Namespace, l.Share()); err != nil {
+		return nil, 0, err
+	}
+	return l, where.Node, nil
 }
 
 // checkRetry accepts r as a retry of the request l answered: the same

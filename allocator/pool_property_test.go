@@ -127,8 +127,16 @@ func (d *poolDriver) step(op, arg byte) {
 		if arg%17 == 0 {
 			r.Topology = Link(arg/17) % (LinkNVLink + 1)
 		}
+		fits := d.pool.Fits(r)
 		var l Lease
 		l, err = d.pool.Acquire(d.now, r)
+		var conflict *IdempotencyConflictError
+		var field *FieldError
+		// random draws another node for each; a memory request's quota
+		// share depends on the GPU it lands on.
+		if (fits == nil) != (err == nil) && d.policy.Name() != "random" && !errors.As(err, &conflict) && !(errors.As(err, &field) && field.Field == "ttl") {
+			d.t.Fatalf("op %d arg %d: Fits says %v, Acquire %v", op%8, arg, fits, err)
+		}
 		if err == nil {
 			d.ids = append(d.ids, l.ID)
 			d.granted++

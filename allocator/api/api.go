@@ -20,7 +20,8 @@
 // Errors come back as an Error body with an HTTP status that says who
 // must act: 400 bad input, 401 no or unknown token, 403 another namespace,
 // an admin's operation or quota exceeded, 404 unknown lease or server, 409 no capacity or an
-// idempotency conflict, 503 not the leader or the store failed.
+// idempotency conflict, 429 an acquisition that would wait where too many
+// wait already, 503 not the leader or the store failed.
 package api
 
 import (
@@ -274,6 +275,9 @@ const (
 	ReasonInternal         = "Internal"
 	ReasonRequestTooLarge  = "RequestTooLarge"
 	ReasonMethodNotAllowed = "MethodNotAllowed"
+	// ReasonTooManyWaiting refuses to queue an acquisition that may wait
+	// (429): too many wait already, in its namespace or in all.
+	ReasonTooManyWaiting = "TooManyWaiting"
 )
 
 func (e *Error) Error() string { return e.Message }

@@ -30,6 +30,8 @@ type errorKind struct {
 // errorKinds classifies every failure the API answers, the first match
 // winning; what none matches is an internal error.
 var errorKinds = []errorKind{
+	// Before the refusals it wraps.
+	{is: isA[*TooManyWaitingError], status: http.StatusTooManyRequests, reason: api.ReasonTooManyWaiting, label: "too_many_waiting"},
 	{is: isA[*allocator.FieldError], status: http.StatusBadRequest, reason: api.ReasonInvalid, label: "invalid"},
 	{is: isA[*bodyError], status: http.StatusBadRequest, reason: api.ReasonInvalid},
 	{is: isA[*tooLargeError], status: http.StatusRequestEntityTooLarge, reason: api.ReasonRequestTooLarge},
@@ -48,6 +50,27 @@ var errorKinds = []errorKind{
 	{is: is(context.Canceled, context.DeadlineExceeded), status: http.StatusServiceUnavailable, reason: api.ReasonUnavailable, label: "canceled",
 		message: "request canceled before it was durable; retry with the same idempotency key"},
 }
+
+// TooManyWaitingError refuses to queue an acquisition that may wait: the
+// bound Limit (the flag's name) of requests already waits, Waiting of
+// them, in Namespace or, with no namespace, in all.
+type TooManyWaitingError struct {
+	Refusal   error // why it would have waited
+	Namespace string
+	Limit     string
+	Waiting   int
+}
+
+func (e *TooManyWaitingError) Error() string {
+	where := "the allocator has"
+	if e.Namespace != "" {
+		where = "namespace " + e.Namespace + " has"
+	}
+	return fmt.Sprintf("%v; not queued: %s %d requests waiting, the most that %s allows; retry later, or without waiting",
+		e.Refusal, where, e.Waiting, e.Limit)
+}
+
+func (e *TooManyWaitingError) Unwrap() error { return e.Refusal }
 
 // internalError is the kind of every error no other kind matches.
 var internalError = errorKind{status: http.StatusInternalServerError, reason: api.ReasonInternal, label: "error", message: "internal error"}

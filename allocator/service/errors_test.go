@@ -41,6 +41,8 @@ func TestErrorKinds(t *testing.T) {
 		{&noRouteError{path: "/v2"}, 404, api.ReasonNotFound, "", false, ""},
 		{&methodError{method: "PATCH", path: "/v1/pool", allowed: []string{"GET"}}, 405, api.ReasonMethodNotAllowed, "", false, "PATCH is not allowed on /v1/pool; allowed: GET"},
 		{&allocator.NoCapacityError{GPUs: 4, PerGPU: allocator.WholeGPU}, 409, api.ReasonNoCapacity, "no_capacity", true, "no server has 4 free GPUs"},
+		{&TooManyWaitingError{Refusal: &allocator.NoCapacityError{GPUs: 1, PerGPU: allocator.WholeGPU}, Limit: "max-waiting", Waiting: 1000}, 429, api.ReasonTooManyWaiting, "too_many_waiting", false,
+			"no server has 1 free GPU; not queued: the allocator has 1000 requests waiting, the most that max-waiting allows; retry later, or without waiting"},
 		{&allocator.IdempotencyConflictError{Key: "k", LeaseID: "lease-000001"}, 409, api.ReasonConflict, "conflict", false, ""},
 		{errUnavailable, 503, api.ReasonUnavailable, "unavailable", false, "allocator unavailable: recovering its state from the store"},
 		{errStandby, 503, api.ReasonUnavailable, "unavailable", false, "this allocator replica is standing by; ask the leader"},

@@ -3,12 +3,15 @@ package service
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
 )
 
 // thousandServers is an allocator with 1,000 servers of 8 GPUs holding
@@ -81,4 +84,78 @@ func BenchmarkCollect(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkTenantBesideAFullQueue is one tenant's acquire and release, over
+// HTTP with tokens, while none waits and while the queue is full:
+// namespaces queue acquisitions of a whole server, which never fit (every
+// server holds a lease), up to --max-waiting-per-namespace each and
+// --max-waiting in all. Each of the tenant's releases wakes every waiting
+// request to try again. It reports the tenant's p50 and p99 in both, and
+// their ratio, from the same run.
+func BenchmarkTenantBesideAFullQueue(b *testing.B) {
+	a := startAllocator(b, b.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, nil)
+	ctx := context.Background()
+	admin := a.client(b, adminToken)
+	for i := range 4 {
+		name := fmt.Sprintf("s%d", i)
+		if err := admin.RegisterServer(ctx, gpuServer(name, 8)); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "holder", GPUAmount: 1, GPUPercent: 10, Servers: []string{name}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	tenant := a.client(b, teamBToken)
+	rounds := func() (p50, p99 time.Duration) {
+		took := make([]time.Duration, 300)
+		for i := range took {
+			start := time.Now()
+			l, err := tenant.Acquire(ctx, api.AcquireRequest{Namespace: "team-b", GPUAmount: 1, GPUPercent: 10})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := tenant.Release(ctx, l.ID); err != nil {
+				b.Fatal(err)
+			}
+			took[i] = time.Since(start)
+		}
+		slices.Sort(took)
+		return took[len(took)/2], took[len(took)*99/100]
+	}
+	idle50, idle99 := rounds()
+	before := memInUse()
+
+	waiters, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	for ns := range DefaultMaxWaiting / DefaultMaxWaitingPerNamespace {
+		for range DefaultMaxWaitingPerNamespace {
+			wg.Go(func() {
+				_, _ = admin.Acquire(waiters, api.AcquireRequest{Namespace: fmt.Sprint("queue-", ns), GPUAmount: 8, Wait: "1h"})
+			})
+		}
+	}
+	for a.svc.pendingCount() < DefaultMaxWaiting {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "queue-0", GPUAmount: 8, Wait: "1h"}); !client.IsReason(err, api.ReasonTooManyWaiting) {
+		b.Fatalf("past the bound: %v, want refused as too many waiting", err)
+	}
+	perWaiter := float64(memInUse()-before) / DefaultMaxWaiting
+	full50, full99 := rounds()
+	b.ReportMetric(float64(idle50.Microseconds())/1000, "idle-p50-ms")
+	b.ReportMetric(float64(idle99.Microseconds())/1000, "idle-p99-ms")
+	b.ReportMetric(float64(full50.Microseconds())/1000, "full-p50-ms")
+	b.ReportMetric(float64(full99.Microseconds())/1000, "full-p99-ms")
+	b.ReportMetric(float64(full99)/float64(idle99), "p99-full/idle")
+	b.ReportMetric(perWaiter/1024, "KiB/waiting")
+}
+
+// memInUse is the heap and the goroutine stacks in use, after a GC.
+func memInUse() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapInuse + m.StackInuse)
 }

@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +42,13 @@ type Config struct {
 	// store counts as failed; the requests it carries wait meanwhile.
 	// Zero: 10s.
 	StoreRetry time.Duration
+	// MaxWaiting bounds the acquisitions queued for capacity or quota at
+	// once, MaxWaitingPerNamespace those of one namespace: each holds a
+	// connection and is retried whenever share frees up, so that one
+	// tenant's queue would otherwise cost every other tenant's requests.
+	// Past either bound an acquisition is refused (429), not queued.
+	// Zero: 1000 and 100.
+	MaxWaiting, MaxWaitingPerNamespace int
 	// Clock returns the current time; time.Now when nil.
 	Clock    func() time.Time
 	Registry prometheus.Registerer
@@ -55,13 +64,12 @@ type Service struct {
 	mu       sync.Mutex
 	pool     *allocator.Pool
 	lastSeen map[string]time.Time
-	// freed is closed, and replaced, whenever share or quota frees up, to
-	// wake the requests that wait for it.
-	freed chan struct{}
-	// waiting holds the requests queued for capacity or quota, and since when.
-	waiting map[*allocator.Request]time.Time
-	recent  []allocator.Demand // ring of recent demands, the expected workload
-	next    int
+	// waiting holds the requests queued for capacity or quota; waitingIn
+	// counts them by namespace.
+	waiting   map[*allocator.Request]*waiter
+	waitingIn map[string]int
+	recent    []allocator.Demand // ring of recent demands, the expected workload
+	next      int
 
 	// queued holds the changes the committer has yet to write, in the
 	// order they were made; kick wakes the committer. The queue is
@@ -92,6 +100,12 @@ type commit struct {
 // leader election.
 const defaultStoreRetry = 10 * time.Second
 
+// The defaults of Config.MaxWaiting and Config.MaxWaitingPerNamespace.
+const (
+	DefaultMaxWaiting             = 1000
+	DefaultMaxWaitingPerNamespace = 100
+)
+
 // recentDemands is how many granted demands make up the workload that
 // fragmentation (and the FGD-based policies) are measured against.
 const recentDemands = 1024
@@ -101,6 +115,14 @@ const recentDemands = 1024
 // GPUs, leases whose TTL ran out while the allocator was down expired, and
 // the quotas the API set or removed applied over the config's.
 func New(ctx context.Context, cfg Config) (*Service, error) {
+	for _, bound := range []struct {
+		name  string
+		value int
+	}{{"max-waiting", cfg.MaxWaiting}, {"max-waiting-per-namespace", cfg.MaxWaitingPerNamespace}} {
+		if bound.value < 0 {
+			return nil, &allocator.FieldError{Field: bound.name, Value: strconv.Itoa(bound.value), Limit: "is negative (0 takes the default)"}
+		}
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
@@ -113,10 +135,16 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.StoreRetry == 0 {
 		cfg.StoreRetry = defaultStoreRetry
 	}
+	if cfg.MaxWaiting == 0 {
+		cfg.MaxWaiting = DefaultMaxWaiting
+	}
+	if cfg.MaxWaitingPerNamespace == 0 {
+		cfg.MaxWaitingPerNamespace = DefaultMaxWaitingPerNamespace
+	}
 	s := &Service{
 		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, lastSeen: map[string]time.Time{},
-		waiting: map[*allocator.Request]time.Time{},
-		freed:   make(chan struct{}), kick: make(chan struct{}, 1), failed: make(chan struct{}),
+		waiting: map[*allocator.Request]*waiter{}, waitingIn: map[string]int{},
+		kick: make(chan struct{}, 1), failed: make(chan struct{}),
 		closing: make(chan struct{}), committerDone: make(chan struct{}),
 	}
 	pol, err := allocator.NewPolicy(cfg.Policy, allocator.PolicyOptions{Seed: cfg.Seed})
@@ -378,10 +406,57 @@ func durable(ctx context.Context, done chan error) error {
 	}
 }
 
-// wakeLocked wakes the waiting requests after share or quota freed up.
+// waiter is a request queued for capacity or quota.
+type waiter struct {
+	since time.Time
+	// shape is what decides whether the request fits: requests of one
+	// shape fit or not together, so one try answers for all of them.
+	shape shape
+	// wake is sent to when the request fits now; it holds one wake-up, so
+	// that none sent between its try and its wait is lost.
+	wake chan struct{}
+}
+
+// shape is a request's demand and namespace (its quota), without its
+// owner, key or lifetime. A request that names candidate servers is a
+// shape of its own: the list may be a cluster's every node.
+type shape struct {
+	namespace                    string
+	gpus, percent                int
+	gpuBytes, cpuMilli, memBytes int64
+	models                       string
+	link                         allocator.Link
+	own                          *allocator.Request
+}
+
+func shapeOf(r *allocator.Request) shape {
+	sh := shape{namespace: r.Namespace, gpus: r.GPUs, percent: r.Percent, gpuBytes: r.GPUMemoryBytes, cpuMilli: r.CPUMilli,
+		memBytes: r.MemoryBytes, models: strings.Join(r.Models, ","), link: r.Topology}
+	if len(r.Servers) > 0 {
+		sh.own = r
+	}
+	return sh
+}
+
+// wakeLocked wakes the waiting requests that fit now, after share or
+// quota freed up: one try of the pool's a shape, where waking every
+// waiting request would have each try again, and all but a few fail,
+// under the lock every other request needs.
 func (s *Service) wakeLocked() {
-	close(s.freed)
-	s.freed = make(chan struct{})
+	fits := map[shape]bool{}
+	for r, w := range s.waiting {
+		ok, tried := fits[w.shape]
+		if !tried {
+			ok = s.pool.Fits(*r) == nil
+			fits[w.shape] = ok
+		}
+		if ok {
+			select {
+			case w.wake <- struct{}{}:
+			default: // woken already
+			}
+		}
+	}
 }
 
 // write is the one way a change reaches the pool: under the lock, unless
@@ -451,15 +526,14 @@ func (s *Service) Acquire(ctx context.Context, r allocator.Request, wait time.Du
 	for {
 		var l allocator.Lease
 		var replay bool
-		var freed chan struct{}
+		var wake chan struct{}
 		err := s.write(ctx, func(now time.Time) (store.Change, error) {
 			before := s.pool.NextID()
 			var err error
 			l, err = s.pool.Acquire(now, r)
-			freed = s.freed
 			if err != nil {
 				if wait > 0 && kindOf(err).waitable {
-					s.waiting[&r] = start
+					wake, err = s.queueLocked(&r, start, err)
 				}
 				return store.Change{}, err
 			}
@@ -476,19 +550,20 @@ func (s *Service) Acquire(ctx context.Context, r allocator.Request, wait time.Du
 			}
 			return l, nil
 		}
-		if !kindOf(err).waitable || !time.Now().Before(deadline) || waitForFreed(ctx, freed, deadline) != nil {
+		if !kindOf(err).waitable || !time.Now().Before(deadline) || waitForFreed(ctx, wake, deadline) != nil {
 			s.metrics.acquired(start, err)
 			return allocator.Lease{}, err
 		}
 	}
 }
 
-// waitForFreed waits until freed is closed, the deadline passes or ctx ends.
-func waitForFreed(ctx context.Context, freed chan struct{}, deadline time.Time) error {
+// waitForFreed waits until wake says the request fits, the deadline
+// passes or ctx ends.
+func waitForFreed(ctx context.Context, wake chan struct{}, deadline time.Time) error {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
-	case <-freed:
+	case <-wake:
 		return nil
 	case <-t.C:
 		return context.DeadlineExceeded
@@ -497,11 +572,36 @@ func waitForFreed(ctx context.Context, freed chan struct{}, deadline time.Time) 
 	}
 }
 
+// queueLocked queues r, refused for refusal, to wait for capacity or
+// quota, unless it is queued already, and returns what wakes it; past the
+// bounds it returns why r is not queued instead of refusal.
+func (s *Service) queueLocked(r *allocator.Request, since time.Time, refusal error) (wake chan struct{}, err error) {
+	if w, queued := s.waiting[r]; queued {
+		return w.wake, refusal
+	}
+	switch {
+	case s.waitingIn[r.Namespace] >= s.cfg.MaxWaitingPerNamespace:
+		return nil, &TooManyWaitingError{Refusal: refusal, Namespace: r.Namespace, Limit: "max-waiting-per-namespace", Waiting: s.waitingIn[r.Namespace]}
+	case len(s.waiting) >= s.cfg.MaxWaiting:
+		return nil, &TooManyWaitingError{Refusal: refusal, Limit: "max-waiting", Waiting: len(s.waiting)}
+	}
+	w := &waiter{since: since, shape: shapeOf(r), wake: make(chan struct{}, 1)}
+	s.waiting[r] = w
+	s.waitingIn[r.Namespace]++
+	return w.wake, refusal
+}
+
 // notWaiting takes a request off the queue that Status shows.
 func (s *Service) notWaiting(r *allocator.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if _, queued := s.waiting[r]; !queued {
+		return
+	}
 	delete(s.waiting, r)
+	if s.waitingIn[r.Namespace]--; s.waitingIn[r.Namespace] == 0 {
+		delete(s.waitingIn, r.Namespace)
+	}
 }
 
 // remember records a granted lease's shape for the expected workload (a
@@ -757,9 +857,9 @@ func (s *Service) Status() api.PoolStatus {
 	for _, state := range s.pool.ServerStates() {
 		st.Servers = append(st.Servers, s.serverStatus(&state, leases[state.Server.Name]))
 	}
-	for r, since := range s.waiting {
+	for r, w := range s.waiting {
 		st.Pending = append(st.Pending, api.PendingRequest{Namespace: r.Namespace, Owner: api.NewOwner(r.Owner), GPUs: r.GPUs,
-			Percent: r.Percent, GPUMemoryBytes: r.GPUMemoryBytes, Since: since})
+			Percent: r.Percent, GPUMemoryBytes: r.GPUMemoryBytes, Since: w.since})
 	}
 	slices.SortFunc(st.Pending, func(a, b api.PendingRequest) int { return a.Since.Compare(b.Since) })
 	return st

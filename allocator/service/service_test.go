@@ -266,6 +266,55 @@ func TestWaitQueuesUntilShareFrees(t *testing.T) {
 	}
 }
 
+// TestWaitingIsBounded: acquisitions queue for capacity up to the bound
+// of their namespace and the bound of all; past either, one is refused at
+// once, naming the bound, and a slot that frees takes a new one.
+func TestWaitingIsBounded(t *testing.T) {
+	svc, _ := newFailingService(t, Config{MaxWaiting: 3, MaxWaitingPerNamespace: 2})
+	ctx := context.Background()
+	whole := func(ns string) allocator.Request { return allocator.Request{Namespace: ns, GPUs: 2} }
+	held, err := svc.Acquire(ctx, whole("team-a"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := make(chan error, 4)
+	wait := func(ns string) {
+		go func() {
+			_, err := svc.Acquire(ctx, whole(ns), time.Minute)
+			queued <- err
+		}()
+	}
+	wait("team-a")
+	wait("team-a")
+	waitFor(t, func() bool { return svc.pendingCount() == 2 })
+	_, err = svc.Acquire(ctx, whole("team-a"), time.Minute)
+	var tooMany *TooManyWaitingError
+	if !errors.As(err, &tooMany) || tooMany.Limit != "max-waiting-per-namespace" || kindOf(err).status != http.StatusTooManyRequests ||
+		err.Error() != "no server has 2 free GPUs; not queued: namespace team-a has 2 requests waiting, the most that max-waiting-per-namespace allows; retry later, or without waiting" {
+		t.Errorf("a third of team-a's waiting: %v; want refused by max-waiting-per-namespace", err)
+	}
+	wait("team-b")
+	waitFor(t, func() bool { return svc.pendingCount() == 3 })
+	_, err = svc.Acquire(ctx, whole("team-c"), time.Minute)
+	if !errors.As(err, &tooMany) || tooMany.Limit != "max-waiting" ||
+		err.Error() != "no server has 2 free GPUs; not queued: the allocator has 3 requests waiting, the most that max-waiting allows; retry later, or without waiting" {
+		t.Errorf("a fourth waiting: %v; want refused by max-waiting", err)
+	}
+	if _, err := svc.Acquire(ctx, whole("team-c"), 0); !isA[*allocator.NoCapacityError](err) {
+		t.Errorf("an acquisition that does not wait: %v; want no capacity, as ever", err)
+	}
+
+	if _, err := svc.Release(ctx, Principal{Admin: true}, held.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-queued; err != nil {
+		t.Fatalf("the first queued after the release: %v", err)
+	}
+	waitFor(t, func() bool { return svc.pendingCount() == 2 })
+	wait("team-c")
+	waitFor(t, func() bool { return svc.pendingCount() == 3 })
+}
+
 // TestRequiredLinkQueuesUntilLinkedGPUsFree: a request for GPUs behind
 // one PCIe switch waits while the free GPUs are on different switches,
 // rather than taking them, and gets a switch's pair once one frees.

@@ -45,6 +45,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	maxTTL := fs.Duration("max-ttl", time.Hour, "longest lease lifetime a request may ask for")
 	heartbeatTimeout := fs.Duration("heartbeat-timeout", 15*time.Second, "silence after which a server's GPUs take no new leases")
 	tick := fs.Duration("tick", time.Second, "how often leases are expired and heartbeats checked")
+	maxWaiting := fs.Int("max-waiting", service.DefaultMaxWaiting, "most acquisitions queued at once for capacity or quota (\"wait\"); past it one is refused with 429")
+	maxWaitingPerNamespace := fs.Int("max-waiting-per-namespace", service.DefaultMaxWaitingPerNamespace, "most acquisitions of one namespace queued at once; past it one is refused with 429")
 	check := fs.Bool("check", false, "verify the store (--store, --data-dir or --etcd-*) without changing it, print what it holds, and exit: 0 sound, 1 damaged or inconsistent")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: gpupool-allocator [flags]
@@ -125,7 +127,8 @@ Flags:
 	}
 	term := leadership{
 		cfg: service.Config{Policy: *policy, DefaultTTL: *defaultTTL, MaxTTL: *maxTTL,
-			HeartbeatTimeout: *heartbeatTimeout, Quotas: quotas, Registry: reg, Logger: log},
+			HeartbeatTimeout: *heartbeatTimeout, MaxWaiting: *maxWaiting, MaxWaitingPerNamespace: *maxWaitingPerNamespace,
+			Quotas: quotas, Registry: reg, Logger: log},
 		auth: auth, gatherer: reg, tick: *tick, log: log, leader: leader, current: &current, standby: standby, drain: drain,
 	}
 	switch *storeKind {
