@@ -1,11 +1,13 @@
 package service
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -333,12 +335,18 @@ func (h *handler) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 }
 
 func (h *handler) decodeUpTo(w http.ResponseWriter, r *http.Request, v any, limit int64) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err == nil {
-		if extra := dec.Decode(&json.RawMessage{}); !errors.Is(extra, io.EOF) {
-			err = errors.New("more than one JSON value (or trailing data) in the body")
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(v)
+		if err == nil {
+			if extra := dec.Decode(&json.RawMessage{}); !errors.Is(extra, io.EOF) {
+				err = errors.New("more than one JSON value (or trailing data) in the body")
+			}
+		}
+		if err == nil {
+			err = checkKeys(body, reflect.TypeOf(v))
 		}
 	}
 	var tooLarge *http.MaxBytesError

@@ -193,6 +193,8 @@ func TestBadInputNamesTheField(t *testing.T) {
 		{`{"namespace":"team-a","gpuAmount":1,"servers":["s1",""]}`, "servers", `servers \"\" must be 1..253 characters`},
 		{`{"namespace":"team-a","gpuAmount":1} garbage`, "", "more than one JSON value"},
 		{`{"namespace":"team-a","gpuAmount":1}{"namespace":"team-a","gpuAmount":1}`, "", "more than one JSON value"},
+		{`{"namespace":"team-a","gpuAmount":1,"gpuAmount":8}`, "", `key \"gpuAmount\" given twice`},
+		{`{"namespace":"team-a","GPUAmount":8}`, "", `key \"GPUAmount\": field names are case-sensitive; did you mean \"gpuAmount\"?`},
 	} {
 		status, body := send(t, http.MethodPost, a.url+"/v1/leases", teamAToken, tc.body)
 		if status != http.StatusBadRequest || !strings.Contains(body, tc.message) || !strings.Contains(body, `"field":"`+tc.field+`"`) && tc.field != "" {

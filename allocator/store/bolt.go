@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -145,12 +146,17 @@ type DamagedError struct {
 }
 
 func (e *DamagedError) Error() string {
-	return fmt.Sprintf("store file %s is damaged (%v): restore it from a backup, or move it aside "+
+	return fmt.Sprintf("store file %s is damaged (%s): restore it from a backup, or move it aside "+
 		"(mv %s %s.damaged) to start with an empty pool, where the GPU servers register again and the leases it held are lost; "+
-		"`gpupool-allocator --check --data-dir %s` verifies a store", e.Path, e.Err, e.Path, e.Path, filepath.Dir(e.Path))
+		"`gpupool-allocator --check --data-dir %s` verifies a store", e.Path, bboltWords.Replace(e.Err.Error()), e.Path, e.Path, filepath.Dir(e.Path))
 }
 
 func (e *DamagedError) Unwrap() error { return e.Err }
+
+// bboltWords drops what bbolt's own panics and checks say of themselves
+// ("panic: assertion failed: Page expected to be: 0, ..."): the page's
+// fault is the news, not bbolt's reaction to it.
+var bboltWords = strings.NewReplacer("panic: ", "", "assertion failed: ", "")
 
 // Name implements Store.
 func (*Bolt) Name() string { return "bolt" }

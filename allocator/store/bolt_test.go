@@ -114,6 +114,13 @@ func TestDamagedFilesAreRefused(t *testing.T) {
 				if !errors.As(err, &damaged) || !strings.Contains(err.Error(), "restore it from a backup") || !strings.Contains(err.Error(), "--check") {
 					t.Fatalf("open: %v; want a DamagedError saying what to do", err)
 				}
+				for _, internal := range []string{"panic", "assertion failed"} {
+					for _, e := range []error{err, checkErr} {
+						if e != nil && strings.Contains(e.Error(), internal) {
+							t.Errorf("refusal %q: bbolt's %q is no message for an operator", e, internal)
+						}
+					}
+				}
 				if checkErr == nil {
 					t.Errorf("OpenBolt refused the file (%v) but CheckBolt passed it", err)
 				}

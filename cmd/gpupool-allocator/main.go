@@ -84,6 +84,9 @@ Flags:
 			return cli.ExitUsage
 		}
 		auth, quotas = service.NewAuthenticator(cfg), cfg.Quotas()
+		if warning := cli.PrivateFileWarning(*configFile); warning != "" {
+			log.Warn(warning)
+		}
 	} else {
 		log.Warn("no --config: authentication is OFF and namespaces have no quota; serve on loopback only")
 	}
@@ -111,7 +114,11 @@ Flags:
 			stop()
 		}
 	}()
-	log.Info("allocator serving", "address", "http://"+ln.Addr().String(), "store", *storeKind, "policy", *policy)
+	// Said once the store opened sound: until then the address answers
+	// 503, and a refused store ends the process without it.
+	serving := func() {
+		log.Info("allocator serving", "address", "http://"+ln.Addr().String(), "store", *storeKind, "policy", *policy)
+	}
 	// Stop taking requests and finish those in flight before the service
 	// and the store close (and an etcd leader resigns).
 	drain := func() {
@@ -138,6 +145,7 @@ Flags:
 			log.Error("opening the store", "err", err)
 			return 1
 		}
+		serving()
 		if err := term.serve(ctx, b, nil); err != nil {
 			return finish(b, 1)
 		}
@@ -148,6 +156,7 @@ Flags:
 			log.Error("opening the store", "err", err)
 			return 1
 		}
+		serving()
 		host, _ := os.Hostname()
 		id := fmt.Sprintf("%s/%d/%s", host, os.Getpid(), ln.Addr())
 		for ctx.Err() == nil {

@@ -35,7 +35,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	hostname, _ := os.Hostname()
 	name := fs.String("name", defaultName(hostname), "server name in the pool (default: the host name, lowercased, as the kubelet names nodes)")
 	allocatorURL := fs.String("allocator", envOr("GPUPOOL_ALLOCATOR", "http://127.0.0.1:8470"), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
-	token := fs.String("token", os.Getenv("GPUPOOL_TOKEN"), "bearer token of the servers group (env GPUPOOL_TOKEN)")
+	tokens := cli.AddTokenFlags(fs, "the servers group's bearer token, or this server's own")
 	listen := fs.String("listen", "127.0.0.1:8471", "address of /metrics, /healthz and /v1/usage")
 	processSocket := fs.String("process-socket", defaultProcessSocket, "Unix socket where `gpupool run` on this host reports the processes of its leases; <name> is --name; empty: take no reports (processes in pods are still attributed by their pod)")
 	probeListen := fs.String("probe-listen", "127.0.0.1:8472", "address where clients probe the data-path round trip (TCP)")
@@ -74,8 +74,16 @@ Flags:
 		return exit
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	token, warning, err := tokens.Token()
+	if err != nil {
+		log.Error("bad flag", "err", err)
+		return cli.ExitUsage
+	}
+	if warning != "" {
+		log.Warn(warning)
+	}
 	allocatorURLs := []string{*allocatorURL}
-	cl, err := client.New(allocatorURLs, *token)
+	cl, err := client.New(allocatorURLs, token)
 	if err != nil {
 		log.Error("bad flag", "err", err)
 		return cli.ExitUsage

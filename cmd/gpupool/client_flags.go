@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/cli"
 )
 
 // defaultAllocator is where the allocator listens by default.
@@ -16,16 +17,27 @@ const defaultAllocator = "http://127.0.0.1:8470"
 
 // clientFlags are the flags of every command that talks to the allocator.
 type clientFlags struct {
-	allocator, token string
+	allocator string
+	tokens    *cli.TokenFlags
+	token     string // once client has read it
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.allocator, "allocator", envOr("GPUPOOL_ALLOCATOR", defaultAllocator), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
-	fs.StringVar(&c.token, "token", os.Getenv("GPUPOOL_TOKEN"), "bearer token (env GPUPOOL_TOKEN)")
+	c.tokens = cli.AddTokenFlags(fs, "the namespace's bearer token")
 }
 
 func (c *clientFlags) client(stderr io.Writer) (*client.Client, bool) {
-	cl, err := client.New([]string{c.allocator}, c.token)
+	token, warning, err := c.tokens.Token()
+	if err != nil {
+		fmt.Fprintln(stderr, "gpupool:", err)
+		return nil, false
+	}
+	if warning != "" {
+		fmt.Fprintln(stderr, "gpupool: warning:", warning)
+	}
+	c.token = token
+	cl, err := client.New([]string{c.allocator}, token)
 	if err != nil {
 		fmt.Fprintln(stderr, "gpupool: --allocator:", err)
 		return nil, false

@@ -10,7 +10,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/pflag"
 )
@@ -91,4 +93,64 @@ func (l *LogFlags) Logger(w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", l.format)
+}
+
+// TokenEnv is where a command that calls the allocator finds its bearer
+// token when no file names it.
+const TokenEnv = "GPUPOOL_TOKEN"
+
+// TokenFlags are how a command that calls the allocator takes its bearer
+// token: from a file (as a Secret mounts one) or from GPUPOOL_TOKEN, never
+// from the command line, where every user of the host reads it (ps,
+// /proc/PID/cmdline). --token stays for old scripts, and warns.
+type TokenFlags struct {
+	file, inline string
+}
+
+// AddTokenFlags registers --token-file and --token on fs; what says whose
+// token it is ("a namespace's token").
+func AddTokenFlags(fs *flag.FlagSet, what string) *TokenFlags {
+	t := &TokenFlags{}
+	fs.StringVar(&t.file, "token-file", "", "file holding "+what+" (default: env "+TokenEnv+")")
+	fs.StringVar(&t.inline, "token", "", "the token itself: DEPRECATED, every user of the host sees a command line; use env "+TokenEnv+" or --token-file")
+	return t
+}
+
+// Token is the bearer token the flags name, and a warning to show when it
+// came from the command line.
+func (t *TokenFlags) Token() (token, warning string, err error) {
+	switch {
+	case t.file != "" && t.inline != "":
+		return "", "", errors.New("--token-file and --token both name a token: give one")
+	case t.file != "":
+		token, err = ReadToken(t.file)
+		if err != nil {
+			return "", "", fmt.Errorf("--token-file: %w", err)
+		}
+		return token, "", nil
+	case t.inline != "":
+		return t.inline, "--token puts the token on the command line, where every user of this host can read it; use env " + TokenEnv + " or --token-file", nil
+	}
+	return os.Getenv(TokenEnv), "", nil
+}
+
+// PrivateFileWarning is a warning when users other than this process's
+// may read the file at path, which holds secrets: others, or a group this
+// process is not in (a Secret volume's group is the pod's own fsGroup);
+// "" when none may (or it cannot be read at all: opening it says why).
+func PrivateFileWarning(path string) string {
+	info, err := os.Stat(path)
+	if err != nil {
+		return ""
+	}
+	perm := info.Mode().Perm()
+	byGroup := perm&0o040 != 0
+	if st, ok := info.Sys().(*syscall.Stat_t); ok && byGroup {
+		groups, _ := os.Getgroups()
+		byGroup = int(st.Gid) != os.Getegid() && !slices.Contains(groups, int(st.Gid))
+	}
+	if perm&0o004 == 0 && !byGroup {
+		return ""
+	}
+	return fmt.Sprintf("%s holds secrets and other users may read it (mode %04o); chmod 600 it", path, perm)
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"cmp"
 	"flag"
 	"fmt"
 	"os"
@@ -108,6 +109,66 @@ func TestLogFlags(t *testing.T) {
 		}
 		if tc.json != "" && !strings.Contains(out.String(), tc.json) {
 			t.Errorf("%v: logged %q, want JSON with %s", tc.args, out.String(), tc.json)
+		}
+	}
+}
+
+// TestTokenFlags: a token comes from --token-file or GPUPOOL_TOKEN; one on
+// the command line still works, with a warning; both flags are refused.
+func TestTokenFlags(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("from-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(TokenEnv, "from-env")
+	for _, tc := range []struct {
+		args           []string
+		token, warning string
+		err            string
+	}{
+		{nil, "from-env", "", ""},
+		{[]string{"--token-file", file}, "from-file", "", ""},
+		{[]string{"--token", "inline"}, "inline", "--token puts the token on the command line, where every user of this host can read it; use env GPUPOOL_TOKEN or --token-file", ""},
+		{[]string{"--token", "inline", "--token-file", file}, "", "", "--token-file and --token both name a token: give one"},
+		{[]string{"--token-file", file + ".missing"}, "", "", "--token-file: open " + file + ".missing: no such file or directory"},
+	} {
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		flags := AddTokenFlags(fs, "a namespace's token")
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		token, warning, err := flags.Token()
+		if token != tc.token || warning != tc.warning || fmt.Sprint(err) != cmp.Or(tc.err, "<nil>") {
+			t.Errorf("%v: %q, warning %q, error %v; want %q, %q, %s", tc.args, token, warning, err, tc.token, tc.warning, tc.err)
+		}
+	}
+}
+
+// TestPrivateFileWarning: a file of secrets that others, or a group this
+// process is not in, may read is warned about; one only its owner (or
+// this process's group) reads is not.
+func TestPrivateFileWarning(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		mode os.FileMode
+		warn bool
+	}{{0o600, false}, {0o400, false}, {0o640, false}, {0o644, true}, {0o604, true}} {
+		if err := os.Chmod(file, tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		if got := PrivateFileWarning(file); (got != "") != tc.warn {
+			t.Errorf("mode %04o: warning %q, want one: %v", tc.mode, got, tc.warn)
+		}
+	}
+	if err := os.Chown(file, -1, 12345); err == nil { // as root: a group this process is not in
+		if err := os.Chmod(file, 0o640); err != nil {
+			t.Fatal(err)
+		}
+		if want := file + " holds secrets and other users may read it (mode 0640); chmod 600 it"; PrivateFileWarning(file) != want {
+			t.Errorf("mode 0640, another group: warning %q, want %q", PrivateFileWarning(file), want)
 		}
 	}
 }
