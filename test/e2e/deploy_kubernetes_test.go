@@ -31,8 +31,8 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
-	"github.com/gpupool/gpupool/kube"
 	"github.com/gpupool/gpupool/internal/kubeconfig"
+	"github.com/gpupool/gpupool/kube"
 	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
 )
 
