@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -13,6 +15,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -56,6 +59,26 @@ func New(endpoints []string, token string) (*Client, error) {
 		return nil, errors.New("no allocator address given")
 	}
 	return &Client{endpoints: eps, token: token, http: &http.Client{Transport: keepAlive()}, Retries: 20, Backoff: 250 * time.Millisecond, Timeout: 30 * time.Second}, nil
+}
+
+// TrustCAFile has the client verify an https:// allocator against the CA
+// certificates (PEM) in path, rather than the system's roots, as
+// deploy/certs.sh and cert-manager issue the allocator's. "" keeps the
+// system's roots.
+func (c *Client) TrustCAFile(path string) error {
+	if path == "" {
+		return nil
+	}
+	pem, err := os.ReadFile(path) //nolint:gosec // the operator names the CA file
+	if err != nil {
+		return fmt.Errorf("the allocator's CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("the allocator's CA: %s holds no PEM certificate", path)
+	}
+	c.http.Transport.(*http.Transport).TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+	return nil
 }
 
 // idleConnections is how many connections to each endpoint a client keeps

@@ -36,6 +36,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("gpupool-adapter", pflag.ContinueOnError)
 	backend := fs.String("backend", "direct", "where values come from: direct (the allocator and the GPU-server daemons; no Prometheus) or prometheus (PromQL)")
 	allocatorURL := fs.String("allocator", "http://127.0.0.1:8470", "allocator address(es), comma-separated (--backend direct)")
+	caFile := fs.String(cli.AllocatorCAFlag, os.Getenv(cli.AllocatorCAEnv), cli.AllocatorCAUsage)
 	tokenFile := fs.String("allocator-token-file", "", "file holding an allocator admin token: the adapter reads every namespace's leases (--backend direct)")
 	refresh := fs.Duration("refresh", 500*time.Millisecond, "how long one read of the pool answers queries (--backend direct)")
 	promURL := fs.String("prometheus-url", "http://127.0.0.1:9090", "Prometheus (or VictoriaMetrics) base URL (--backend prometheus)")
@@ -89,6 +90,9 @@ Flags:
 		c, err := client.New([]string{*allocatorURL}, token)
 		if err != nil {
 			return bad("--allocator: %v", err)
+		}
+		if err := c.TrustCAFile(*caFile); err != nil {
+			return bad("--allocator-ca-file: %v", err)
 		}
 		// The HPA asks again in 15 s: answer now, from whichever replica
 		// leads (each is tried twice), or not at all.

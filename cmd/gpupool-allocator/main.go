@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -33,7 +34,10 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpupool-allocator", flag.ContinueOnError)
-	listen := fs.String("listen", "127.0.0.1:8470", "address to serve the API and /metrics on")
+	listen := fs.String("listen", "127.0.0.1:8470", "address to serve the API and /metrics on; off loopback it needs --tls-cert-file (or --insecure-http)")
+	certFile := fs.String("tls-cert-file", "", "serving certificate (PEM) for HTTPS; read again when it changes, as when cert-manager renews it")
+	keyFile := fs.String("tls-private-key-file", "", "the certificate's private key (PEM)")
+	insecureHTTP := fs.Bool("insecure-http", false, "serve plain HTTP on a --listen address off loopback: every client's bearer token then crosses the network in clear text")
 	storeKind := fs.String("store", "bolt", "where state lives: bolt (embedded, one file in --data-dir) or etcd (replicas with leader election)")
 	dataDir := fs.String("data-dir", "gpupool-data", "directory of the embedded store (one bbolt file)")
 	etcdEndpoints := fs.String("etcd-endpoints", "http://127.0.0.1:2379", "etcd endpoints, comma-separated (--store etcd)")
@@ -102,10 +106,20 @@ Flags:
 	var current atomic.Pointer[http.Handler]
 	standby := service.StandbyHandler(reg, log)
 	current.Store(&standby)
+	tlsConfig, err := httpserver.ServingTLS(*listen, *certFile, *keyFile, *insecureHTTP, log)
+	if err != nil {
+		log.Error("bad flag", "err", err)
+		return cli.ExitUsage
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		log.Error("listening", "err", err)
 		return 1
+	}
+	scheme := "http"
+	if tlsConfig != nil {
+		scheme = "https"
+		ln = tls.NewListener(ln, tlsConfig)
 	}
 	srv := httpserver.New(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*current.Load()).ServeHTTP(w, r) }), httpserver.Default)
 	go func() {
@@ -117,7 +131,7 @@ Flags:
 	// Said once the store opened sound: until then the address answers
 	// 503, and a refused store ends the process without it.
 	serving := func() {
-		log.Info("allocator serving", "address", "http://"+ln.Addr().String(), "store", *storeKind, "policy", *policy)
+		log.Info("allocator serving", "address", scheme+"://"+ln.Addr().String(), "store", *storeKind, "policy", *policy)
 	}
 	// Stop taking requests and finish those in flight before the service
 	// and the store close (and an etcd leader resigns).

@@ -31,6 +31,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpupool-device-plugin", flag.ContinueOnError)
 	node := fs.String("node", os.Getenv("NODE_NAME"), "this node's name, which is its GPU server's name in the pool (env NODE_NAME, from the downward API's spec.nodeName)")
 	allocatorURL := fs.String("allocator", "http://127.0.0.1:8470", "allocator address(es), comma-separated")
+	caFile := cli.AddAllocatorCAFlag(fs)
 	tokenFile := fs.String("token-file", "", "file holding the allocator's servers token (a per-server token of this node will do): it reads this node's server and the leases on it")
 	unitName := fs.String("unit", string(kube.UnitPercent), "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 devices per GPU) or gpus (one per GPU)")
 	kubeconfigPath := fs.String("kubeconfig", "", "kubeconfig of the cluster; empty uses the in-cluster config")
@@ -103,6 +104,9 @@ Flags:
 	alloc, err := client.New([]string{*allocatorURL}, token)
 	if err != nil {
 		return bad(fmt.Errorf("--allocator: %w", err))
+	}
+	if err := alloc.TrustCAFile(*caFile); err != nil {
+		return bad(fmt.Errorf("--allocator-ca-file: %w", err))
 	}
 	// Allocate holds up the kubelet's admission of every pod of the node
 	// while it checks a lease: give up within seconds, and the pod fails

@@ -32,7 +32,7 @@ func main() {
 
 // options are the command line's.
 type options struct {
-	allocator, poolConfig, namePrefix, usageListen, adapter, summaryJSON string
+	allocator, allocatorCA, poolConfig, namePrefix, usageListen, adapter, summaryJSON string
 	servers, gpusPerServer, leases, percent, group, concurrency          int
 	allocatorPID                                                         int
 	ttl, heartbeat, duration, progress                                   time.Duration
@@ -63,6 +63,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpupool-load", flag.ContinueOnError)
 	var o options
 	fs.StringVar(&o.allocator, "allocator", envOr("GPUPOOL_ALLOCATOR", "http://127.0.0.1:8470"), "allocator URL (env GPUPOOL_ALLOCATOR)")
+	fs.StringVar(&o.allocatorCA, cli.AllocatorCAFlag, os.Getenv(cli.AllocatorCAEnv), cli.AllocatorCAUsage)
 	fs.StringVar(&o.poolConfig, "pool-config", "", "the allocator's --config file, for its servers token and namespace tokens; empty for an allocator without tokens (clients then use namespace default)")
 	fs.IntVar(&o.servers, "servers", 20, "GPU servers to play")
 	fs.IntVar(&o.gpusPerServer, "gpus-per-server", 8, "GPUs of each server")
@@ -202,10 +203,13 @@ func readTokens(path string) (tokens, error) {
 
 // newClient is a client that fails a call at once rather than retrying it
 // for seconds, so that every failure is counted.
-func newClient(url, token string) (*client.Client, error) {
+func newClient(url, caFile, token string) (*client.Client, error) {
 	c, err := client.New([]string{url}, token)
 	if err != nil {
 		return nil, fmt.Errorf("--allocator: %w", err)
+	}
+	if err := c.TrustCAFile(caFile); err != nil {
+		return nil, fmt.Errorf("--allocator-ca-file: %w", err)
 	}
 	c.Retries = 1
 	return c, nil
@@ -214,7 +218,7 @@ func newClient(url, token string) (*client.Client, error) {
 // runLoad runs the servers and the clients until the duration is over or
 // ctx ends, printing progress, and returns the summary.
 func runLoad(ctx context.Context, o *options, tk tokens, stdout io.Writer) (*summary, error) {
-	serversClient, err := newClient(o.allocator, tk.servers)
+	serversClient, err := newClient(o.allocator, o.allocatorCA, tk.servers)
 	if err != nil {
 		return nil, err
 	}
@@ -241,7 +245,7 @@ func runLoad(ctx context.Context, o *options, tk tokens, stdout io.Writer) (*sum
 		g := i / o.group
 		nt := tk.namespaces[g%len(tk.namespaces)]
 		if clients[nt.namespace] == nil {
-			if clients[nt.namespace], err = newClient(o.allocator, nt.token); err != nil {
+			if clients[nt.namespace], err = newClient(o.allocator, o.allocatorCA, nt.token); err != nil {
 				return nil, err
 			}
 		}

@@ -46,6 +46,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	clientCAFile := fs.String("client-ca-file", "", "CA (PEM) that signs kube-scheduler's client certificate; required off loopback")
 	metricsListen := fs.String("metrics-listen", "127.0.0.1:9474", "address of /metrics and /healthz (plain HTTP)")
 	allocatorURL := fs.String("allocator", "http://127.0.0.1:8470", "allocator address(es), comma-separated")
+	caFile := cli.AddAllocatorCAFlag(fs)
 	tokenFile := fs.String("token-file", "", "file holding an allocator admin token: the extender acquires leases in every namespace")
 	kubeconfigPath := fs.String("kubeconfig", "", "kubeconfig of the cluster; empty uses the in-cluster config")
 	unitName := fs.String("unit", string(kube.UnitPercent), "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 is one GPU, as BFK) or gpus; the unit the ResourceQuotas' requests.bitfusion.io/gpu are read in")
@@ -123,6 +124,9 @@ Flags:
 	alloc, err := client.New([]string{*allocatorURL}, token)
 	if err != nil {
 		return bad(fmt.Errorf("--allocator: %w", err))
+	}
+	if err := alloc.TrustCAFile(*caFile); err != nil {
+		return bad(fmt.Errorf("--allocator-ca-file: %w", err))
 	}
 	// kube-scheduler waits 5 s for a filter (its httpTimeout) while its
 	// one scheduling loop waits with it: fail over between replicas once
@@ -206,12 +210,10 @@ Flags:
 // anyone who reaches /filter takes GPUs, so off loopback the extender
 // answers only clients with a certificate from clientCAFile.
 func servingTLS(listen, certFile, keyFile, clientCAFile string, log *slog.Logger) (*tls.Config, error) {
-	host, _, err := net.SplitHostPort(listen)
+	loopback, err := httpserver.IsLoopback(listen)
 	if err != nil {
-		return nil, fmt.Errorf("--listen %q: %w", listen, err)
+		return nil, err
 	}
-	ip := net.ParseIP(host)
-	loopback := host == "localhost" || ip != nil && ip.IsLoopback()
 	switch {
 	case (certFile == "") != (keyFile == ""):
 		return nil, errors.New("--tls-cert-file and --tls-private-key-file go together")

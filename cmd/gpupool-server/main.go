@@ -35,6 +35,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	hostname, _ := os.Hostname()
 	name := fs.String("name", defaultName(hostname), "server name in the pool (default: the host name, lowercased, as the kubelet names nodes)")
 	allocatorURL := fs.String("allocator", envOr("GPUPOOL_ALLOCATOR", "http://127.0.0.1:8470"), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
+	caFile := cli.AddAllocatorCAFlag(fs)
 	tokens := cli.AddTokenFlags(fs, "the servers group's bearer token, or this server's own")
 	listen := fs.String("listen", "127.0.0.1:8471", "address of /metrics, /healthz and /v1/usage")
 	processSocket := fs.String("process-socket", defaultProcessSocket, "Unix socket where `gpupool run` on this host reports the processes of its leases; <name> is --name; empty: take no reports (processes in pods are still attributed by their pod)")
@@ -84,6 +85,9 @@ Flags:
 	}
 	allocatorURLs := []string{*allocatorURL}
 	cl, err := client.New(allocatorURLs, token)
+	if err == nil {
+		err = cl.TrustCAFile(*caFile)
+	}
 	if err != nil {
 		log.Error("bad flag", "err", err)
 		return cli.ExitUsage

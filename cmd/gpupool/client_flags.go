@@ -18,12 +18,14 @@ const defaultAllocator = "http://127.0.0.1:8470"
 // clientFlags are the flags of every command that talks to the allocator.
 type clientFlags struct {
 	allocator string
+	caFile    *string
 	tokens    *cli.TokenFlags
 	token     string // once client has read it
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.allocator, "allocator", envOr("GPUPOOL_ALLOCATOR", defaultAllocator), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
+	c.caFile = cli.AddAllocatorCAFlag(fs)
 	c.tokens = cli.AddTokenFlags(fs, "the namespace's bearer token")
 }
 
@@ -38,6 +40,9 @@ func (c *clientFlags) client(stderr io.Writer) (*client.Client, bool) {
 	}
 	c.token = token
 	cl, err := client.New([]string{c.allocator}, token)
+	if err == nil {
+		err = cl.TrustCAFile(*c.caFile)
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "gpupool: --allocator:", err)
 		return nil, false

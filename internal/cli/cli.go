@@ -154,3 +154,17 @@ func PrivateFileWarning(path string) string {
 	}
 	return fmt.Sprintf("%s holds secrets and other users may read it (mode %04o); chmod 600 it", path, perm)
 }
+
+// AllocatorCAFlag, AllocatorCAEnv and AllocatorCAUsage make the flag of
+// the CA that signed an https:// allocator's certificate
+// (client.TrustCAFile), the same in every command.
+const (
+	AllocatorCAFlag  = "allocator-ca-file"
+	AllocatorCAEnv   = "GPUPOOL_ALLOCATOR_CA_FILE"
+	AllocatorCAUsage = "CA certificate (PEM) that signed the allocator's serving certificate, for an https:// allocator (env " + AllocatorCAEnv + "; default: the system's roots)"
+)
+
+// AddAllocatorCAFlag registers --allocator-ca-file on fs.
+func AddAllocatorCAFlag(fs *flag.FlagSet) *string {
+	return fs.String(AllocatorCAFlag, os.Getenv(AllocatorCAEnv), AllocatorCAUsage)
+}

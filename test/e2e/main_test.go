@@ -83,7 +83,7 @@ func (s *syncBuffer) String() string {
 }
 
 var (
-	addressLine = regexp.MustCompile(`address=(http://\S+)`)
+	addressLine = regexp.MustCompile(`address=(https?://\S+)`)
 	// readyLine is logged when the replica serves the API or stands by.
 	readyLine = regexp.MustCompile(`allocator ready|standing by for leadership`)
 )
