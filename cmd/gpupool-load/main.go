@@ -33,10 +33,10 @@ func main() {
 // options are the command line's.
 type options struct {
 	allocator, allocatorCA, poolConfig, namePrefix, usageListen, adapter, summaryJSON string
-	servers, gpusPerServer, leases, percent, group, concurrency          int
-	allocatorPID                                                         int
-	ttl, heartbeat, duration, progress                                   time.Duration
-	keep, adapterInsecure                                                bool
+	servers, gpusPerServer, leases, percent, group, concurrency                       int
+	allocatorPID                                                                      int
+	ttl, heartbeat, duration, progress                                                time.Duration
+	keep, adapterInsecure                                                             bool
 }
 
 const usage = `Usage: gpupool-load [flags]
