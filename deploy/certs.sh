@@ -5,6 +5,8 @@
 #
 #   ca.crt, ca.key                        the CA (10 years); kept when it exists,
 #                                         so that a renewal keeps every caBundle
+#   gpupool-allocator.{crt,key}           serving, gpupool-allocator.gpupool.svc and
+#                                         each replica of overlays/etcd
 #   gpupool-adapter.{crt,key}             serving, gpupool-adapter.gpupool.svc
 #   gpupool-webhook.{crt,key}             serving, gpupool-webhook.gpupool.svc
 #   gpupool-scheduler.{crt,key}           serving, gpupool-scheduler.gpupool.svc
@@ -38,6 +40,11 @@ issue() {
   rm "$1.csr"
 }
 
+# The allocator's clients send bearer tokens: they reach its Service, or
+# each replica of overlays/etcd by its own name under gpupool-allocator-peers.
+issue gpupool-allocator gpupool-allocator.gpupool.svc \
+  "extendedKeyUsage=serverAuth
+subjectAltName=DNS:gpupool-allocator.gpupool.svc,DNS:gpupool-allocator.gpupool.svc.cluster.local,DNS:*.gpupool-allocator-peers.gpupool.svc,DNS:*.gpupool-allocator-peers.gpupool.svc.cluster.local"
 for service in gpupool-adapter gpupool-webhook gpupool-scheduler; do
   issue "$service" "$service.gpupool.svc" \
     "extendedKeyUsage=serverAuth

@@ -221,7 +221,7 @@ func TestEtcdEndpoints(t *testing.T) {
 	find(t, objs, "ConfigMap", "gpupool-endpoints", &cm)
 	var want []string
 	for i := range *sts.Spec.Replicas {
-		want = append(want, "http://gpupool-allocator-"+strconv.Itoa(int(i))+"."+sts.Spec.ServiceName+".gpupool.svc:8470")
+		want = append(want, "https://gpupool-allocator-"+strconv.Itoa(int(i))+"."+sts.Spec.ServiceName+".gpupool.svc:8470")
 	}
 	if got := strings.Split(cm.Data["allocator"], ","); !slices.Equal(got, want) {
 		t.Errorf("allocator endpoints %q, want %q", got, want)
@@ -666,6 +666,62 @@ images:
 		}
 		if n == 0 {
 			t.Errorf("%s: no gpupool container", dir)
+		}
+	}
+}
+
+// TestAllocatorOnTLS: in every overlay the allocator serves HTTPS from
+// its Secret, every address of it is https://, and every container that
+// calls it verifies it against the Secret's ca.crt, mounted alone (never
+// the allocator's key).
+func TestAllocatorOnTLS(t *testing.T) {
+	for _, dir := range []string{"overlays/embedded", "overlays/etcd", "overlays/full"} {
+		objs := build(t, dir)
+		var cm corev1.ConfigMap
+		find(t, objs, "ConfigMap", "gpupool-endpoints", &cm)
+		for _, u := range strings.Split(cm.Data["allocator"], ",") {
+			if !strings.HasPrefix(u, "https://") {
+				t.Errorf("%s: the allocator at %s, want https", dir, u)
+			}
+		}
+		for _, o := range objs {
+			pod, ok := podSpec(t, o)
+			if !ok {
+				continue
+			}
+			volumes := map[string]corev1.Volume{}
+			for _, v := range pod.Volumes {
+				volumes[v.Name] = v
+			}
+			for _, c := range pod.Containers {
+				what := dir + ": " + o.GetName() + "/" + c.Name
+				if slices.Contains(c.Command, "gpupool-allocator") && (!slices.Contains(c.Args, "--tls-cert-file=/etc/gpupool/tls/tls.crt") ||
+					volumes["tls"].Secret == nil || volumes["tls"].Secret.SecretName != "gpupool-allocator-tls") {
+					t.Errorf("%s: serves no TLS from gpupool-allocator-tls: %v", what, c.Args)
+				}
+				env := map[string]corev1.EnvVar{}
+				for _, e := range c.Env {
+					env[e.Name] = e
+				}
+				if _, calls := env["GPUPOOL_ALLOCATOR"]; !calls {
+					continue
+				}
+				caFile := env["GPUPOOL_ALLOCATOR_CA_FILE"].Value
+				var mounted *corev1.VolumeMount
+				for i, m := range c.VolumeMounts {
+					if caFile != "" && strings.HasPrefix(caFile, m.MountPath+"/") {
+						mounted = &c.VolumeMounts[i]
+					}
+				}
+				if mounted == nil {
+					t.Errorf("%s calls the allocator and trusts no CA file (%q)", what, caFile)
+					continue
+				}
+				v := volumes[mounted.Name].Secret
+				if v == nil || v.SecretName != "gpupool-allocator-tls" || len(v.Items) != 1 || v.Items[0].Key != "ca.crt" {
+					t.Errorf("%s: volume %s is %+v, want ca.crt of gpupool-allocator-tls alone", what, mounted.Name, v)
+				}
+			}
 		}
 	}
 }

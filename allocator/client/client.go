@@ -77,8 +77,14 @@ func (c *Client) TrustCAFile(path string) error {
 	if !pool.AppendCertsFromPEM(pem) {
 		return fmt.Errorf("the allocator's CA: %s holds no PEM certificate", path)
 	}
-	c.http.Transport.(*http.Transport).TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+	c.SetTLS(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool})
 	return nil
+}
+
+// SetTLS has the client speak to an https:// allocator as cfg says (its
+// roots, the name to verify when the address is an IP).
+func (c *Client) SetTLS(cfg *tls.Config) {
+	c.http.Transport.(*http.Transport).TLSClientConfig = cfg
 }
 
 // idleConnections is how many connections to each endpoint a client keeps

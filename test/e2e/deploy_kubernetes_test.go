@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -32,6 +33,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/kubeconfig"
+	"github.com/gpupool/gpupool/internal/testcert"
 	"github.com/gpupool/gpupool/kube"
 	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
 )
@@ -61,7 +63,21 @@ func TestDeployedKubernetesComponent(t *testing.T) {
 	}
 
 	config := writePoolConfig(t, nil)
-	a := startAllocator(t, "--data-dir", t.TempDir(), "--config", config.Path, "--heartbeat-timeout", "1h")
+	// The allocator on HTTPS, as the overlay runs it, but a port on
+	// loopback: its certificate names 127.0.0.1, from a CA of the test's,
+	// in the Secret whose ca.crt the manifests mount into its clients.
+	allocatorCA := testcert.NewCA(t, "gpupool-allocator-ca")
+	allocatorCerts := t.TempDir()
+	allocatorCAFile := allocatorCA.WriteFile(t, allocatorCerts)
+	allocatorCert, allocatorKey := testcert.WritePair(t, allocatorCerts, allocatorCA.Issue(t, "gpupool-allocator", x509.ExtKeyUsageServerAuth))
+	a := startAllocator(t, "--data-dir", t.TempDir(), "--config", config.Path, "--heartbeat-timeout", "1h",
+		"--tls-cert-file", allocatorCert, "--tls-private-key-file", allocatorKey)
+	trusting := func(c *client.Client) *client.Client {
+		if err := c.TrustCAFile(allocatorCAFile); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
 	// GPUs of the cluster's gpu-memory setting, where the pool counts a
 	// gpu-memory request as the quota does (docs/kubernetes.md, "The unit").
 	var settings corev1.ConfigMap
@@ -71,7 +87,7 @@ func TestDeployedKubernetesComponent(t *testing.T) {
 	for i := range server.GPUs {
 		server.GPUs[i].MemoryBytes = gpuMemory.Value()
 	}
-	register(t, newClient(t, a.URL, config.Servers), server)
+	register(t, trusting(newClient(t, a.URL, config.Servers)), server)
 	if err := cp.AddKwokNode(ctx, "gpu-0", map[string]string{"cpu": "96", "memory": "512Gi", "pods": "110"}); err != nil {
 		t.Fatal(err)
 	}
@@ -90,6 +106,12 @@ func TestDeployedKubernetesComponent(t *testing.T) {
 	}
 	certs := makeCerts(t)
 	createCertSecrets(ctx, t, cp.Client, certs)
+	allocatorTLS := map[string][]byte{corev1.TLSCertKey: []byte(readString(t, allocatorCerts, "tls.crt")),
+		corev1.TLSPrivateKeyKey: []byte(readString(t, allocatorCerts, "tls.key")), "ca.crt": []byte(readString(t, allocatorCerts, "ca.crt"))}
+	if _, err := cp.Client.CoreV1().Secrets("gpupool").Update(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "gpupool-allocator-tls", Namespace: "gpupool"},
+		Data: allocatorTLS}, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	var tokens corev1.Secret
 	decode(t, find(t, objs, "Secret", "gpupool-tokens"), &tokens)
 	createSecret(ctx, t, cp.Client, tokens.Name, map[string]string{"admin-token": config.Admin, "server-token": config.Servers})
@@ -193,7 +215,7 @@ func TestDeployedKubernetesComponent(t *testing.T) {
 		}
 	}
 
-	admin := newClient(t, a.URL, config.Admin)
+	admin := trusting(newClient(t, a.URL, config.Admin))
 	leases := func() map[string]api.Lease {
 		t.Helper()
 		ls, err := admin.Leases(ctx, client.LeaseFilter{Namespace: ns})
@@ -369,7 +391,7 @@ func makeCerts(t *testing.T) string {
 // certs, into the Secrets the components mount, as deploy/README.md says.
 func createCertSecrets(ctx context.Context, t *testing.T, c kubernetes.Interface, certs string) {
 	t.Helper()
-	for _, name := range []string{"gpupool-adapter-tls", "gpupool-webhook-tls", "gpupool-scheduler-tls", "gpupool-kube-scheduler-client"} {
+	for _, name := range []string{"gpupool-allocator-tls", "gpupool-adapter-tls", "gpupool-webhook-tls", "gpupool-scheduler-tls", "gpupool-kube-scheduler-client"} {
 		leaf := strings.TrimSuffix(name, "-tls")
 		createSecret(ctx, t, c, name, map[string]string{
 			corev1.TLSCertKey: readString(t, certs, leaf+".crt"), corev1.TLSPrivateKeyKey: readString(t, certs, leaf+".key"), "ca.crt": readString(t, certs, "ca.crt")})
@@ -425,8 +447,8 @@ func podOf(t *testing.T, objs []*unstructured.Unstructured, name string) corev1.
 // startPod does for the first container of pod what a kubelet does: it
 // writes the Secrets and ConfigMaps the container mounts into directories
 // of the test, reads its environment from the cluster, and runs its command
-// (the program of that name in dir) with its arguments, $(VAR) expanded and
-// each mount path replaced by its directory. flags replace the values of
+// (the program of that name in dir) with that environment and its
+// arguments, $(VAR) expanded and each mount path replaced by its directory. flags replace the values of
 // those flags or are added: the addresses, and the kubeconfig a pod has by
 // its ServiceAccount. edit, if given, sees the directories by mount path
 // before the command starts.
@@ -513,7 +535,16 @@ func startPod(ctx context.Context, t *testing.T, c kubernetes.Interface, logs *s
 	for _, f := range edit {
 		f(mounts)
 	}
-	startCommand(t, logs, nil, filepath.Join(dir, filepath.Base(ctr.Command[0])), ready, args...)
+	// The container's environment, as the kubelet sets it, its paths where
+	// the mounts are here.
+	var environ []string
+	for name, value := range env {
+		for path, local := range mounts {
+			value = strings.ReplaceAll(value, path, local)
+		}
+		environ = append(environ, name+"="+value)
+	}
+	startCommand(t, logs, environ, filepath.Join(dir, filepath.Base(ctr.Command[0])), ready, args...)
 }
 
 // rewriteSchedulerConfig points kube-scheduler's configuration, mounted

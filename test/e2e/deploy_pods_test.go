@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -159,7 +161,12 @@ func TestOverlayRunsAsPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin := newClient(t, fmt.Sprintf("http://%s:%d", allocator.Spec.ClusterIP, allocator.Spec.Ports[0].Port), config.Admin)
+	// Over HTTPS by the Service's address, checking the name the
+	// certificate has for it, against deploy/certs.sh's CA.
+	admin := newClient(t, fmt.Sprintf("https://%s:%d", allocator.Spec.ClusterIP, allocator.Spec.Ports[0].Port), config.Admin)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca)
+	admin.SetTLS(&tls.Config{RootCAs: roots, ServerName: "gpupool-allocator.gpupool.svc"})
 	checkPodLeaseEnv(t, ctx, cp, admin, node.Name, running, 50)
 	t.Logf("the BFK pod Running with its lease %v after the test started", time.Since(start).Round(100*time.Millisecond))
 }
