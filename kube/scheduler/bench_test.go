@@ -10,6 +10,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
@@ -45,14 +46,15 @@ func openBServers(b *testing.B) []api.Server {
 
 // filterBodies are kube-scheduler's filter calls for n pods of the
 // webhook's shape (10% of a GPU each, BFK's annotations, a
-// bitfusion.io/gpu limit) over every server as a candidate.
-func filterBodies(b *testing.B, servers []api.Server, n int) [][]byte {
+// bitfusion.io/gpu limit) over every server as a candidate, and the pods,
+// which the extender reads from the cluster.
+func filterBodies(b *testing.B, servers []api.Server, n int) ([][]byte, []runtime.Object) {
 	b.Helper()
 	names := make([]string, len(servers))
 	for i, s := range servers {
 		names[i] = s.Name
 	}
-	bodies := make([][]byte, n)
+	bodies, pods := make([][]byte, n), make([]runtime.Object, n)
 	for i := range bodies {
 		pod := testPod(fmt.Sprintf("worker-%d", i), kube.Request{GPUAmount: 1, GPUPercent: 10})
 		pod.UID = types.UID(fmt.Sprintf("7f9c2ba4-e88f-11e7-aa6a-%012d", i))
@@ -67,8 +69,9 @@ func filterBodies(b *testing.B, servers []api.Server, n int) [][]byte {
 		pod.Spec.SchedulerName = "gpupool-scheduler"
 		pod.Spec.NodeSelector = map[string]string{"bitfusion-node": "enabled"}
 		bodies[i] = mustJSON(b, extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+		pods[i] = pod
 	}
-	return bodies
+	return bodies, pods
 }
 
 // BenchmarkFilter1213Nodes times a filter call as kube-scheduler makes it
@@ -82,7 +85,8 @@ func BenchmarkFilter1213Nodes(b *testing.B) {
 	b.Run("allocator", func(b *testing.B) {
 		a := servicetest.Start(b, nil)
 		a.Register(b, servers)
-		benchmarkFilter(b, newExtenderOn(b, a.Client(b)), filterBodies(b, servers, b.N))
+		bodies, pods := filterBodies(b, servers, b.N)
+		benchmarkFilter(b, newExtenderOn(b, a.Client(b), pods...), bodies)
 	})
 	b.Run("extender", func(b *testing.B) {
 		lease := mustJSON(b, api.Lease{ID: "lease-000001", Namespace: "team-a", Server: servers[0].Name,
@@ -97,7 +101,8 @@ func BenchmarkFilter1213Nodes(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		benchmarkFilter(b, newExtenderOn(b, alloc), filterBodies(b, servers, b.N))
+		bodies, pods := filterBodies(b, servers, b.N)
+		benchmarkFilter(b, newExtenderOn(b, alloc, pods...), bodies)
 	})
 }
 
