@@ -141,9 +141,10 @@ e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the 
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -count=1 -timeout 30m ./test/e2e/...
 
 .PHONY: bench
-bench: deps build ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, daemon scrape and sampling cost, the simulated GPUs' /proc pass, a scheduler-extender filter at 1,213 nodes, adapter latency, HPA reaction time, kwok at 1,213 nodes, the OpenB workload placed through Kubernetes at 100 pods/s beside the stock kube-scheduler
+bench: deps build ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, a tenant's latency beside a full wait queue, daemon scrape and sampling cost, the simulated GPUs' /proc pass, a scheduler-extender filter at 1,213 nodes, adapter latency, HPA reaction time, kwok at 1,213 nodes, the OpenB workload placed through Kubernetes at 100 pods/s beside the stock kube-scheduler
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./simulate
 	$(GO) test -run '^$$' -bench AcquireRelease -benchtime 4000x ./test/e2e
+	$(GO) test -run '^$$' -bench TenantBesideAFullQueue -benchtime 1x ./allocator/service
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench 'AdapterThroughAPIServer|HPAReaction|KubeScale' -benchtime 1x -timeout 40m ./test/e2e
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench KwokScale -benchtime 1x ./test/e2e/kube
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./gpuserver

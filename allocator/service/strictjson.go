@@ -1,11 +1,12 @@
 package service
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
+
+	"github.com/gpupool/gpupool/internal/jsonscan"
 )
 
 // checkKeys refuses what encoding/json lets through into v's type: a key
@@ -14,55 +15,64 @@ import (
 // "gpuAmount", which encoding/json matches). Unknown fields are the
 // decoder's to refuse. data is one JSON value.
 func checkKeys(data []byte, t reflect.Type) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	return walkKeys(dec, t, "")
+	return walkKeys(jsonscan.New(data), t, "")
 }
 
-func walkKeys(dec *json.Decoder, t reflect.Type, path string) error {
+// walkKeys reads one value, whose type is t (nil: unknown) and whose path
+// is path; a scalar, or a list of them, costs a scan and no allocation.
+func walkKeys(s *jsonscan.Scanner, t reflect.Type, path string) error {
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	tok, err := dec.Token()
-	if err != nil {
-		return err
-	}
-	switch tok {
-	case json.Delim('{'):
-		seen := map[string]bool{}
-		for dec.More() {
-			k, err := dec.Token()
+	s.Space()
+	switch {
+	case s.Byte('{'):
+		var seen []string // objects here have a few keys
+		for s.Space(); !s.Byte('}'); s.Space() {
+			s.Byte(',')
+			s.Space()
+			raw, _ := s.Str()
+			key, err := jsonscan.Unquote(raw)
 			if err != nil {
 				return err
 			}
-			key := k.(string)
 			at := strings.TrimPrefix(path+"."+key, ".")
-			if seen[key] {
+			if slices.Contains(seen, key) {
 				return fmt.Errorf("key %q given twice", at)
 			}
-			seen[key] = true
+			seen = append(seen, key)
 			field, err := fieldOf(t, key, at)
 			if err != nil {
 				return err
 			}
-			if err := walkKeys(dec, field, at); err != nil {
+			s.Space()
+			s.Byte(':')
+			if err := walkKeys(s, field, at); err != nil {
 				return err
 			}
 		}
-		_, err = dec.Token()
-		return err
-	case json.Delim('['):
+	case s.Byte('['):
 		var elem reflect.Type
 		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
 			elem = t.Elem()
 		}
-		for i := 0; dec.More(); i++ {
-			if err := walkKeys(dec, elem, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+		for i := 0; ; i++ {
+			s.Space()
+			if s.Byte(']') {
+				break
+			}
+			s.Byte(',')
+			s.Space()
+			if c := s.Peek(); c != '{' && c != '[' {
+				s.Skip()
+				continue
+			}
+			if err := walkKeys(s, elem, fmt.Sprintf("%s[%d]", path, i)); err != nil {
 				return err
 			}
 		}
-		_, err = dec.Token()
-		return err
+	default:
+		s.Skip()
 	}
 	return nil
 }

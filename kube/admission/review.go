@@ -1,7 +1,6 @@
 package admission
 
 import (
-	"encoding/json"
 	"errors"
 	"strings"
 
@@ -9,6 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpupool/gpupool/internal/jsonscan"
 )
 
 // reviewed is what the webhook reads of an AdmissionReview. It decodes
@@ -83,44 +84,42 @@ type readAnnotations map[string]string
 // the whole review's syntax before it calls this, so the scan below only
 // walks valid JSON: an object of strings, or null.
 func (a *readAnnotations) UnmarshalJSON(b []byte) error {
-	s := scanner{b: b}
-	s.space()
-	if s.literal("null") {
+	s := jsonscan.New(b)
+	s.Space()
+	if s.Literal("null") {
 		return nil
 	}
-	if !s.byte('{') {
+	if !s.Byte('{') {
 		return errors.New("metadata.annotations: not an object")
 	}
 	kept := readAnnotations{}
-	for s.space(); !s.byte('}'); s.space() {
-		s.byte(',')
-		s.space()
-		rawKey, ok := s.str()
+	for s.Space(); !s.Byte('}'); s.Space() {
+		s.Byte(',')
+		s.Space()
+		rawKey, ok := s.Str()
 		if !ok {
 			return errors.New("metadata.annotations: a key that is not a string")
 		}
-		s.space()
-		s.byte(':')
-		s.space()
-		rawValue, ok := s.str()
+		s.Space()
+		s.Byte(':')
+		s.Space()
+		rawValue, ok := s.Str()
 		if !ok {
 			return errors.New("metadata.annotations: a value that is not a string")
 		}
 		if len(rawKey) > maxAnnotationKey+2 {
 			continue
 		}
-		var key string
-		if err := json.Unmarshal(rawKey, &key); err != nil {
+		key, err := jsonscan.Unquote(rawKey)
+		if err != nil {
 			return err
 		}
 		if !read(key) {
 			continue
 		}
-		var value string
-		if err := json.Unmarshal(rawValue, &value); err != nil {
+		if kept[key], err = jsonscan.Unquote(rawValue); err != nil {
 			return err
 		}
-		kept[key] = value
 	}
 	*a = kept
 	return nil
@@ -133,52 +132,4 @@ func read(key string) bool {
 		}
 	}
 	return false
-}
-
-// scanner walks valid JSON.
-type scanner struct {
-	b []byte
-	i int
-}
-
-func (s *scanner) space() {
-	for s.i < len(s.b) && strings.IndexByte(" \t\r\n", s.b[s.i]) >= 0 {
-		s.i++
-	}
-}
-
-func (s *scanner) byte(c byte) bool {
-	if s.i < len(s.b) && s.b[s.i] == c {
-		s.i++
-		return true
-	}
-	return false
-}
-
-func (s *scanner) literal(l string) bool {
-	if strings.HasPrefix(string(s.b[s.i:min(len(s.b), s.i+len(l))]), l) {
-		s.i += len(l)
-		return true
-	}
-	return false
-}
-
-// str returns the next token, quotes included, when it is a string.
-func (s *scanner) str() ([]byte, bool) {
-	start := s.i
-	if !s.byte('"') {
-		return nil, false
-	}
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case '\\':
-			s.i += 2
-		case '"':
-			s.i++
-			return s.b[start:s.i], true
-		default:
-			s.i++
-		}
-	}
-	return nil, false
 }
