@@ -27,10 +27,12 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/internal/jsonscan"
 )
 
 // AcquireRequest asks for a lease, in the units users write in pod specs.
@@ -50,9 +52,9 @@ type AcquireRequest struct {
 	Topology string `json:"topology,omitempty"`
 	// Servers restricts placement to the servers of these names (the
 	// nodes a Kubernetes scheduler found feasible); empty means any.
-	Servers        []string `json:"servers,omitempty"`
-	Owner          Owner    `json:"owner"`
-	IdempotencyKey string   `json:"idempotencyKey,omitempty"`
+	Servers        Names  `json:"servers,omitempty"`
+	Owner          Owner  `json:"owner"`
+	IdempotencyKey string `json:"idempotencyKey,omitempty"`
 	// TTL is how long the lease lives unrenewed ("30s"); empty takes the
 	// allocator's default. UntilReleased asks instead for a lease that
 	// never expires and lives until released. Wait queues the request up
@@ -84,6 +86,41 @@ func (a *AcquireRequest) UnmarshalJSON(data []byte) error {
 	if fields.GPUPercent != nil {
 		a.GPUPercent, a.percentGiven = *fields.GPUPercent, true
 	}
+	return nil
+}
+
+// Names is a list of names decoded in one pass over the JSON, without
+// reflection: a scheduler's acquisition names every feasible node of a
+// cluster, thousands, on every pod.
+type Names []string
+
+// UnmarshalJSON implements json.Unmarshaler; encoding/json has checked
+// the JSON before it calls this.
+func (n *Names) UnmarshalJSON(data []byte) error {
+	s := jsonscan.New(data)
+	s.Space()
+	if s.Literal("null") {
+		*n = nil
+		return nil
+	}
+	if !s.Byte('[') {
+		return errors.New("servers: not a list of names")
+	}
+	names := make(Names, 0, bytes.Count(data, []byte{','})+1)
+	for s.Space(); !s.Byte(']'); s.Space() {
+		s.Byte(',')
+		s.Space()
+		raw, ok := s.Str()
+		if !ok {
+			return errors.New("servers: a name that is not a string")
+		}
+		name, err := jsonscan.Unquote(raw)
+		if err != nil {
+			return err
+		}
+		names = append(names, name)
+	}
+	*n = names
 	return nil
 }
 

@@ -60,18 +60,18 @@ func (s *Scanner) Str() ([]byte, bool) {
 	if !s.Byte('"') {
 		return nil, false
 	}
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case '\\':
-			s.i += 2
-		case '"':
-			s.i++
-			return s.b[start:s.i], true
-		default:
-			s.i++
+	for {
+		end := bytes.IndexByte(s.b[s.i:], '"')
+		if end < 0 {
+			return nil, false
 		}
+		escape := bytes.IndexByte(s.b[s.i:s.i+end], '\\')
+		if escape < 0 {
+			s.i += end + 1
+			return s.b[start:s.i], true
+		}
+		s.i += escape + 2 // the escaped byte may be a quote
 	}
-	return nil, false
 }
 
 // Skip reads the next value, whatever it is.
