@@ -134,7 +134,7 @@ func (d *poolDriver) step(op, arg byte) {
 		var field *FieldError
 		// random draws another node for each; a memory request's quota
 		// share depends on the GPU it lands on.
-		if (fits == nil) != (err == nil) && d.policy.Name() != "random" && !errors.As(err, &conflict) && !(errors.As(err, &field) && field.Field == "ttl") {
+		if (fits == nil) != (err == nil) && d.policy.Name() != "random" && !errors.As(err, &conflict) && (!errors.As(err, &field) || field.Field != "ttl") {
 			d.t.Fatalf("op %d arg %d: Fits says %v, Acquire %v", op%8, arg, fits, err)
 		}
 		if err == nil {

@@ -97,7 +97,7 @@ func (l *LogFlags) Logger(w io.Writer) (*slog.Logger, error) {
 
 // TokenEnv is where a command that calls the allocator finds its bearer
 // token when no file names it.
-const TokenEnv = "GPUPOOL_TOKEN"
+const TokenEnv = "GPUPOOL_TOKEN" //nolint:gosec // the variable's name, not a credential
 
 // TokenFlags are how a command that calls the allocator takes its bearer
 // token: from a file (as a Secret mounts one) or from GPUPOOL_TOKEN, never

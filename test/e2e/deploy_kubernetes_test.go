@@ -347,8 +347,11 @@ func checkPoolAnnotationsGuarded(ctx context.Context, t *testing.T, cp *e2ekube.
 	want := "only gpupool sets gpupool.io/lease on a pod: create the pod without it"
 	if err := retry(ctx, 30*time.Second, func() error {
 		_, err := member.Create(ctx, forged, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err == nil || !strings.Contains(err.Error(), want) {
-			return fmt.Errorf("a member's pod with another's lease: %v; want refused with %q", err, want)
+		switch {
+		case err == nil:
+			return fmt.Errorf("a member's pod with another's lease was admitted; want refused with %q", want)
+		case !strings.Contains(err.Error(), want):
+			return fmt.Errorf("a member's pod with another's lease: %w; want refused with %q", err, want)
 		}
 		return nil
 	}); err != nil {
