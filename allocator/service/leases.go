@@ -1,0 +1,169 @@
+package service
+
+import (
+	"context"
+	"time"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/store"
+)
+
+// Acquire grants a lease, waiting up to wait for capacity or quota.
+func (s *Service) Acquire(ctx context.Context, r allocator.Request, wait time.Duration) (allocator.Lease, error) {
+	start := time.Now()
+	deadline := start.Add(wait)
+	if wait > 0 {
+		defer s.notWaiting(&r)
+	}
+	for {
+		var l allocator.Lease
+		var replay bool
+		var wake chan struct{}
+		err := s.write(ctx, func(now time.Time) (store.Change, error) {
+			before := s.pool.NextID()
+			var err error
+			l, err = s.pool.Acquire(now, r)
+			if err != nil {
+				if wait > 0 && kindOf(err).waitable {
+					wake, err = s.queueLocked(&r, start, err)
+				}
+				return store.Change{}, err
+			}
+			// An idempotent retry is written again too: its answer waits
+			// until the first grant is durable.
+			if replay = s.pool.NextID() == before; !replay {
+				s.remember(&l)
+			}
+			return store.Change{Leases: []allocator.Lease{l}, NextID: s.pool.NextID()}, nil
+		})
+		if err == nil {
+			if !replay {
+				s.metrics.acquired(start, nil)
+			}
+			return l, nil
+		}
+		if !kindOf(err).waitable || !time.Now().Before(deadline) || waitForFreed(ctx, wake, deadline) != nil {
+			s.metrics.acquired(start, err)
+			return allocator.Lease{}, err
+		}
+	}
+}
+
+// remember records a granted lease's shape for the expected workload (a
+// memory request by the share it got); every recentDemands grants the
+// frag-based policies are rebuilt on it.
+func (s *Service) remember(l *allocator.Lease) {
+	d := allocator.Demand{GPUs: len(l.GPUs), CPUMilli: l.CPUMilli}
+	if len(l.GPUs) > 0 {
+		d.PerGPU = l.GPUs[0].Share
+	}
+	if len(s.recent) < recentDemands {
+		s.recent = append(s.recent, d)
+	} else {
+		s.recent[s.next] = d
+	}
+	s.next = (s.next + 1) % recentDemands
+	if s.next == 0 {
+		s.refreshPolicyLocked()
+	}
+}
+
+func (s *Service) workloadLocked() allocator.Workload {
+	return allocator.TypicalWorkload(s.recent, 0.95)
+}
+
+func (s *Service) refreshPolicyLocked() {
+	pol, err := allocator.NewPolicy(s.cfg.Policy, allocator.PolicyOptions{Seed: s.cfg.Seed, Workload: s.workloadLocked()})
+	if err == nil {
+		s.pool.SetPolicy(pol)
+	}
+}
+
+// Renew extends a lease.
+func (s *Service) Renew(ctx context.Context, p Principal, id string, ttl time.Duration) (allocator.Lease, error) {
+	var l allocator.Lease
+	err := s.write(ctx, func(now time.Time) (store.Change, error) {
+		err := s.mayUseLocked(p, id, now)
+		if err == nil {
+			l, err = s.pool.Renew(now, id, ttl)
+		}
+		return store.Change{Leases: []allocator.Lease{l}}, err
+	})
+	return l, err
+}
+
+// Release ends a lease.
+func (s *Service) Release(ctx context.Context, p Principal, id string) (allocator.Lease, error) {
+	var l allocator.Lease
+	err := s.write(ctx, func(now time.Time) (store.Change, error) {
+		err := s.mayUseLocked(p, id, now)
+		if err == nil {
+			l, err = s.pool.Release(now, id)
+		}
+		if err != nil {
+			return store.Change{}, err
+		}
+		s.wakeLocked()
+		return store.Change{Ended: []string{id}}, nil
+	})
+	if err == nil {
+		s.metrics.releases.Inc()
+	}
+	return l, err
+}
+
+// Lease returns one lease.
+func (s *Service) Lease(p Principal, id string) (allocator.Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, err := s.pool.Lease(s.clock(), id)
+	if err != nil {
+		return l, err
+	}
+	if !p.mayRead(&l) {
+		// Not 403: that would tell which IDs other namespaces hold.
+		return allocator.Lease{}, &allocator.LeaseNotFoundError{ID: id}
+	}
+	return l, nil
+}
+
+// mayUseLocked checks that a live lease is one the principal may renew or
+// release; another namespace's is not found, as for Lease.
+func (s *Service) mayUseLocked(p Principal, id string, now time.Time) error {
+	l, err := s.pool.Lease(now, id)
+	if err == nil && !p.mayUse(l.Namespace) {
+		err = &allocator.LeaseNotFoundError{ID: id}
+	}
+	return err
+}
+
+// LeaseFilter selects leases to list.
+type LeaseFilter struct {
+	Namespace string
+	Server    string
+	// OwnerUID selects the leases of one owner (a pod's UID).
+	OwnerUID string
+	Selector func(labels map[string]string) bool
+}
+
+// Leases lists the live leases that match f.
+func (s *Service) Leases(f LeaseFilter) []allocator.Lease {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock()
+	var leases []allocator.Lease
+	if f.Server != "" { // each daemon's every round: its server's, not a copy of the pool's
+		leases = s.pool.LeasesOn(now, f.Server)
+	} else {
+		leases = s.pool.Leases(now)
+	}
+	var out []allocator.Lease
+	for _, l := range leases {
+		if f.Namespace != "" && l.Namespace != f.Namespace || f.Server != "" && l.Server != f.Server ||
+			f.OwnerUID != "" && l.Owner.UID != f.OwnerUID || f.Selector != nil && !f.Selector(l.Owner.Labels) {
+			continue
+		}
+		out = append(out, l)
+	}
+	return out
+}
