@@ -62,7 +62,7 @@ Flags:
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpupool-load", flag.ContinueOnError)
 	var o options
-	fs.StringVar(&o.allocator, "allocator", envOr("GPUPOOL_ALLOCATOR", "http://127.0.0.1:8470"), "allocator URL (env GPUPOOL_ALLOCATOR)")
+	fs.StringVar(&o.allocator, "allocator", cli.EnvOr("GPUPOOL_ALLOCATOR", "http://127.0.0.1:8470"), "allocator URL (env GPUPOOL_ALLOCATOR)")
 	fs.StringVar(&o.allocatorCA, cli.AllocatorCAFlag, os.Getenv(cli.AllocatorCAEnv), cli.AllocatorCAUsage)
 	fs.StringVar(&o.poolConfig, "pool-config", "", "the allocator's --config file, for its servers token and namespace tokens; empty for an allocator without tokens (clients then use namespace default)")
 	fs.IntVar(&o.servers, "servers", 20, "GPU servers to play")
@@ -315,13 +315,6 @@ func (st *stats) run(ctx context.Context, o *options, servers []*simServer, c *c
 	for range len(servers) + len(holders) {
 		<-done
 	}
-}
-
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
 }
 
 // adapterClient is the HTTP client of the adapter's API.

@@ -34,7 +34,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpupool-server", flag.ContinueOnError)
 	hostname, _ := os.Hostname()
 	name := fs.String("name", defaultName(hostname), "server name in the pool (default: the host name, lowercased, as the kubelet names nodes)")
-	allocatorURL := fs.String("allocator", envOr("GPUPOOL_ALLOCATOR", "http://127.0.0.1:8470"), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
+	allocatorURL := fs.String("allocator", cli.EnvOr("GPUPOOL_ALLOCATOR", "http://127.0.0.1:8470"), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
 	caFile := cli.AddAllocatorCAFlag(fs)
 	tokens := cli.AddTokenFlags(fs, "the servers group's bearer token, or this server's own")
 	listen := fs.String("listen", "127.0.0.1:8471", "address of /metrics, /healthz and /v1/usage")
@@ -275,11 +275,4 @@ func splitList(s string) []string {
 		}
 	}
 	return out
-}
-
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
 }

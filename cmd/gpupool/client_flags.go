@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
@@ -24,7 +23,7 @@ type clientFlags struct {
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.allocator, "allocator", envOr("GPUPOOL_ALLOCATOR", defaultAllocator), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
+	fs.StringVar(&c.allocator, "allocator", cli.EnvOr("GPUPOOL_ALLOCATOR", defaultAllocator), "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
 	c.caFile = cli.AddAllocatorCAFlag(fs)
 	c.tokens = cli.AddTokenFlags(fs, "the namespace's bearer token")
 }
@@ -75,11 +74,4 @@ func allocatorFailed(stderr io.Writer, command string, err error) int {
 		return exitUnavailable
 	}
 	return exitFailed
-}
-
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
 }

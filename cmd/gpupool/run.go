@@ -41,8 +41,8 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	topology := fs.String("topology", "", "the least link between each pair of the GPUs: any (when not given), socket, pcie-switch or nvlink")
 	ttl := fs.Duration("ttl", 30*time.Second, "lease lifetime; the lease is renewed every third of it while the command runs")
 	wait := fs.Duration("wait", 0, "queue up to this long for capacity or quota instead of failing")
-	namespace := fs.String("namespace", envOr("GPUPOOL_NAMESPACE", "default"), "namespace to charge (env GPUPOOL_NAMESPACE)")
-	pod := fs.String("pod", envOr("POD_NAME", ""), "pod that owns the lease, for attribution (env POD_NAME)")
+	namespace := fs.String("namespace", cli.EnvOr("GPUPOOL_NAMESPACE", "default"), "namespace to charge (env GPUPOOL_NAMESPACE)")
+	pod := fs.String("pod", cli.EnvOr("POD_NAME", ""), "pod that owns the lease, for attribution (env POD_NAME)")
 	podUID := fs.String("pod-uid", os.Getenv("POD_UID"), "UID of that pod: the daemon attributes the pod's GPU processes to the lease by it (env POD_UID, from the downward API's metadata.uid)")
 	labelsFile := fs.String("pod-labels-file", os.Getenv("POD_LABELS_FILE"), "the pod's labels as the downward API writes them (key=\"value\" lines); HPA selectors select leases by them (env POD_LABELS_FILE)")
 	pushURL := fs.String("metrics-push-url", os.Getenv("GPUPOOL_METRICS_PUSH_URL"), "push this client's metrics (its measured data-path round trips) here, e.g. VictoriaMetrics' /api/v1/import/prometheus (env GPUPOOL_METRICS_PUSH_URL)")
@@ -273,7 +273,7 @@ func attach(ctx context.Context, wg *sync.WaitGroup, cl *client.Client, token st
 	if addr == "" {
 		return
 	}
-	node := envOr("NODE_NAME", hostname())
+	node := cli.EnvOr("NODE_NAME", hostname())
 	hist := gpuapi.LatencyFamily.NewHistogramVec()
 	obs := hist.WithLabelValues(lease.Server, node, gpuapi.TransportTCP)
 	go func() {

@@ -168,3 +168,12 @@ const (
 func AddAllocatorCAFlag(fs *flag.FlagSet) *string {
 	return fs.String(AllocatorCAFlag, os.Getenv(AllocatorCAEnv), AllocatorCAUsage)
 }
+
+// EnvOr is the environment variable key, or def when it is unset or empty:
+// a flag's default that the environment may set.
+func EnvOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

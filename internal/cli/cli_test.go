@@ -172,3 +172,14 @@ func TestPrivateFileWarning(t *testing.T) {
 		}
 	}
 }
+
+func TestEnvOr(t *testing.T) {
+	t.Setenv("GPUPOOL_TEST_SET", "set")
+	t.Setenv("GPUPOOL_TEST_EMPTY", "")
+	if got := EnvOr("GPUPOOL_TEST_SET", "def"); got != "set" {
+		t.Errorf("set: %q", got)
+	}
+	if got := EnvOr("GPUPOOL_TEST_EMPTY", "def"); got != "def" {
+		t.Errorf("empty: %q, want the default", got)
+	}
+}
