@@ -48,13 +48,7 @@ type poolView struct {
 	// usage is each server's latest round; a server whose daemon did not
 	// answer is missing. readings indexes their lease readings.
 	usage    map[string]*api.Usage
-	readings map[leaseGPU]*api.LeaseUsage
-}
-
-// leaseGPU names one lease's share of one GPU.
-type leaseGPU struct {
-	lease string
-	gpu   int
+	readings map[api.LeaseGPU]*api.LeaseUsage
 }
 
 // readTimeout bounds one read of the pool, daemons included.
@@ -167,14 +161,14 @@ func (d *Direct) readPool(ctx context.Context) (*poolView, error) {
 		})
 	}
 	wg.Wait()
-	v.readings = map[leaseGPU]*api.LeaseUsage{}
+	v.readings = map[api.LeaseGPU]*api.LeaseUsage{}
 	for _, u := range v.usage {
 		if u.SampledAt.IsZero() {
 			continue // a daemon that has not sampled yet has no readings
 		}
 		for i := range u.Leases {
 			r := &u.Leases[i]
-			v.readings[leaseGPU{r.Lease, r.GPU}] = r
+			v.readings[r.Key()] = r
 		}
 	}
 	return v, nil
@@ -204,7 +198,7 @@ func (v *poolView) leaseRatio(q Query, now time.Time) []Value {
 			return nil
 		}
 		for _, lg := range l.GPUs {
-			r := v.readings[leaseGPU{l.ID, lg.Index}]
+			r := v.readings[api.LeaseGPU{Lease: l.ID, GPU: lg.Index}]
 			if r == nil {
 				if now.Sub(l.GrantedAt) < newLeaseGrace {
 					continue

@@ -236,7 +236,7 @@ func TestDirectBackendLeavesNewLeasesOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, g := range unreported.GPUs { // as reported before the second lease
-		delete(v.readings, leaseGPU{unreported.ID, g.Index})
+		delete(v.readings, api.LeaseGPU{Lease: unreported.ID, GPU: g.Index})
 	}
 	sel := labels.SelectorFromSet(labels.Set{"app": "tf-training"})
 	if got := v.leaseRatio(Query{Metric: GPUUtilization, Namespace: "ml", Selector: sel}, time.Now()); len(got) != 1 || !near(got[0].Value, 0.6) {

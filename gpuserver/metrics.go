@@ -101,7 +101,7 @@ func (u *LeaseUse) ShareUtilization(share allocator.Share) float64 {
 // after the daemon learned of the lease, if its processes could have been
 // told apart (by its pod, or a process `gpupool run` reported). Anything
 // else is unknown, which is not idle.
-func (d *Daemon) Usage() (map[[2]string]*LeaseUse, map[int]int) {
+func (d *Daemon) Usage() (map[api.LeaseGPU]*LeaseUse, map[int]int) {
 	d.mu.Lock()
 	leases, seen := d.leases, d.seen
 	pids := &registered{d: d, pids: maps.Clone(d.pids)}
@@ -128,7 +128,7 @@ func (d *Daemon) Usage() (map[[2]string]*LeaseUse, map[int]int) {
 	// round that read them.
 	type reading struct{ sampler, round int }
 	readIn := map[int]reading{}
-	use := map[[2]string]*LeaseUse{}
+	use := map[api.LeaseGPU]*LeaseUse{}
 	unattributed := map[int]int{}
 	for si, s := range d.cfg.Samplers {
 		snap := s.Latest()
@@ -150,7 +150,7 @@ func (d *Daemon) Usage() (map[[2]string]*LeaseUse, map[int]int) {
 					unattributed[g.Index]++
 					continue
 				}
-				k := [2]string{lease, strconv.Itoa(g.Index)}
+				k := api.LeaseGPU{Lease: lease, GPU: g.Index}
 				u := use[k]
 				if u == nil {
 					u = &LeaseUse{Lease: lease, GPU: g.Index}
@@ -171,7 +171,7 @@ func (d *Daemon) Usage() (map[[2]string]*LeaseUse, map[int]int) {
 		}
 		rounds, ok := seen[l.ID]
 		for _, g := range l.GPUs {
-			k := [2]string{l.ID, strconv.Itoa(g.Index)}
+			k := api.LeaseGPU{Lease: l.ID, GPU: g.Index}
 			r, read := readIn[g.Index]
 			if use[k] == nil && read && ok && r.round > rounds[r.sampler] {
 				use[k] = &LeaseUse{Lease: l.ID, GPU: g.Index, SMKnown: true} // idle, measured
@@ -221,13 +221,13 @@ func (c *LeaseCollector) Collect(ch chan<- prometheus.Metric) {
 func (c *LeaseCollector) Render() { c.renderFrom(c.d.Usage()) }
 
 // renderFrom builds the series from an attribution (Daemon.Usage).
-func (c *LeaseCollector) renderFrom(use map[[2]string]*LeaseUse, unattributed map[int]int) {
+func (c *LeaseCollector) renderFrom(use map[api.LeaseGPU]*LeaseUse, unattributed map[int]int) {
 	var out []prometheus.Metric
 	c.render(use, unattributed, func(m prometheus.Metric) { out = append(out, m) })
 	c.rendered.Store(&out)
 }
 
-func (c *LeaseCollector) render(use map[[2]string]*LeaseUse, unattributed map[int]int, emit func(prometheus.Metric)) {
+func (c *LeaseCollector) render(use map[api.LeaseGPU]*LeaseUse, unattributed map[int]int, emit func(prometheus.Metric)) {
 	d := c.d
 	server := d.cfg.Inventory.Name
 	for gpu, n := range unattributed {
@@ -238,7 +238,7 @@ func (c *LeaseCollector) render(use map[[2]string]*LeaseUse, unattributed map[in
 			labels := c.labels(server, &l, lg.Index)
 			gauge := func(f *metricdef.Family, v float64) { emit(f.Metric(v, labels...)) }
 			gauge(c.granted, float64(lg.MemoryBytes))
-			u := use[[2]string{l.ID, strconv.Itoa(lg.Index)}]
+			u := use[api.LeaseGPU{Lease: l.ID, GPU: lg.Index}]
 			if u == nil {
 				continue // not measured: no series rather than a made-up 0
 			}

@@ -82,13 +82,13 @@ func TestReusedPIDIsNotAttributed(t *testing.T) {
 		t.Fatal(err)
 	}
 	use, unattributed := d.Usage()
-	if u := use[[2]string{lease.ID, "0"}]; u == nil || u.Processes != 1 || unattributed[0] != 0 {
+	if u := use[gpuapi.LeaseGPU{Lease: lease.ID, GPU: 0}]; u == nil || u.Processes != 1 || unattributed[0] != 0 {
 		t.Fatalf("the registered process: use %+v, unattributed %v; want it the lease's", u, unattributed)
 	}
 
 	starts.set(5000, 200) // it ended; a later process has its PID
 	use, unattributed = d.Usage()
-	if u := use[[2]string{lease.ID, "0"}]; u != nil && u.Processes != 0 || unattributed[0] != 1 {
+	if u := use[gpuapi.LeaseGPU{Lease: lease.ID, GPU: 0}]; u != nil && u.Processes != 0 || unattributed[0] != 1 {
 		t.Errorf("a process that took a registered PID: use %+v, unattributed %v; want it nobody's", u, unattributed)
 	}
 	d.pruneGone()

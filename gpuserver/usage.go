@@ -3,7 +3,6 @@ package gpuserver
 import (
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -34,7 +33,7 @@ func (d *Daemon) UsageReport() api.Usage {
 
 // usageReport builds the report from the samplers and the leases' use
 // (Daemon.Usage).
-func (d *Daemon) usageReport(use map[[2]string]*LeaseUse) api.Usage {
+func (d *Daemon) usageReport(use map[api.LeaseGPU]*LeaseUse) api.Usage {
 	rep := api.Usage{Server: d.cfg.Inventory.Name, GPUs: []api.GPUUsage{}, Leases: []api.LeaseUsage{}}
 	for i, s := range d.cfg.Samplers {
 		snap := s.Latest()
@@ -61,7 +60,7 @@ func (d *Daemon) usageReport(use map[[2]string]*LeaseUse) api.Usage {
 	}
 	for _, l := range d.Leases() {
 		for _, lg := range l.GPUs {
-			u := use[[2]string{l.ID, strconv.Itoa(lg.Index)}]
+			u := use[api.LeaseGPU{Lease: l.ID, GPU: lg.Index}]
 			if u == nil {
 				continue // not measured (Usage says when): no data, not idle
 			}

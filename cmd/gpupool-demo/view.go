@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/gpuserver"
+	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 )
 
 // header prints where the demo's parts listen and what to try with them:
@@ -49,15 +51,13 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 	leases := api.CoreLeases(listed)
 	quotas, _ := d.client.Quotas(ctx)
 	gpuUse := map[string]collector.GPU{}
-	leaseUse := map[string]*gpuserver.LeaseUse{}
+	leaseUse := map[gpuapi.LeaseGPU]*gpuserver.LeaseUse{}
 	for _, s := range d.servers {
 		for _, g := range s.host.Sampler.Latest().GPUs {
 			gpuUse[s.name+"/"+fmt.Sprint(g.Index)] = g
 		}
 		use, _ := s.host.Daemon.Usage()
-		for k, u := range use {
-			leaseUse[k[0]+"/"+k[1]] = u
-		}
+		maps.Copy(leaseUse, use)
 	}
 	fmt.Fprintf(w, "gpupool-demo  t=%s  allocator %s\n\n", elapsed.Round(time.Second), d.allocatorURL)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -79,7 +79,7 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 	for _, l := range leases {
 		for _, g := range l.GPUs {
 			use := "-"
-			if u := leaseUse[l.ID+"/"+fmt.Sprint(g.Index)]; u != nil && u.SMKnown && g.Share > 0 {
+			if u := leaseUse[gpuapi.LeaseGPU{Lease: l.ID, GPU: g.Index}]; u != nil && u.SMKnown && g.Share > 0 {
 				use = fmt.Sprintf("%.0f%%", 100*u.ShareUtilization(g.Share))
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%d\t%s\t%s\n", l.ID, l.Namespace, l.Owner.Pod, l.Owner.Labels["app"],

@@ -209,6 +209,16 @@ type GPUUsage struct {
 	MemoryBytes     int64    `json:"memoryBytes"`
 }
 
+// LeaseGPU names one lease's share of one GPU: the key of what the
+// daemon measures and the adapter reads.
+type LeaseGPU struct {
+	Lease string
+	GPU   int
+}
+
+// Key is the lease and GPU u is about.
+func (u *LeaseUsage) Key() LeaseGPU { return LeaseGPU{u.Lease, u.GPU} }
+
 // LeaseUsage is what one lease's processes use of one GPU it holds.
 type LeaseUsage struct {
 	Lease     string `json:"lease"`
