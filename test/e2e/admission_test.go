@@ -356,7 +356,9 @@ func checkQuota(t *testing.T, c kubernetes.Interface, ns string) {
 		}
 		return err == nil
 	})
-	waitFor(t, func() bool {
+	// The recount after the delete may miss the pod created since, until
+	// the next full recount (the control plane's: every 10 s).
+	waitForUpTo(t, 30*time.Second, func() bool {
 		q, err := c.CoreV1().ResourceQuotas(ns).Get(ctx, quota.Name, metav1.GetOptions{})
 		used := q.Status.Used["requests."+kube.ResourceGPU]
 		return err == nil && used.Value() == 100

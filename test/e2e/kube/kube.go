@@ -327,6 +327,11 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 		// A node is NotReady once its lease has not been renewed for this
 		// long; kwok renews them four times as often.
 		"--node-monitor-grace-period="+nodeLeaseDuration.String(),
+		// The quota controller recounts a quota when a pod goes, from its
+		// pod cache; one created a moment before may be missing from it,
+		// and the count it writes too low until the next full recount
+		// (5 minutes by default). Within a test's wait, then.
+		"--resource-quota-sync-period=10s",
 	)
 	if err != nil {
 		return nil, err
