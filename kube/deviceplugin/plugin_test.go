@@ -181,6 +181,19 @@ func (e *testEnv) seen(p *Plugin, pods ...*corev1.Pod) {
 	}
 }
 
+// cached waits until the plugin's informer holds the pod key as ok says.
+func (e *testEnv) cached(p *Plugin, key string, ok func(*corev1.Pod) bool) {
+	e.t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if obj, exists, _ := p.pods.informer.GetStore().GetByKey(key); exists && ok(obj.(*corev1.Pod)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("the plugin never saw pod %s as the test wrote it", key)
+		}
+	}
+}
+
 func (e *testEnv) pod(name string) *corev1.Pod {
 	e.t.Helper()
 	pod, err := e.kube.CoreV1().Pods("ml").Get(e.ctx, name, metav1.GetOptions{})
@@ -378,6 +391,8 @@ func TestAllocateRefusesLeasesNotThePods(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.seen(p, owner, copied)
+	// The plugin saw copied bound before; wait until it sees the update too.
+	e.cached(p, "ml/copied", func(pod *corev1.Pod) bool { return pod.Annotations[kube.AnnotationLease] == ownersLease.ID })
 	_, _, err = e.kubelet.allocate(e.ctx, "ml/copied", 30)
 	if err == nil || !strings.Contains(err.Error(), "names lease "+ownersLease.ID+", which is pod owner's (UID owner-uid)") {
 		t.Errorf("a pod naming another pod's lease: %v", err)
