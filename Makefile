@@ -70,7 +70,7 @@ DEMO_FLAGS ?= --duration=60s
 # end with status 130 whatever the demo did.
 .PHONY: demo
 demo: ## the whole pool on this machine for 60s (allocator, simulated GPU servers, workload; Ctrl-C stops early)
-	@echo "building the demo and the gpupool client into bin/ (about 30 s the first time) ..."
+	@echo "building the demo and the gpupool client into bin/ (about 12 minutes the first time on 2 cores, seconds after) ..."
 	$(BUILD_CLIENT)
 	$(GO) build $(RELEASE_FLAGS) -o bin/ ./cmd/gpupool-demo
 	@set -m 2>/dev/null; bin/gpupool-demo $(DEMO_FLAGS)
