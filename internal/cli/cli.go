@@ -166,7 +166,14 @@ const (
 
 // AddAllocatorCAFlag registers --allocator-ca-file on fs.
 func AddAllocatorCAFlag(fs *flag.FlagSet) *string {
-	return fs.String(AllocatorCAFlag, os.Getenv(AllocatorCAEnv), AllocatorCAUsage)
+	p := new(string)
+	AllocatorCAFlagVar(fs, p)
+	return p
+}
+
+// AllocatorCAFlagVar registers --allocator-ca-file on fs, into p.
+func AllocatorCAFlagVar(fs *flag.FlagSet, p *string) {
+	fs.StringVar(p, AllocatorCAFlag, os.Getenv(AllocatorCAEnv), AllocatorCAUsage)
 }
 
 // EnvOr is the environment variable key, or def when it is unset or empty:

@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -97,4 +98,13 @@ func (f *Family) NewGaugeVec() *prometheus.GaugeVec {
 // NewHistogramVec is a histogram family observed as things happen.
 func (f *Family) NewHistogramVec() *prometheus.HistogramVec {
 	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: f.Name, Help: f.Help, Buckets: f.Buckets}, f.Labels)
+}
+
+// NewProcessRegistry returns a registry with the Go runtime's and the
+// process's collectors, which every binary's /metrics serves beside its
+// own families.
+func NewProcessRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
 }

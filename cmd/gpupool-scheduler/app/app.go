@@ -1,0 +1,150 @@
+// Package app runs gpupool-scheduler from its Options: kube-scheduler's
+// extender (kube/scheduler) and the lease controller (kube/leases).
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/cli"
+	"github.com/gpupool/gpupool/internal/httpserver"
+	"github.com/gpupool/gpupool/internal/kubeconfig"
+	"github.com/gpupool/gpupool/internal/metricdef"
+	"github.com/gpupool/gpupool/kube/leases"
+	"github.com/gpupool/gpupool/kube/scheduler"
+)
+
+// Usage is what --help says above the flags.
+const Usage = `Usage: gpupool-scheduler [flags]
+
+Places pods through the GPU pool as a kube-scheduler extender. kube-scheduler
+(the upstream one, as a second profile or scheduler named gpupool-scheduler)
+filters the nodes itself, then calls POST /filter with the feasible node
+names: the extender reads the pod as kube-apiserver has it (never as the
+call describes it), acquires its lease from the allocator among those nodes,
+with the pod as its owner and its UID as the idempotency key, and answers the
+lease's server as the only node. POST /bind binds the pod with that lease,
+the annotations gpupool.io/lease and gpupool.io/gpus written with the node
+in one Binding. The calls for one pod are taken one at a time, and the lease
+of a pod that is bound, or being bound, is never moved. A pod the pool
+cannot place stays Pending with kube-scheduler's FailedScheduling event
+saying why. The extender protocol has no Unreserve: a lease a filter took
+whose pod is not bound within --unbound-lease-timeout (its scheduling cycle
+failed after the filter) is released. --log-level debug logs every call with
+the allocator's answer.
+
+kube-scheduler's extender configuration: urlPrefix this address, filterVerb
+filter, bindVerb bind, nodeCacheCapable true, managedResources
+[{name: bitfusion.io/gpu, ignoredByScheduler: true}], and
+percentageOfNodesToScore 100 (else the extender sees a sample of the nodes).
+
+It also runs the lease controller: a pod's lease, which has no TTL, ends
+when the pod is deleted, succeeds or fails, or its node is deleted; a resync
+at start and every --resync releases leases whose pod is gone and acquires
+again those of bound pods that lost theirs; the namespaces' ResourceQuotas on
+requests.bitfusion.io/gpu (in --unit) are the allocator's quotas.
+
+Serving: on a loopback address (a container beside kube-scheduler in its
+pod) the extender speaks plain HTTP; anywhere else it needs
+--tls-cert-file, --tls-private-key-file and --client-ca-file, and answers
+only a client certificate that CA signed (kube-scheduler's tlsConfig
+certFile/keyFile): whoever can call /bind binds pods and whoever can call
+/filter takes GPUs. The serving certificate is read again when it is
+renewed; the client CA is read at start.
+`
+
+// Run serves the extender and /metrics, and runs the lease controller,
+// until ctx ends or one of them fails.
+func Run(ctx context.Context, o *Options, log *slog.Logger) error {
+	tlsConfig, err := servingTLS(o, log)
+	if err != nil {
+		return &cli.UsageError{Err: err}
+	}
+	token, err := cli.ReadToken(o.TokenFile)
+	if err != nil {
+		return &cli.UsageError{Err: fmt.Errorf("--token-file: %w", err)}
+	}
+	alloc, err := client.New([]string{o.Allocator}, token)
+	if err != nil {
+		return &cli.UsageError{Err: fmt.Errorf("--allocator: %w", err)}
+	}
+	if err := alloc.TrustCAFile(o.AllocatorCAFile); err != nil {
+		return &cli.UsageError{Err: fmt.Errorf("--allocator-ca-file: %w", err)}
+	}
+	// kube-scheduler waits 5 s for a filter (its httpTimeout) while its
+	// one scheduling loop waits with it: fail over between replicas once
+	// and answer within that, so the pod's event says why.
+	alloc.Retries, alloc.Timeout = 2*len(strings.Split(o.Allocator, ",")), 3*time.Second
+	kubeConfig, err := kubeconfig.Load(o.Kubeconfig)
+	if err != nil {
+		return &cli.UsageError{Err: fmt.Errorf("no cluster (--kubeconfig, or run in a pod): %w", err)}
+	}
+	kubeConfig.QPS, kubeConfig.Burst, kubeConfig.UserAgent = float32(o.KubeAPIQPS), o.KubeAPIBurst, "gpupool-scheduler"
+	kubeClient, err := kubernetes.NewForConfig(kubeConfig)
+	if err != nil {
+		return &cli.UsageError{Err: fmt.Errorf("--kubeconfig: %w", err)}
+	}
+
+	reg := metricdef.NewProcessRegistry()
+	controller, err := leases.NewController(leases.Config{Client: kubeClient, Allocator: alloc, Unit: o.Unit, Resync: o.Resync,
+		UnboundLeaseTimeout: o.UnboundLeaseTimeout, Logger: log, Registry: reg})
+	if err != nil {
+		return &cli.UsageError{Err: err}
+	}
+	ext := scheduler.New(scheduler.Config{Allocator: alloc, Kube: kubeClient, Pods: controller.Pods(),
+		UnboundLeaseTimeout: o.UnboundLeaseTimeout, Registry: reg, Logger: log})
+
+	extender := httpserver.Endpoint{Name: "the extender", Server: httpserver.New(ext.Handler(), httpserver.Default)}
+	extender.Server.TLSConfig = tlsConfig
+	metrics := httpserver.Endpoint{Name: "/metrics", Server: httpserver.New(httpserver.MetricsHandler(reg), httpserver.Default)}
+	if extender.Listener, err = net.Listen("tcp", o.Listen); err != nil {
+		return fmt.Errorf("listening for the extender: %w", err)
+	}
+	if metrics.Listener, err = net.Listen("tcp", o.MetricsListen); err != nil {
+		_ = extender.Listener.Close()
+		return fmt.Errorf("listening for /metrics: %w", err)
+	}
+	log.Info("extender serving", "url", httpserver.Scheme(extender.Server)+"://"+extender.Listener.Addr().String(),
+		"metrics", "http://"+metrics.Listener.Addr().String()+"/metrics", "allocator", o.Allocator, "unit", o.Unit)
+	return httpserver.Serve(ctx, []httpserver.Endpoint{extender, metrics}, func(ctx context.Context) error {
+		if err := controller.Run(ctx); err != nil {
+			return fmt.Errorf("lease controller: %w", err)
+		}
+		return nil
+	})
+}
+
+// servingTLS is the extender's TLS (servingMode), or nil for plain HTTP.
+// The serving certificate is read again when it is renewed.
+func servingTLS(o *Options, log *slog.Logger) (*tls.Config, error) {
+	if on, err := servingMode(o.Listen, o.CertFile, o.KeyFile, o.ClientCAFile); !on || err != nil {
+		return nil, err
+	}
+	pair, err := httpserver.LoadKeyPair(o.CertFile, o.KeyFile, log)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: pair.GetCertificate}
+	if o.ClientCAFile != "" {
+		pem, err := os.ReadFile(o.ClientCAFile) //nolint:gosec // the operator names the CA file
+		if err != nil {
+			return nil, fmt.Errorf("--client-ca-file: %w", err)
+		}
+		cfg.ClientCAs = x509.NewCertPool()
+		if !cfg.ClientCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--client-ca-file %s holds no PEM certificate", o.ClientCAFile)
+		}
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return cfg, nil
+}

@@ -1,0 +1,108 @@
+package app
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gpupool/gpupool/internal/cli"
+	"github.com/gpupool/gpupool/internal/httpserver"
+	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/leases"
+	"github.com/gpupool/gpupool/kube/scheduler"
+)
+
+// Options are gpupool-scheduler's flags.
+type Options struct {
+	Listen, CertFile, KeyFile, ClientCAFile string
+	MetricsListen                           string
+	// Allocator is one address or several, comma-separated.
+	Allocator, AllocatorCAFile, TokenFile string
+	Kubeconfig                            string
+	UnitName                              string
+	Resync, UnboundLeaseTimeout           time.Duration
+	KubeAPIQPS                            float64
+	KubeAPIBurst                          int
+
+	// Unit is UnitName, parsed by Validate.
+	Unit kube.Unit
+}
+
+// NewOptions returns the defaults.
+func NewOptions() *Options {
+	return &Options{
+		Listen: "127.0.0.1:8474", MetricsListen: "127.0.0.1:9474", Allocator: "http://127.0.0.1:8470",
+		UnitName: string(kube.UnitPercent), Resync: leases.DefaultResync, UnboundLeaseTimeout: scheduler.DefaultUnboundLeaseTimeout,
+		KubeAPIQPS: 200, KubeAPIBurst: 400,
+	}
+}
+
+// AddFlags registers the options on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Listen, "listen", o.Listen, "address of the extender (POST /filter, POST /bind): plain HTTP on a loopback address only, else TLS with client certificates")
+	fs.StringVar(&o.CertFile, "tls-cert-file", o.CertFile, "serving certificate (PEM) of the extender; read again when it changes")
+	fs.StringVar(&o.KeyFile, "tls-private-key-file", o.KeyFile, "private key (PEM) of --tls-cert-file")
+	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "CA (PEM) that signs kube-scheduler's client certificate; required off loopback")
+	fs.StringVar(&o.MetricsListen, "metrics-listen", o.MetricsListen, "address of /metrics and /healthz (plain HTTP)")
+	fs.StringVar(&o.Allocator, "allocator", o.Allocator, "allocator address(es), comma-separated")
+	cli.AllocatorCAFlagVar(fs, &o.AllocatorCAFile)
+	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding an allocator admin token: the extender acquires leases in every namespace")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig of the cluster; empty uses the in-cluster config")
+	fs.StringVar(&o.UnitName, "unit", o.UnitName, "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 is one GPU, as BFK) or gpus; the unit the ResourceQuotas' requests.bitfusion.io/gpu are read in")
+	fs.DurationVar(&o.Resync, "resync", o.Resync, "how often every lease is compared with its pod and every quota with its ResourceQuotas (and once at start)")
+	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "requests per second to kube-apiserver (a bind reads the pod and creates its binding)")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "burst of requests to kube-apiserver above --kube-api-qps")
+	fs.DurationVar(&o.UnboundLeaseTimeout, "unbound-lease-timeout", o.UnboundLeaseTimeout, "how long a lease a filter took waits for its pod's bind: then, the pod still unbound, it is released (kube-scheduler's cycle failed after the filter, which the extender protocol does not report); the resync releases such leases too, after a restart")
+}
+
+// Validate checks the options and parses the unit.
+func (o *Options) Validate() error {
+	unit, err := kube.ParseUnit(o.UnitName)
+	if err != nil {
+		return fmt.Errorf("--unit: %w", err)
+	}
+	o.Unit = unit
+	if _, err := servingMode(o.Listen, o.CertFile, o.KeyFile, o.ClientCAFile); err != nil {
+		return err
+	}
+	for name, d := range map[string]time.Duration{"--resync": o.Resync, "--unbound-lease-timeout": o.UnboundLeaseTimeout} {
+		if d <= 0 {
+			return fmt.Errorf("%s %v: must be more than 0", name, d)
+		}
+	}
+	switch {
+	case o.KubeAPIQPS <= 0:
+		return fmt.Errorf("--kube-api-qps %v: must be more than 0", o.KubeAPIQPS)
+	case o.KubeAPIBurst < 1:
+		return fmt.Errorf("--kube-api-burst %d: must be at least 1", o.KubeAPIBurst)
+	case strings.TrimSpace(o.Allocator) == "":
+		return errors.New("--allocator: no address")
+	}
+	return nil
+}
+
+// servingMode says whether the extender serves plain HTTP (false) or TLS
+// (true): plain HTTP on a loopback address only, since anyone who reaches
+// /bind binds pods and anyone who reaches /filter takes GPUs; off
+// loopback, TLS with client certificates from clientCAFile.
+func servingMode(listen, certFile, keyFile, clientCAFile string) (tls bool, err error) {
+	loopback, err := httpserver.IsLoopback(listen)
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case (certFile == "") != (keyFile == ""):
+		return false, errors.New("--tls-cert-file and --tls-private-key-file go together")
+	case certFile == "" && clientCAFile != "":
+		return false, errors.New("--client-ca-file needs --tls-cert-file and --tls-private-key-file")
+	case certFile == "" && loopback:
+		return false, nil
+	case certFile == "":
+		return false, fmt.Errorf("--listen %s is not a loopback address: serving there needs --tls-cert-file, --tls-private-key-file and --client-ca-file", listen)
+	case clientCAFile == "" && !loopback:
+		return false, fmt.Errorf("--listen %s is not a loopback address: --client-ca-file must name the CA of kube-scheduler's client certificate", listen)
+	}
+	return true, nil
+}
