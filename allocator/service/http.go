@@ -1,13 +1,11 @@
 package service
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"net/http"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -337,17 +335,7 @@ func (h *handler) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 func (h *handler) decodeUpTo(w http.ResponseWriter, r *http.Request, v any, limit int64) bool {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err == nil {
-		dec := json.NewDecoder(bytes.NewReader(body))
-		dec.DisallowUnknownFields()
-		err = dec.Decode(v)
-		if err == nil {
-			if extra := dec.Decode(&json.RawMessage{}); !errors.Is(extra, io.EOF) {
-				err = errors.New("more than one JSON value (or trailing data) in the body")
-			}
-		}
-		if err == nil {
-			err = checkKeys(body, reflect.TypeOf(v))
-		}
+		err = decodeStrict(body, v)
 	}
 	var tooLarge *http.MaxBytesError
 	switch {

@@ -1,13 +1,40 @@
 package service
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"slices"
 	"strings"
 
 	"github.com/gpupool/gpupool/internal/jsonscan"
 )
+
+// decodeStrict decodes one JSON value, body, into v: unknown fields,
+// trailing data and what checkKeys refuses are errors.
+func decodeStrict(body []byte, v any) error {
+	if u, ok := v.(json.Unmarshaler); ok && json.Valid(body) {
+		// A type that decodes itself (an acquisition, with thousands of
+		// server names) is handed the body at once: through a decoder,
+		// encoding/json would scan it once more to find where it ends.
+		if err := u.UnmarshalJSON(body); err != nil {
+			return err
+		}
+		return checkKeys(body, reflect.TypeOf(v))
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if extra := dec.Decode(&json.RawMessage{}); !errors.Is(extra, io.EOF) {
+		return errors.New("more than one JSON value (or trailing data) in the body")
+	}
+	return checkKeys(body, reflect.TypeOf(v))
+}
 
 // checkKeys refuses what encoding/json lets through into v's type: a key
 // given twice in one object (the last would win, unseen by whoever checks

@@ -39,4 +39,3 @@ func TestBadFlags(t *testing.T) {
 		}
 	}
 }
-

@@ -104,6 +104,40 @@ func (s *Scanner) Skip() {
 	}
 }
 
+// Value reads the next value, whatever it is, and returns it as written.
+func (s *Scanner) Value() []byte {
+	s.Space()
+	start := s.i
+	s.Skip()
+	return s.b[start:s.i]
+}
+
+// Object reads an object, calling member with each key, unquoted, and
+// the scanner at its value, which member must read; false when no object
+// comes next. An error from member ends the reading and is returned.
+func (s *Scanner) Object(member func(key string) error) (bool, error) {
+	s.Space()
+	if !s.Byte('{') {
+		return false, nil
+	}
+	for s.Space(); !s.Byte('}'); s.Space() {
+		s.Byte(',')
+		s.Space()
+		raw, _ := s.Str()
+		key, err := Unquote(raw)
+		if err != nil {
+			return true, err
+		}
+		s.Space()
+		s.Byte(':')
+		s.Space()
+		if err := member(key); err != nil {
+			return true, err
+		}
+	}
+	return true, nil
+}
+
 // Unquote is the string a Str token stands for.
 func Unquote(raw []byte) (string, error) {
 	if len(raw) >= 2 && bytes.IndexByte(raw[1:len(raw)-1], '\\') < 0 {

@@ -27,3 +27,30 @@ func TestUnquote(t *testing.T) {
 		}
 	}
 }
+
+// TestObject: every member is seen with its key unquoted and its value
+// read by the callback, nested objects and spaces included; what is no
+// object is said so.
+func TestObject(t *testing.T) {
+	s := New([]byte(` { "a" : [1, {"x": "}"}] , "b\u0063":{"d":null},"e":"f" } tail`))
+	got := map[string]string{}
+	ok, err := s.Object(func(key string) error {
+		got[key] = string(s.Value())
+		return nil
+	})
+	want := map[string]string{"a": `[1, {"x": "}"}]`, "bc": `{"d":null}`, "e": `"f"`}
+	if !ok || err != nil || len(got) != len(want) {
+		t.Fatalf("Object: %v %v %v", ok, err, got)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("member %q read %q, want %q", k, got[k], v)
+		}
+	}
+	if rest := string(s.b[s.i:]); rest != " tail" {
+		t.Errorf("Object left %q", rest)
+	}
+	if ok, _ := New([]byte(`[1]`)).Object(func(string) error { return nil }); ok {
+		t.Error("a list read as an object")
+	}
+}

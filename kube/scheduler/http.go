@@ -88,6 +88,14 @@ func decode(w http.ResponseWriter, r *http.Request, buf *bytes.Buffer, v any) er
 		}
 		return err
 	}
+	if u, ok := v.(json.Unmarshaler); ok {
+		// One scan to check the JSON, one to read it: json.Unmarshal
+		// would scan it a third time to find where it ends.
+		if !json.Valid(buf.Bytes()) {
+			return json.Unmarshal(buf.Bytes(), new(any)) // says where and why
+		}
+		return u.UnmarshalJSON(buf.Bytes())
+	}
 	return json.Unmarshal(buf.Bytes(), v)
 }
 

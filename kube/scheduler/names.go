@@ -5,25 +5,105 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"unicode/utf8"
 
-	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/internal/jsonscan"
 )
 
 // filterArgs is kube-scheduler's extenderv1.ExtenderArgs as the filter
-// decodes it: the candidate names into a slice kept between calls, each
+// reads it, in one pass over the call: of the pod only whose it is, since
+// the filter acts on the pod as kube-apiserver has it, never as the call
+// describes it; the candidate names into a slice kept between calls, each
 // name as the string decoded for it before. The same thousand names come
 // with every pod; a string each per call would be most of what a call
 // allocates. Whole nodes (Nodes), which a kube-scheduler configured with
 // nodeCacheCapable: false sends instead of names, are skipped unread: the
 // filter refuses the call for want of names.
 type filterArgs struct {
-	Pod       *v1.Pod
+	Pod       *podRef
 	NodeNames nodeNames
+}
+
+// podRef names a pod.
+type podRef struct {
+	Namespace, Name string
+	UID             types.UID
+}
+
+// UnmarshalJSON reads the call, which must be valid JSON (decode checks).
+// Keys match as encoding/json matches them, in any case.
+func (a *filterArgs) UnmarshalJSON(data []byte) error {
+	s := jsonscan.New(data)
+	ok, err := s.Object(func(key string) error {
+		switch {
+		case strings.EqualFold(key, "pod"):
+			return a.readPod(s)
+		case strings.EqualFold(key, "nodenames"):
+			return a.NodeNames.UnmarshalJSON(s.Value())
+		}
+		s.Skip()
+		return nil
+	})
+	if !ok {
+		return errors.New("the call is not a JSON object")
+	}
+	return err
+}
+
+// readPod reads the pod's metadata.namespace, name and uid.
+func (a *filterArgs) readPod(s *jsonscan.Scanner) error {
+	if s.Literal("null") {
+		a.Pod = nil
+		return nil
+	}
+	a.Pod = &podRef{}
+	ok, err := s.Object(func(key string) error {
+		if !strings.EqualFold(key, "metadata") {
+			s.Skip()
+			return nil
+		}
+		_, err := s.Object(func(key string) error {
+			var field *string
+			switch {
+			case strings.EqualFold(key, "namespace"):
+				field = &a.Pod.Namespace
+			case strings.EqualFold(key, "name"):
+				field = &a.Pod.Name
+			case strings.EqualFold(key, "uid"):
+				field = (*string)(&a.Pod.UID)
+			default:
+				s.Skip()
+				return nil
+			}
+			return readString(s, "pod.metadata."+key, field)
+		})
+		return err
+	})
+	if !ok {
+		return errors.New("pod: not an object")
+	}
+	return err
+}
+
+// readString reads a string, or null (""), into v.
+func readString(s *jsonscan.Scanner, path string, v *string) error {
+	if s.Literal("null") {
+		*v = ""
+		return nil
+	}
+	raw, ok := s.Str()
+	if !ok {
+		return fmt.Errorf("%s: not a string", path)
+	}
+	var err error
+	*v, err = jsonscan.Unquote(raw)
+	return err
 }
 
 // nodeNames decodes a JSON array of node names.
@@ -34,8 +114,7 @@ type nodeNames struct {
 	known *nameTable
 }
 
-// UnmarshalJSON reads the array, which json.Unmarshal has checked is
-// valid JSON. Names with an escape or beyond ASCII, which no node name
+// UnmarshalJSON reads the array, which must be valid JSON. Names with an escape or beyond ASCII, which no node name
 // needs, take encoding/json's way.
 func (n *nodeNames) UnmarshalJSON(data []byte) error {
 	n.names, n.given = n.names[:0], false
@@ -123,7 +202,10 @@ func plainASCII(b []byte) bool {
 }
 
 func skipSpace(b []byte) []byte {
-	return bytes.TrimLeft(b, " \t\r\n")
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\r' || b[0] == '\n') {
+		b = b[1:]
+	}
+	return b
 }
 
 // maxKnownNames bounds a nameTable: when nodes come and go for long

@@ -136,7 +136,7 @@ func servingTLS(o *Options, log *slog.Logger) (*tls.Config, error) {
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: pair.GetCertificate}
 	if o.ClientCAFile != "" {
-		pem, err := os.ReadFile(o.ClientCAFile) //nolint:gosec // the operator names the CA file
+		pem, err := os.ReadFile(o.ClientCAFile)
 		if err != nil {
 			return nil, fmt.Errorf("--client-ca-file: %w", err)
 		}
