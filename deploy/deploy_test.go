@@ -363,29 +363,16 @@ func TestArgsNameDefinedVariables(t *testing.T) {
 func TestWebhookReachable(t *testing.T) {
 	objs := build(t, "overlays/full")
 	var mutating admissionregistrationv1.MutatingWebhookConfiguration
-	var validating admissionregistrationv1.ValidatingWebhookConfiguration
 	find(t, objs, "MutatingWebhookConfiguration", "gpupool", &mutating)
-	find(t, objs, "ValidatingWebhookConfiguration", "gpupool", &validating)
-	type webhook struct {
-		name     string
-		client   admissionregistrationv1.WebhookClientConfig
-		injectCA string
-	}
-	var webhooks []webhook
+	injectCA := mutating.Annotations["cert-manager.io/inject-ca-from"]
 	for _, w := range mutating.Webhooks {
-		webhooks = append(webhooks, webhook{w.Name, w.ClientConfig, mutating.Annotations["cert-manager.io/inject-ca-from"]})
-	}
-	for _, w := range validating.Webhooks {
-		webhooks = append(webhooks, webhook{w.Name, w.ClientConfig, validating.Annotations["cert-manager.io/inject-ca-from"]})
-	}
-	for _, w := range webhooks {
-		ref := w.client.Service
+		ref := w.ClientConfig.Service
 		if ref == nil || ref.Port == nil {
-			t.Fatalf("%s: clientConfig %+v names no Service and port", w.name, w.client)
+			t.Fatalf("%s: clientConfig %+v names no Service and port", w.Name, w.ClientConfig)
 		}
-		certNamespace, certName, _ := strings.Cut(w.injectCA, "/")
+		certNamespace, certName, _ := strings.Cut(injectCA, "/")
 		if certNamespace != ref.Namespace {
-			t.Errorf("%s: the CA comes from %s, not from namespace %s", w.name, w.injectCA, ref.Namespace)
+			t.Errorf("%s: the CA comes from %s, not from namespace %s", w.Name, injectCA, ref.Namespace)
 		}
 		served := serving(t, objs, ref.Namespace, ref.Name, *ref.Port, "gpupool-webhook")
 		checkCertificate(t, objs, certName, served, "server auth", ref.Name+"."+ref.Namespace+".svc")

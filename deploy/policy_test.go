@@ -120,6 +120,15 @@ func TestPodAnnotationsPolicy(t *testing.T) {
 		{"a user removes the GPUs", user, bound(), pod(kube.AnnotationLease, "lease-000001"), true,
 			[]string{"only gpupool sets gpupool.io/gpus on a pod" + onUpdate}},
 		{"gpupool-scheduler writes a lease", scheduler, pod(), bound(), false, nil},
+		// What admission decided: the webhook checks it on create, this
+		// policy on update.
+		{"a user changes the request", user, bound(), bound(kube.AnnotationRequest, `{"gpuAmount":8}`), true,
+			[]string{`metadata.annotations[gpupool.io/request]: cannot change once the pod is admitted (was "{"gpuAmount":1}")`}},
+		{"a user unmarks the pod", user, pod(kube.AnnotationStatus, kube.StatusInjected), pod(), true,
+			[]string{`metadata.annotations[auto-management/status]: cannot change once the pod is admitted (was "injected")`}},
+		{"a user adds a request and the mark", user, pod(), pod(kube.AnnotationStatus, kube.StatusInjected, kube.AnnotationRequest, `{"gpuAmount":1}`), true,
+			[]string{`metadata.annotations[auto-management/status]: cannot change once the pod is admitted (was absent)`}},
+		{"a user creates a pod marked with a request", user, nil, pod(kube.AnnotationStatus, kube.StatusInjected), true, nil},
 		{"the device plugin marks a pod", pluginUser, bound(), bound(kube.AnnotationAllocated, "0123"), false, nil},
 	} {
 		applies, messages := denied(admissionRequest{user: tc.user, old: tc.old, object: tc.object})

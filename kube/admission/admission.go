@@ -5,12 +5,13 @@
 // cluster's unit, in requests and limits, so that a ResourceQuota on
 // requests.bitfusion.io/gpu counts it and the pool's scheduler places it.
 //
-// Mutate computes a pod's JSON patch, or refuses the pod when its request
-// cannot be normalised. Validate refuses what mutation does not see: a pod
-// that arrives already marked as handled (its recorded request must match
-// its bitfusion.io/gpu), and an update that would change a handled pod's
-// request. Both are pure functions of the pod; NewHandler serves them as
-// AdmissionReview v1.
+// Mutate computes a created pod's JSON patch, or refuses the pod when its
+// request cannot be normalised, or when it arrives already marked as
+// handled and its recorded request does not match its bitfusion.io/gpu. It
+// is a pure function of the pod; NewHandler serves it as AdmissionReview
+// v1. That an update never changes a handled pod's request is checked in
+// kube-apiserver itself (the gpupool-pod-annotations policy), so that no
+// update of a pod waits on the webhook.
 //
 // Choices, and why:
 //
@@ -37,7 +38,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -79,45 +79,27 @@ var (
 	atAutoManaged = annotations.Key(kube.AnnotationAutoManagement)
 )
 
-// Mutate returns the patch that normalises pod, or why it is refused. A pod
-// that asks for no bitfusion.io resource, or is already marked as handled,
-// gets no patch (Validate checks the latter).
+// Mutate returns the patch that normalises a created pod, or why it is
+// refused. A pod that asks for no bitfusion.io resource gets no patch,
+// and is refused if it records a request. A pod created marked as handled
+// (a copy of an admitted pod's manifest, or the webhook called again after
+// a later webhook changed the pod: reinvocationPolicy IfNeeded) gets no
+// patch either, and is refused unless it asks for bitfusion.io/gpu alone,
+// as much as its recorded request stands for. So the pod kube-apiserver
+// stores is one the pool can lease for, and the quota counts what the pool
+// leases.
 func (c Config) Mutate(pod *corev1.Pod) (Patch, field.ErrorList) {
 	if marked(pod) {
-		return nil, nil
+		return nil, c.checkRecorded(pod)
 	}
 	p, errs := c.plan(pod)
-	if p == nil {
-		return nil, errs
+	if p != nil {
+		return c.patch(pod, p), nil
 	}
-	return c.patch(pod, p), nil
-}
-
-// Validate returns why pod is refused, if it is: on create (old nil), a pod
-// that asks for bitfusion.io resources must be marked as handled, ask for
-// bitfusion.io/gpu alone, and record a request that stands for as much; on
-// update, the recorded request and the mark must not change. An update
-// checks nothing else, so that an older pod's finalizers and labels can
-// always be changed.
-func (c Config) Validate(pod, old *corev1.Pod) field.ErrorList {
-	if old != nil {
-		return unchanged(pod, old)
+	if v, recorded := pod.Annotations[kube.AnnotationRequest]; recorded && len(errs) == 0 {
+		errs = field.ErrorList{field.Invalid(atRequest, v, "the pod asks for no bitfusion.io resource")}
 	}
-	if marked(pod) {
-		return c.checkRecorded(pod)
-	}
-	p, errs := c.plan(pod)
-	_, recorded := pod.Annotations[kube.AnnotationRequest]
-	switch {
-	case len(errs) > 0:
-		return errs
-	case p != nil:
-		return field.ErrorList{field.Required(atStatus, "the pod asks for bitfusion.io resources but the mutating webhook did not normalise it "+
-			"(is the MutatingWebhookConfiguration registered?)")}
-	case recorded:
-		return field.ErrorList{field.Invalid(atRequest, pod.Annotations[kube.AnnotationRequest], "the pod asks for no bitfusion.io resource")}
-	}
-	return nil
+	return nil, errs
 }
 
 // checkRecorded checks a pod marked as handled: its one GPU container asks
@@ -164,27 +146,6 @@ func (c Config) checkRecorded(pod *corev1.Pod) field.ErrorList {
 			kube.ResourceGPU, units, c.Unit, gpu.path, gpu.value)))
 	}
 	return errs
-}
-
-// unchanged refuses an update that changes what admission decided: the
-// request the pool leases, and the mark that says it was decided.
-func unchanged(pod, old *corev1.Pod) field.ErrorList {
-	var errs field.ErrorList
-	for _, key := range []string{kube.AnnotationRequest, kube.AnnotationStatus} {
-		was, had := old.Annotations[key]
-		is, has := pod.Annotations[key]
-		if was != is || had != has {
-			errs = append(errs, field.Invalid(annotations.Key(key), is, "cannot change once the pod is admitted (was "+quoteOrAbsent(was, had)+")"))
-		}
-	}
-	return errs
-}
-
-func quoteOrAbsent(v string, ok bool) string {
-	if !ok {
-		return "absent"
-	}
-	return strconv.Quote(v)
 }
 
 // marked is whether the webhook has handled pod.

@@ -128,8 +128,8 @@ func TestMutateNormalisesEachForm(t *testing.T) {
 			if got.Spec.SchedulerName != kube.SchedulerName {
 				t.Errorf("schedulerName = %q", got.Spec.SchedulerName)
 			}
-			if errs := c.Validate(got, nil); len(errs) > 0 {
-				t.Errorf("Validate refuses the mutated pod: %v", errs.ToAggregate())
+			if patch, errs := c.Mutate(got); patch != nil || len(errs) > 0 {
+				t.Errorf("called again on the mutated pod, Mutate = %v, %v", patch, errs.ToAggregate())
 			}
 		})
 	}
@@ -182,7 +182,6 @@ func TestMutateLeavesAlone(t *testing.T) {
 		pod  *corev1.Pod
 	}{
 		{"no bitfusion.io resource", podOf(asking("nvidia.com/gpu=1"))},
-		{"already marked", annotated(podOf(asking("bitfusion.io/gpu-amount=1")), kube.AnnotationStatus, kube.StatusInjected)},
 	} {
 		if patch, errs := c.Mutate(tc.pod); patch != nil || errs != nil {
 			t.Errorf("%s: Mutate = %v, %v, want nothing", tc.name, patch, errs)
@@ -205,7 +204,6 @@ func TestMutateLeavesAlone(t *testing.T) {
 type refusal struct {
 	Name   string     `json:"name"`
 	Unit   kube.Unit  `json:"unit"`
-	By     string     `json:"by"` // "validate", or empty for the mutating webhook
 	Pod    corev1.Pod `json:"pod"`
 	Denied string     `json:"denied"`
 }
@@ -223,85 +221,33 @@ func readRefusals(t *testing.T) []refusal {
 	return rs
 }
 
-// TestRefusals: the mutating webhook refuses its pods with their message;
-// the validating webhook refuses every pod, as a pod that reaches it
-// unhandled is refused for what is wrong with it.
+// TestRefusals: the webhook refuses each pod with its message, pods
+// created marked as handled included, which it does not patch.
 func TestRefusals(t *testing.T) {
 	for _, tc := range readRefusals(t) {
 		t.Run(tc.Name, func(t *testing.T) {
-			c := config(tc.Unit)
-			patch, errs := c.Mutate(&tc.Pod)
-			switch {
-			case tc.By == "validate" && errs != nil:
-				t.Errorf("Mutate refuses what validation should: %v", errs.ToAggregate())
-			case tc.By != "validate" && (patch != nil || errs.ToAggregate() == nil || errs.ToAggregate().Error() != tc.Denied):
+			patch, errs := config(tc.Unit).Mutate(&tc.Pod)
+			if patch != nil || errs.ToAggregate() == nil || errs.ToAggregate().Error() != tc.Denied {
 				t.Errorf("Mutate = %v,\n%v\nwant the refusal\n%s", patch, errs.ToAggregate(), tc.Denied)
-			}
-			if errs := c.Validate(&tc.Pod, nil); errs.ToAggregate() == nil || errs.ToAggregate().Error() != tc.Denied {
-				t.Errorf("Validate = %v,\nwant the refusal\n%s", errs.ToAggregate(), tc.Denied)
 			}
 		})
 	}
 }
 
-func TestValidateAdmits(t *testing.T) {
+// TestMutateAdmitsMarked: a pod created marked as handled is admitted
+// unpatched when it asks for what it records: the webhook called again on
+// its own patch (reinvocation), or an admitted pod's manifest copied.
+func TestMutateAdmitsMarked(t *testing.T) {
 	c := config(kube.UnitPercent)
 	for name, pod := range map[string]*corev1.Pod{
 		"a normalised pod":    mutate(t, c, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50"))),
 		"a pod asking none":   podOf(asking()),
 		"marked, asking none": annotated(podOf(asking()), kube.AnnotationStatus, kube.StatusInjected),
 	} {
-		if errs := c.Validate(pod, nil); errs != nil {
-			t.Errorf("%s: Validate = %v", name, errs.ToAggregate())
+		if patch, errs := c.Mutate(pod); patch != nil || errs != nil {
+			t.Errorf("%s: Mutate = %v, %v", name, patch, errs.ToAggregate())
 		}
 	}
-	want := "metadata.annotations[auto-management/status]: Required value: the pod asks for bitfusion.io resources but the mutating webhook did not normalise it " +
-		"(is the MutatingWebhookConfiguration registered?)"
-	if got := c.Validate(podOf(asking("bitfusion.io/gpu-amount=1")), nil).ToAggregate(); got == nil || got.Error() != want {
-		t.Errorf("a pod the mutating webhook did not see: Validate = %v, want %s", got, want)
-	}
-}
-
-func TestValidateUpdate(t *testing.T) {
-	c := config(kube.UnitPercent)
-	old := mutate(t, c, podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50")))
-	for _, tc := range []struct {
-		name   string
-		change func(p *corev1.Pod)
-		want   string
-	}{
-		{"a label", func(p *corev1.Pod) { p.Labels = map[string]string{"app": "x"} }, ""},
-		{"the request", func(p *corev1.Pod) {
-			p.Annotations[kube.AnnotationRequest] = `{"gpuAmount":1,"gpuPercent":50,"models":["H100"]}`
-		},
-			`metadata.annotations[gpupool.io/request]: Invalid value: "{\"gpuAmount\":1,\"gpuPercent\":50,\"models\":[\"H100\"]}": cannot change once the pod is admitted (was "{\"gpuAmount\":1,\"gpuPercent\":50}")`},
-		{"the mark", func(p *corev1.Pod) { delete(p.Annotations, kube.AnnotationStatus) },
-			`metadata.annotations[auto-management/status]: Invalid value: "": cannot change once the pod is admitted (was "injected")`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p := old.DeepCopy()
-			tc.change(p)
-			got := c.Validate(p, old).ToAggregate()
-			if (got == nil) != (tc.want == "") || got != nil && got.Error() != tc.want {
-				t.Errorf("Validate = %v\nwant %s", got, tc.want)
-			}
-		})
-	}
-	t.Run("an older pod never normalised", func(t *testing.T) {
-		unhandled := podOf(asking("bitfusion.io/gpu-amount=1"))
-		p := unhandled.DeepCopy()
-		p.Labels = map[string]string{"app": "x"}
-		if errs := c.Validate(p, unhandled); errs != nil {
-			t.Errorf("Validate = %v: an update of what admission never decided is refused", errs.ToAggregate())
-		}
-	})
-	t.Run("the request added later", func(t *testing.T) {
-		plain := podOf(asking())
-		p := annotated(plain.DeepCopy(), kube.AnnotationRequest, `{"gpuAmount":8}`)
-		if got := c.Validate(p, plain).ToAggregate(); got == nil || !strings.Contains(got.Error(), "(was absent)") {
-			t.Errorf("Validate = %v", got)
-		}
-	})
 }
 
 func TestParseGPUMemory(t *testing.T) {

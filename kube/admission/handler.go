@@ -32,29 +32,27 @@ const maxBytesInFlight = 4 * maxReviewBytes
 // configurations list it alone in admissionReviewVersions.
 var reviewVersion = admissionv1.SchemeGroupVersion.WithKind("AdmissionReview")
 
-// NewHandler serves c to kube-apiserver: POST /mutate and POST /validate
-// take an AdmissionReview v1 of a pod and answer one (/mutate with a JSON
-// patch), GET /healthz answers "ok".
+// NewHandler serves c to kube-apiserver: POST /mutate takes an
+// AdmissionReview v1 of a created pod and answers one, with a JSON patch
+// or a refusal; GET /healthz answers "ok".
 func NewHandler(c Config) http.Handler {
 	room := semaphore.NewWeighted(maxBytesInFlight)
 	mux := http.NewServeMux()
-	mux.Handle("POST /mutate", reviewer(room, func(op admissionv1.Operation, pod, _ *corev1.Pod) (Patch, field.ErrorList) {
-		// Only a new pod's resources can change; an update is Validate's.
+	mux.Handle("POST /mutate", reviewer(room, func(op admissionv1.Operation, pod *corev1.Pod) (Patch, field.ErrorList) {
+		// Only a new pod's resources can change: an update is the
+		// gpupool-pod-annotations policy's, in kube-apiserver itself.
 		if op != admissionv1.Create {
 			return nil, nil
 		}
 		return c.Mutate(pod)
 	}))
-	mux.Handle("POST /validate", reviewer(room, func(_ admissionv1.Operation, pod, old *corev1.Pod) (Patch, field.ErrorList) {
-		return nil, c.Validate(pod, old)
-	}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	return mux
 }
 
-// decision is what a webhook decides on a pod (and, on update, its old
-// version): a patch, or why the pod is refused.
-type decision func(op admissionv1.Operation, pod, old *corev1.Pod) (Patch, field.ErrorList)
+// decision is what the webhook decides on a pod: a patch, or why the pod
+// is refused.
+type decision func(op admissionv1.Operation, pod *corev1.Pod) (Patch, field.ErrorList)
 
 // reviewer reads an AdmissionReview, has decide decide, and answers the
 // review. A body that is no AdmissionReview v1 is answered 400, or 413 when
@@ -134,11 +132,7 @@ func answer(req *reviewRequest, decide decision) *admissionv1.AdmissionResponse 
 		return failure(http.StatusBadRequest, "the review has no pod in object")
 	}
 	pod := req.Object.pod()
-	var old *corev1.Pod
-	if req.OldObject != nil {
-		old = req.OldObject.pod()
-	}
-	patch, errs := decide(req.Operation, pod, old)
+	patch, errs := decide(req.Operation, pod)
 	if len(errs) > 0 {
 		st := apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Pod").GroupKind(), pod.Name, errs).ErrStatus
 		// kube-apiserver says which webhook denied what; the causes say why.

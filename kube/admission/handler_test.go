@@ -97,7 +97,7 @@ func TestHandlerMutates(t *testing.T) {
 		t.Errorf("the patched pod asks for bitfusion.io/gpu %s, want 50", &q)
 	}
 
-	// An update is validation's: nothing to patch.
+	// An update is the policy's, in kube-apiserver: nothing to patch.
 	if resp := answered(t, url+"/mutate", review(t, admissionv1.Update, mutated, mutated)); !resp.Allowed || resp.Patch != nil {
 		t.Errorf("update: response %+v, want allowed without a patch", resp)
 	}
@@ -112,8 +112,9 @@ func TestHandlerDenies(t *testing.T) {
 		wantCause string
 	}{
 		{"/mutate", admissionv1.Create, podOf(asking("bitfusion.io/gpu-percent=150")), nil, "spec.containers[0].resources.limits[bitfusion.io/gpu-amount]"},
-		{"/validate", admissionv1.Create, podOf(asking("bitfusion.io/gpu-amount=1")), nil, "metadata.annotations[auto-management/status]"},
-		{"/validate", admissionv1.Update, annotated(podOf(), kube.AnnotationRequest, `{"gpuAmount":8}`), podOf(), "metadata.annotations[gpupool.io/request]"},
+		{"/mutate", admissionv1.Create, annotated(podOf(asking("bitfusion.io/gpu-amount=1")), kube.AnnotationStatus, kube.StatusInjected), nil,
+			"spec.containers[0].resources.limits[bitfusion.io/gpu-amount]"},
+		{"/mutate", admissionv1.Create, annotated(podOf(), kube.AnnotationRequest, `{"gpuAmount":8}`), nil, "metadata.annotations[gpupool.io/request]"},
 	} {
 		resp := answered(t, url+tc.path, review(t, tc.op, tc.pod, tc.old))
 		if resp.Allowed || resp.Patch != nil || resp.Result == nil || resp.Result.Code != http.StatusUnprocessableEntity ||
@@ -171,7 +172,7 @@ func TestHandlerRefusesWhatIsNoPodReview(t *testing.T) {
 	}
 	r.Request.Resource.Resource, r.Request.SubResource = "pods", "status"
 	b, _ := json.Marshal(r)
-	resp := answered(t, url+"/validate", b)
+	resp := answered(t, url+"/mutate", b)
 	if resp.Allowed || resp.Result.Code != http.StatusBadRequest ||
 		resp.Result.Message != "gpupool's webhook admits pods, not pods/status: check the webhook configuration's rules" {
 		t.Errorf("a pod's status's review: %+v", resp.Result)

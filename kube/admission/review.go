@@ -28,10 +28,9 @@ type reviewRequest struct {
 	SubResource string                      `json:"subResource"`
 	Operation   admissionv1.Operation       `json:"operation"`
 	Object      *reviewedPod                `json:"object"`
-	OldObject   *reviewedPod                `json:"oldObject"`
 }
 
-// reviewedPod is what Mutate and Validate read of a pod.
+// reviewedPod is what Mutate reads of a pod.
 type reviewedPod struct {
 	Metadata struct {
 		Name         string          `json:"name"`

@@ -35,6 +35,7 @@ import (
 	"github.com/gpupool/gpupool/internal/procstat"
 	"github.com/gpupool/gpupool/kube"
 	"github.com/gpupool/gpupool/kube/admission"
+	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
 )
 
 // admissionExamples are the webhook's own examples, as users write them.
@@ -62,6 +63,7 @@ func TestAdmission(t *testing.T) {
 
 	certFile, keyFile := writeServingCert(t, cp, dir)
 	c := cp.Client
+	createPodPolicy(ctx, t, cp)
 	webhooks := map[kube.Unit]*exec.Cmd{}
 	addrs := map[kube.Unit]string{}
 	for _, unit := range kube.Units {
@@ -106,21 +108,33 @@ func TestAdmission(t *testing.T) {
 }
 
 // registerWebhook registers the webhook at url with kube-apiserver for pods in
-// namespaces, as admission.Webhooks builds the configurations.
+// namespaces, as admission.Webhook builds the configuration.
 func registerWebhook(t testing.TB, c kubernetes.Interface, name, url string, ca []byte, namespaces []string) {
 	t.Helper()
-	mutating, validating := admission.Webhooks(name, func(path string) admissionregistrationv1.WebhookClientConfig {
+	mutating := admission.Webhook(name, func(path string) admissionregistrationv1.WebhookClientConfig {
 		return admissionregistrationv1.WebhookClientConfig{URL: ptr.To(url + path), CABundle: ca}
 	})
-	selector := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+	mutating.Webhooks[0].NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 		{Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpIn, Values: namespaces}}}
-	mutating.Webhooks[0].NamespaceSelector, validating.Webhooks[0].NamespaceSelector = selector, selector
-	ctx := context.Background()
-	if _, err := c.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, mutating, metav1.CreateOptions{}); err != nil {
+	if _, err := c.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(context.Background(), mutating, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, validating, metav1.CreateOptions{}); err != nil {
+}
+
+// createPodPolicy creates the full overlay's gpupool-pod-annotations
+// policy and its binding, as users deploy them: what admission decided on
+// a pod cannot change on update.
+func createPodPolicy(ctx context.Context, t *testing.T, cp *e2ekube.ControlPlane) {
+	t.Helper()
+	objs, err := kustomizeBuild(filepath.Join(deployDir, "overlays", "full"))
+	if err != nil {
 		t.Fatal(err)
+	}
+	v := newValidator(t, cp.Config)
+	for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+		if err := v.create(ctx, find(t, objs, kind, "gpupool-pod-annotations"), false); err != nil {
+			t.Fatalf("%s gpupool-pod-annotations: %v", kind, err)
+		}
 	}
 }
 
@@ -272,7 +286,6 @@ func checkRefusals(t *testing.T, c kubernetes.Interface) {
 	var refusals []struct {
 		Name   string     `json:"name"`
 		Unit   kube.Unit  `json:"unit"`
-		By     string     `json:"by"`
 		Pod    corev1.Pod `json:"pod"`
 		Denied string     `json:"denied"`
 	}
@@ -280,11 +293,7 @@ func checkRefusals(t *testing.T, c kubernetes.Interface) {
 		t.Fatal(err)
 	}
 	for i, r := range refusals {
-		webhook := admission.MutatingWebhookName
-		if r.By == "validate" {
-			webhook = admission.ValidatingWebhookName
-		}
-		want := fmt.Sprintf("admission webhook %q denied the request: %s", webhook, r.Denied)
+		want := fmt.Sprintf("admission webhook %q denied the request: %s", admission.MutatingWebhookName, r.Denied)
 		r.Pod.Name = fmt.Sprintf("refused-%d", i)
 		_, err := c.CoreV1().Pods(unitNamespace(r.Unit)).Create(context.Background(), &r.Pod, metav1.CreateOptions{})
 		if err == nil || err.Error() != want {
@@ -303,10 +312,17 @@ func checkUpdateRefused(t *testing.T, c kubernetes.Interface) {
 	}
 	was := p.Annotations[kube.AnnotationRequest]
 	p.Annotations[kube.AnnotationRequest] = `{"gpuAmount":8}`
-	_, err = pods.Update(ctx, p, metav1.UpdateOptions{})
-	want := fmt.Sprintf(`admission webhook %q denied the request: metadata.annotations[gpupool.io/request]: Invalid value: "{\"gpuAmount\":8}": `+
-		"cannot change once the pod is admitted (was %q)", admission.ValidatingWebhookName, was)
+	want := fmt.Sprintf(`pods "resnet-half-gpu" is forbidden: ValidatingAdmissionPolicy 'gpupool-pod-annotations' with binding 'gpupool-pod-annotations' denied request: `+
+		`metadata.annotations[gpupool.io/request]: cannot change once the pod is admitted (was "%s")`, was)
+	// kube-apiserver loads a policy a moment after it is created.
+	waitForUpTo(t, 30*time.Second, func() bool {
+		_, err = pods.Update(ctx, p, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil
+	})
 	if err == nil || err.Error() != want {
+		t.Errorf("updating the request: %v\nwant %s", err, want)
+	}
+	if _, err := pods.Update(ctx, p, metav1.UpdateOptions{}); err == nil || err.Error() != want {
 		t.Errorf("updating the request: %v\nwant %s", err, want)
 	}
 	p.Annotations[kube.AnnotationRequest] = was

@@ -95,9 +95,7 @@ func TestOverlayRunsAsPods(t *testing.T) {
 	setHostPath(t, find(t, objs, "DaemonSet", "gpupool-device-plugin"), "pod-resources", filepath.Dir(node.PodResourcesSocket()))
 	certs := makeCerts(t)
 	ca := []byte(readString(t, certs, "ca.crt"))
-	for _, kind := range []string{"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"} {
-		setWebhooksCABundle(t, find(t, objs, kind, "gpupool"), ca)
-	}
+	setWebhooksCABundle(t, find(t, objs, "MutatingWebhookConfiguration", "gpupool"), ca)
 	if err := unstructured.SetNestedField(find(t, objs, "APIService", "v1beta1.external.metrics.k8s.io").Object, base64.StdEncoding.EncodeToString(ca), "spec", "caBundle"); err != nil {
 		t.Fatal(err)
 	}
