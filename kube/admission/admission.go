@@ -73,7 +73,6 @@ var autoManagement = []string{"all", "y", "yes", "true", "on", "injection", "non
 var (
 	annotations   = field.NewPath("metadata", "annotations")
 	atRequest     = annotations.Key(kube.AnnotationRequest)
-	atStatus      = annotations.Key(kube.AnnotationStatus)
 	atModels      = annotations.Key(kube.AnnotationModels)
 	atTopology    = annotations.Key(kube.AnnotationTopology)
 	atAutoManaged = annotations.Key(kube.AnnotationAutoManagement)
