@@ -7,7 +7,8 @@
 // recovery.go the state loaded from the store; commit.go the group commit;
 // leases.go, quotas.go and servers.go the operations; waiting.go the
 // requests queued for capacity or quota; http.go, errors.go and
-// strictjson.go the API, config.go its tokens, metrics.go its series.
+// strictjson.go the API, config.go its tokens, metrics.go its series;
+// leadership.go a replica's terms as the leader that serves them.
 package service
 
 import (

@@ -27,6 +27,11 @@ type Service struct {
 	Usage   string
 	Options Options
 	Run     func(ctx context.Context, log *slog.Logger) error
+	// OneShot, when set, is called once the flags are parsed (and the log
+	// flags checked), before Validate: when it returns done, the command ends with its exit
+	// status and Run is not called. It is a mode of the binary that does
+	// one job and writes its own output (the allocator's --check).
+	OneShot func(stdout, stderr io.Writer) (exit int, done bool)
 }
 
 // UsageError is a Run's error that is the command line's fault, caught
@@ -57,6 +62,11 @@ func Main(s Service, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", s.Name, err)
 		return ExitUsage
+	}
+	if s.OneShot != nil {
+		if exit, done := s.OneShot(stdout, stderr); done {
+			return exit
+		}
 	}
 	if err := s.Options.Validate(); err != nil {
 		log.Error("bad flag", "err", err)
