@@ -15,7 +15,7 @@ func TestHelp(t *testing.T) {
 	if code := run([]string{"--help"}, &stdout, &stderr); code != 0 || stderr.Len() != 0 {
 		t.Fatalf("--help: exit %d, stderr %q", code, stderr.String())
 	}
-	for _, want := range []string{"POST /mutate", "POST /validate", "MutatingWebhookConfiguration", "caBundle", "failurePolicy Fail", "-gpu-memory", "-scheduler-name"} {
+	for _, want := range []string{"POST /mutate", "reinvocationPolicy IfNeeded", "MutatingWebhookConfiguration", "gpupool-pod-annotations", "caBundle", "failurePolicy Fail", "-gpu-memory", "-scheduler-name"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("--help does not say %q", want)
 		}

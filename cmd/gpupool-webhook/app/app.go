@@ -42,20 +42,22 @@ Each refusal names the field, the value and the limit.
 
 Served over HTTPS, as AdmissionReview v1:
 
-  POST /mutate     normalises a created pod (a JSON patch), or refuses it
-  POST /validate   refuses a created pod marked as handled whose request
-                   does not match its bitfusion.io/gpu, and an update that
-                   changes gpupool.io/request or the mark
+  POST /mutate     normalises a created pod (a JSON patch), or refuses it;
+                   a pod created marked as handled is refused when its
+                   request does not match its bitfusion.io/gpu
   GET  /healthz    ok
 
 kube-apiserver calls it through a MutatingWebhookConfiguration (pods,
-CREATE, path /mutate) and a ValidatingWebhookConfiguration (pods, CREATE
-and UPDATE, path /validate), each with clientConfig naming this server (a
-Service, or an https URL) and in caBundle the CA that signed
---tls-cert-file; admissionReviewVersions [v1]; sideEffects None;
-failurePolicy Fail, as a GPU pod left unnormalised could never run; and a
-matchCondition that sends only pods naming a bitfusion.io resource (or
-carrying gpupool.io/request), so that no other pod ever waits on the webhook.
+CREATE, path /mutate) with clientConfig naming this server (a Service, or an
+https URL) and in caBundle the CA that signed --tls-cert-file;
+admissionReviewVersions [v1]; sideEffects None; reinvocationPolicy IfNeeded
+(called again after a later webhook changed the pod); failurePolicy Fail, as
+a GPU pod left unnormalised could never run; and a matchCondition that sends
+only pods naming a bitfusion.io resource (or carrying gpupool.io/request),
+so that no other pod ever waits on the webhook. That an update never changes
+gpupool.io/request or the mark is the ValidatingAdmissionPolicy
+gpupool-pod-annotations' (deploy/components/kubernetes): no update of a pod
+waits on this webhook.
 `
 
 // Run serves the webhook until ctx ends or serving fails. The serving
