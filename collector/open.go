@@ -43,8 +43,8 @@ type SourceConfig struct {
 	// DCGMRetry is DefaultDCGMRetry when 0.
 	DCGMRetry time.Duration
 	// Simulated opens the simulated GPUs and the host as it registers
-	// with them. They are a Source of a package of their own, which
-	// imports this one, so the caller opens them.
+	// with them: they are a Source of package fakegpu, which imports this
+	// one, so the caller opens them.
 	Simulated func() (Source, allocator.Server, error)
 	// Log says why the nvml source knows no links, and that the dcgm
 	// source waits for its exporter.

@@ -16,6 +16,7 @@ import (
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/fakegpu"
 	"github.com/gpupool/gpupool/gpuserver"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 	"github.com/gpupool/gpupool/internal/cli"
@@ -119,10 +120,10 @@ func (o *Options) sourceConfig(log *slog.Logger) collector.SourceConfig {
 // openSimulated makes the simulated GPUs of the options (validated), and
 // their device files when asked for.
 func (o *Options) openSimulated() (collector.Source, allocator.Server, error) {
-	sim := &collector.Simulated{Server: o.Name, Seed: o.Seed, GPUs: o.simulatedGPUs, Topology: o.simulatedTopology,
+	sim := &fakegpu.Source{Server: o.Name, Seed: o.Seed, GPUs: o.simulatedGPUs, Topology: o.simulatedTopology,
 		DeviceDir: o.SimulatedDeviceDir}
 	if o.SimulatedWorkload != "" {
-		sim.Demand = (&collector.WorkloadFile{Path: o.SimulatedWorkload}).Demand
+		sim.Demand = (&fakegpu.WorkloadFile{Path: o.SimulatedWorkload}).Demand
 	}
 	if sim.DeviceDir != "" {
 		if err := sim.CreateDeviceFiles(); err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/fakegpu"
 	"github.com/gpupool/gpupool/internal/cli"
 )
 
@@ -37,7 +38,7 @@ type Options struct {
 
 	// simulatedGPUs and simulatedTopology are SimulateGPUs and
 	// SimulateTopology, parsed by Validate.
-	simulatedGPUs     []collector.SimulatedGPU
+	simulatedGPUs     []fakegpu.GPU
 	simulatedTopology allocator.Topology
 	tokens            *cli.TokenFlags
 	// flags is where AddFlags registered the options, to tell a flag
@@ -106,16 +107,16 @@ func (o *Options) Validate() error {
 	case o.Source != collector.SourceSimulated:
 		return nil
 	}
-	gpus, err := collector.ParseSimulatedGPUs(o.SimulateGPUs)
+	gpus, err := fakegpu.ParseGPUs(o.SimulateGPUs)
 	if err != nil {
 		return fmt.Errorf("--simulate-gpus: %w", err)
 	}
-	if o.simulatedTopology, err = collector.ParseSimulatedTopology(o.SimulateTopology, len(gpus)); err != nil {
+	if o.simulatedTopology, err = fakegpu.ParseTopology(o.SimulateTopology, len(gpus)); err != nil {
 		return fmt.Errorf("--simulate-topology: %w", err)
 	}
 	o.simulatedGPUs = gpus
 	if o.SimulatedWorkload != "" {
-		if _, _, err := collector.ReadWorkloads(o.SimulatedWorkload); err != nil {
+		if _, _, err := fakegpu.ReadWorkloads(o.SimulatedWorkload); err != nil {
 			return fmt.Errorf("--simulated-workload: %w", err)
 		}
 	}
