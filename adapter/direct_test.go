@@ -21,6 +21,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/service"
 	"github.com/gpupool/gpupool/allocator/store"
 	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/fakegpu"
 	"github.com/gpupool/gpupool/gpuserver"
 	"github.com/gpupool/gpupool/gpuserver/api"
 )
@@ -80,7 +81,7 @@ func (p *testPool) startDaemon(t *testing.T, gpus, processEvery int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	p.stopDaemon = cancel
-	sim := &collector.Simulated{Server: "gpu-0", Seed: 1, GPUs: make([]collector.SimulatedGPU, gpus),
+	sim := &fakegpu.Source{Server: "gpu-0", Seed: 1, GPUs: make([]fakegpu.GPU, gpus),
 		Demand: func(leases []allocator.Lease, _ time.Time) map[string]float64 {
 			out := map[string]float64{}
 			for _, l := range leases {
@@ -91,7 +92,7 @@ func (p *testPool) startDaemon(t *testing.T, gpus, processEvery int) {
 			return out
 		}}
 	for i := range sim.GPUs {
-		sim.GPUs[i] = collector.SimulatedGPU{Model: "H100", MemoryBytes: 80 << 30}
+		sim.GPUs[i] = fakegpu.GPU{Model: "H100", MemoryBytes: 80 << 30}
 	}
 	inv := sim.Inventory(0, 0, map[string]string{api.LabelDaemonURL: p.daemonSrv.URL})
 	host, err := gpuserver.NewHost(gpuserver.HostConfig{

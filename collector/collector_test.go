@@ -7,53 +7,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/gpupool/gpupool/allocator"
 )
-
-func TestSimulatedFollowsLeases(t *testing.T) {
-	now := time.Unix(1.8e9, 0)
-	lease := allocator.Lease{ID: "lease-000007", Owner: allocator.Owner{UID: "uid-1"},
-		GPUs: []allocator.LeaseGPU{{Index: 1, Share: 500, MemoryBytes: 40 << 30}}}
-	sim := &Simulated{Server: "sim", Seed: 3, Clock: func() time.Time { return now },
-		GPUs:   []SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
-		Leases: func() []allocator.Lease { return []allocator.Lease{lease} },
-		Demand: func(ls []allocator.Lease, _ time.Time) map[string]float64 {
-			out := map[string]float64{}
-			for _, l := range ls {
-				out[l.ID] = 0.8
-			}
-			return out
-		},
-	}
-	r, err := sim.Sample(context.Background(), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpus := r.GPUs
-	g := gpus[1]
-	if math.Abs(g.Utilization-(0.4+0.01*sim.noise(1, now))) > 1e-9 || len(g.Processes) != 1 {
-		t.Fatalf("GPU 1 = %+v, want 0.5 share x 0.8 demand busy and one process", g)
-	}
-	p := g.Processes[0]
-	if p.SMUtilization != 0.4 || p.PodUID != "uid-1" || p.MemoryUsedBytes != int64(float64(40<<30)*sim.memoryFactor(&lease)) {
-		t.Errorf("process = %+v", p)
-	}
-	if gpus[0].Processes == nil || len(gpus[0].Processes) != 0 || gpus[0].Utilization >= 0.01 {
-		t.Errorf("idle GPU 0 = %+v", gpus[0])
-	}
-	again, _ := sim.Sample(context.Background(), true)
-	if again.GPUs[1].Utilization != g.Utilization {
-		t.Error("the same seed, leases and time gave a different reading")
-	}
-}
 
 // flakySource fails when told to.
 type flakySource struct {
@@ -234,54 +194,5 @@ bitfusion_exporter_source_success{source="infiniband"} 1
 	}
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %v", problems, err)
-	}
-}
-
-// TestSimulatedTopologies: each --simulate-topology shape links the
-// simulated GPUs as it says, in the inventory and in every reading, and
-// the source says whether it knows the links.
-func TestSimulatedTopologies(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		pairs map[[2]int]allocator.Link
-		known string
-	}{
-		{"nvswitch", map[[2]int]allocator.Link{{0, 1}: allocator.LinkNVLink, {0, 7}: allocator.LinkNVLink, {3, 4}: allocator.LinkNVLink}, "1"},
-		{"pcie", map[[2]int]allocator.Link{{0, 1}: allocator.LinkPCIeSwitch, {6, 7}: allocator.LinkPCIeSwitch, {1, 2}: allocator.LinkSocket,
-			{4, 7}: allocator.LinkSocket, {3, 4}: allocator.LinkAny, {0, 7}: allocator.LinkAny}, "1"},
-		{"none", nil, "0"},
-	} {
-		topo, err := ParseSimulatedTopology(tc.name, 8)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sim := &Simulated{Server: "sim", GPUs: slices.Repeat([]SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}}, 8),
-			Clock: func() time.Time { return time.Unix(1.8e9, 0) }, Topology: topo}
-		inv := sim.Inventory(0, 0, nil)
-		s := NewSampler(sim, time.Second, 1, sim.Clock)
-		s.Round(context.Background())
-		for i := range 8 {
-			inInventory, inReading := inv.GPUs[i].Links, s.Latest().GPUs[i].Links
-			if (inInventory == nil) != (topo == nil) || !slices.Equal(inInventory, inReading) {
-				t.Errorf("%s: GPU %d links %v in the inventory, %v in the reading", tc.name, i, inInventory, inReading)
-			}
-		}
-		for p, want := range tc.pairs {
-			if got := inv.GPUs[p[0]].Links[p[1]]; got != want || inv.GPUs[p[1]].Links[p[0]] != want {
-				t.Errorf("%s: GPUs %d and %d are %s, want %s both ways", tc.name, p[0], p[1], got, want)
-			}
-		}
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(&GPUCollector{Server: "sim", Samplers: []*Sampler{s}, Clock: sim.Clock})
-		want := `
-# HELP bitfusion_exporter_gpu_links_known 1 when the source knows how each pair of its GPUs is linked (NVLink, PCIe switch, CPU socket).
-# TYPE bitfusion_exporter_gpu_links_known gauge
-bitfusion_exporter_gpu_links_known{source="simulated"} ` + tc.known + "\n"
-		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "bitfusion_exporter_gpu_links_known"); err != nil {
-			t.Errorf("%s: %v", tc.name, err)
-		}
-	}
-	if _, err := ParseSimulatedTopology("nvlink", 8); err == nil || err.Error() != `simulated topology "nvlink" is not one of nvswitch, pcie, none` {
-		t.Errorf("ParseSimulatedTopology(nvlink) = %v", err)
 	}
 }

@@ -2,7 +2,6 @@ package collector
 
 import (
 	"context"
-	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,13 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/gpupool/gpupool/allocator"
 )
-
-// readings are the per-GPU series that carry a measurement.
-var readings = []string{"bitfusion_gpu_utilization", "bitfusion_memory_pressure", "bitfusion_gpu_memory_used_bytes",
-	"bitfusion_gpu_temperature_celsius", "bitfusion_gpu_power_watts"}
 
 func countSeries(t *testing.T, reg *prometheus.Registry, names ...string) map[string]int {
 	t.Helper()
@@ -27,49 +20,6 @@ func countSeries(t *testing.T, reg *prometheus.Registry, names ...string) map[st
 		out[n] = testutil.CollectAndCount(reg, n)
 	}
 	return out
-}
-
-// TestSimulatedBeforeLeasesAreKnown: simulated GPUs follow their leases,
-// so before the daemon has fetched them (Leases returns nil) the GPUs are
-// there and healthy but nothing about their use is known: no reading is
-// exported, and no process list (not an empty one) is given.
-func TestSimulatedBeforeLeasesAreKnown(t *testing.T) {
-	now := time.Unix(1.8e9, 0)
-	var leases []allocator.Lease // not fetched yet
-	sim := &Simulated{Server: "sim", Seed: 3, Clock: func() time.Time { return now },
-		GPUs:   []SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}},
-		Leases: func() []allocator.Lease { return leases }}
-	s := NewSampler(sim, time.Second, 5, sim.Clock)
-	c := &GPUCollector{Server: "gpu-a", Samplers: []*Sampler{s}, Clock: sim.Clock}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(c)
-
-	s.Round(context.Background())
-	c.Render(s)
-	g := s.Latest().GPUs[0]
-	if !g.Healthy || g.Err != nil || g.UUID == "" || g.Processes != nil || !math.IsNaN(g.Utilization) {
-		t.Errorf("GPU before the leases are known = %+v, want healthy, identified, no reading, no process list", g)
-	}
-	for name, n := range countSeries(t, reg, readings...) {
-		if n != 0 {
-			t.Errorf("%s exported before the leases are known: %d series", name, n)
-		}
-	}
-	if n := testutil.CollectAndCount(reg, "bitfusion_gpu_device_info"); n != 1 {
-		t.Errorf("bitfusion_gpu_device_info: %d series, want the GPU", n)
-	}
-
-	leases = []allocator.Lease{} // fetched: none
-	s.Round(context.Background())
-	c.Render(s)
-	if got := s.Latest(); got.ProcessRound != 2 || got.GPUs[0].Processes == nil {
-		t.Errorf("round 2 read processes in round %d (%+v); want the round after the first list-less one to ask again", got.ProcessRound, got.GPUs[0].Processes)
-	}
-	for name, n := range countSeries(t, reg, readings...) {
-		if n != 1 {
-			t.Errorf("%s once the leases are known: %d series, want 1", name, n)
-		}
-	}
 }
 
 // TestSamplerAsksForProcessesUntilItHasThem: rounds that got no process

@@ -15,7 +15,7 @@ import (
 
 // NVML reads GPUs through NVIDIA's management library. go-nvml loads
 // libnvidia-ml when the source opens, so the binary builds and runs on
-// hosts with no GPU; there OpenNVML fails with a clear message.
+// hosts with no GPU; there NewNVML fails with a clear message.
 type NVML struct {
 	lib     nvml.Interface
 	devices []nvml.Device
@@ -37,11 +37,6 @@ type NVML struct {
 	// good read: a lost GPU keeps its labels, and a failed read never
 	// makes a counter go down.
 	known []GPU
-}
-
-// OpenNVML loads libnvidia-ml and opens every GPU.
-func OpenNVML() (*NVML, error) {
-	return NewNVML(nvml.New())
 }
 
 // NewNVML opens every GPU of lib (the real library, or go-nvml's mock).

@@ -1,6 +1,7 @@
-// Package collector reads telemetry from its sources (GPUs from NVML, a
-// dcgm-exporter or simulated ones; RDMA ports from sysfs) on loops of their
-// own, and exports the latest snapshot to Prometheus. A scrape never
+// Package collector reads telemetry from its sources (GPUs from NVML or a
+// dcgm-exporter, or simulated ones from package fakegpu; RDMA ports from
+// sysfs) on loops of their own, and exports the latest snapshot to
+// Prometheus. A scrape never
 // touches hardware, and one failing GPU or source never fails a scrape:
 // each source reports its own success, duration and snapshot age.
 package collector

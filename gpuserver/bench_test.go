@@ -12,16 +12,17 @@ import (
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/fakegpu"
 )
 
 // benchHost is a host of 8 GPUs with 64 leases (8 per GPU, 12.5% each).
-func benchHost() (*Daemon, *collector.Simulated, *collector.Sampler) {
+func benchHost() (*Daemon, *fakegpu.Source, *collector.Sampler) {
 	now := time.Unix(1.8e9, 0)
 	var d *Daemon
-	sim := &collector.Simulated{Server: "gpu-a", Seed: 1, Clock: func() time.Time { return now },
+	sim := &fakegpu.Source{Server: "gpu-a", Seed: 1, Clock: func() time.Time { return now },
 		Leases: func() []allocator.Lease { return d.Leases() }}
 	for range 8 {
-		sim.GPUs = append(sim.GPUs, collector.SimulatedGPU{Model: "H100", MemoryBytes: 80 << 30})
+		sim.GPUs = append(sim.GPUs, fakegpu.GPU{Model: "H100", MemoryBytes: 80 << 30})
 	}
 	sampler := collector.NewSampler(sim, time.Second, 1, sim.Clock)
 	d = New(Config{Inventory: sim.Inventory(0, 0, nil), Samplers: []*collector.Sampler{sampler}, LabelAllowlist: []string{"app"}, Clock: sim.Clock})

@@ -16,6 +16,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/fakegpu"
 )
 
 // leasesServer is an allocator that answers GET /v1/leases with leases.
@@ -77,8 +78,8 @@ func TestNoValueBeforeTheFirstRealSample(t *testing.T) {
 		Owner: allocator.Owner{Pod: "tf-0", UID: "uid-0", Labels: map[string]string{"app": "tf-training"}},
 		GPUs:  []allocator.LeaseGPU{{Index: 0, Share: 500, MemoryBytes: 40 << 30}}}
 	var d *Daemon
-	sim := &collector.Simulated{Server: "gpu-a", Seed: 7, Clock: func() time.Time { return now },
-		GPUs:   []collector.SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}},
+	sim := &fakegpu.Source{Server: "gpu-a", Seed: 7, Clock: func() time.Time { return now },
+		GPUs:   []fakegpu.GPU{{Model: "H100", MemoryBytes: 80 << 30}},
 		Leases: func() []allocator.Lease { return d.Leases() },
 		Demand: func([]allocator.Lease, time.Time) map[string]float64 { return map[string]float64{lease.ID: 0.8} },
 	}

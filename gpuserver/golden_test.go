@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
-	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/fakegpu"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 	"github.com/gpupool/gpupool/internal/metricstest"
 )
@@ -16,8 +16,8 @@ import (
 // NVSwitch fabric, its default --simulate-topology).
 func goldenHost(t testing.TB) *Host {
 	now := time.Unix(1.8e9, 0)
-	sim := &collector.Simulated{Server: "gpu-a", Seed: 7,
-		GPUs:     []collector.SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
+	sim := &fakegpu.Source{Server: "gpu-a", Seed: 7,
+		GPUs:     []fakegpu.GPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
 		Topology: allocator.NVSwitchTopology(2),
 	}
 	h, err := NewHost(HostConfig{

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/internal/httpserver"
 )
@@ -23,22 +24,32 @@ type HostConfig struct {
 	// PodOf and StartTime from the fields below, replacing what is there.
 	Config
 	// Source is the telemetry, sampled every Interval; every ProcessEvery
-	// rounds also read per-process use (the expensive call). A
-	// *collector.Simulated is bound to the daemon: its GPUs follow the
-	// daemon's leases and reported processes, on the daemon's clock, and
-	// the holders of its device files are found under Proc, in the pods
-	// the daemon finds them in.
+	// rounds also read per-process use (the expensive call). A source
+	// that follows the daemon (followsDaemon: simulated GPUs) is bound to
+	// it: its GPUs follow the daemon's leases and reported processes, on
+	// the daemon's clock, and the holders of its device files are found
+	// under Proc, in the pods the daemon finds them in.
 	Source       collector.Source
 	Interval     time.Duration
 	ProcessEvery int
 	// Proc is the procfs mount the daemon reads processes' parents, pods
-	// and start times from, and a simulated source the holders of its
-	// device files; "" reads none.
+	// and start times from, and a source that follows the daemon the
+	// holders of its device files; "" reads none.
 	Proc string
 	// Sysfs is the sysfs mount whose class/infiniband ports are read for
 	// the RDMA counters; "" reads none, and so does a host without RDMA
 	// ports, which is logged.
 	Sysfs string
+}
+
+// followsDaemon is a source whose GPUs' use follows the daemon that
+// samples it, as fakegpu's simulated GPUs do: NewHost has it follow the
+// daemon's leases, the PIDs `gpupool run` reported and the pods of
+// processes, on the daemon's clock, with the holders of its device files
+// found under proc.
+type followsDaemon interface {
+	Follow(clock func() time.Time, proc string, leases func() []allocator.Lease,
+		pid func(lease string) (int, bool), podOf func(pid int) string)
 }
 
 // Host is a GPU host's daemon with everything it runs: the sampler of its
@@ -56,8 +67,8 @@ type Host struct {
 }
 
 // NewHost assembles a GPU host's daemon on one clock, cfg.Clock (time.Now
-// when nil): the snapshots are dated, their staleness judged and the
-// simulated GPUs driven by it alike.
+// when nil): the snapshots are dated, their staleness judged and a source
+// that follows the daemon driven by it alike.
 func NewHost(cfg HostConfig) (*Host, error) {
 	cfg.setDefaults()
 	h := &Host{Sampler: collector.NewSampler(cfg.Source, cfg.Interval, cfg.ProcessEvery, cfg.Clock)}
@@ -81,9 +92,8 @@ func NewHost(cfg HostConfig) (*Host, error) {
 		cfg.PodOf = func(pid int) string { return PodUID(proc, pid) }
 	}
 	h.Daemon = New(cfg.Config)
-	if sim, ok := cfg.Source.(*collector.Simulated); ok {
-		sim.Leases, sim.PID, sim.Clock = h.Daemon.Leases, h.Daemon.PIDOf, cfg.Clock
-		sim.Proc, sim.PodOf = cfg.Proc, h.Daemon.podOf
+	if src, ok := cfg.Source.(followsDaemon); ok {
+		src.Follow(cfg.Clock, cfg.Proc, h.Daemon.Leases, h.Daemon.PIDOf, h.Daemon.podOf)
 	}
 	h.Registry = Registry(h.Daemon)
 	h.Handler = Handler(h.Daemon, h.Registry)

@@ -11,16 +11,20 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
-	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/fakegpu"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 )
+
+// The simulated GPUs follow the daemon that samples them; NewHost knows
+// them by this interface alone.
+var _ followsDaemon = (*fakegpu.Source)(nil)
 
 // TestHostRunsOnItsClock: a host assembled on a fake clock dates its
 // snapshots, judges their staleness, measures its latency window and
 // drives its simulated GPUs by that clock alone.
 func TestHostRunsOnItsClock(t *testing.T) {
 	now := time.Unix(1.8e9, 0)
-	sim := &collector.Simulated{Server: "gpu-a", Seed: 1, GPUs: []collector.SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}}}
+	sim := &fakegpu.Source{Server: "gpu-a", Seed: 1, GPUs: []fakegpu.GPU{{Model: "H100", MemoryBytes: 80 << 30}}}
 	h, err := NewHost(HostConfig{
 		Config: Config{Inventory: sim.Inventory(0, 0, nil), Clock: func() time.Time { return now }},
 		Source: sim, Interval: time.Second, ProcessEvery: 1,

@@ -13,17 +13,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gpupool/gpupool/allocator"
-	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/fakegpu"
 )
 
 // simulatedDevicesHost is a host named gpu-a on two simulated GPUs that
 // are files under dir/dev, its processes read from proc, its allocator
 // answering leases.
-func simulatedDevicesHost(t *testing.T, dir, proc string, demand map[string]float64, leases ...allocator.Lease) (*Host, *collector.Simulated) {
+func simulatedDevicesHost(t *testing.T, dir, proc string, demand map[string]float64, leases ...allocator.Lease) (*Host, *fakegpu.Source) {
 	t.Helper()
 	now := time.Unix(1.8e9, 0)
-	sim := &collector.Simulated{Server: "gpu-a", Seed: 7,
-		GPUs:      []collector.SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
+	sim := &fakegpu.Source{Server: "gpu-a", Seed: 7,
+		GPUs:      []fakegpu.GPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
 		Demand:    func([]allocator.Lease, time.Time) map[string]float64 { return demand },
 		DeviceDir: filepath.Join(dir, "dev"),
 	}

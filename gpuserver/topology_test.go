@@ -15,7 +15,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/allocator/service"
 	"github.com/gpupool/gpupool/allocator/store"
-	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/fakegpu"
 )
 
 // TestDaemonRegistersTheGPULinks: the daemon registers its GPUs' links with
@@ -43,12 +43,12 @@ func TestDaemonRegistersTheGPULinks(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	topology, err := collector.ParseSimulatedTopology("pcie", 4)
+	topology, err := fakegpu.ParseTopology("pcie", 4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim := &collector.Simulated{Server: "gpu-a", Seed: 1, Topology: topology,
-		GPUs: []collector.SimulatedGPU{{Model: "L40S", MemoryBytes: 48 << 30}, {Model: "L40S", MemoryBytes: 48 << 30},
+	sim := &fakegpu.Source{Server: "gpu-a", Seed: 1, Topology: topology,
+		GPUs: []fakegpu.GPU{{Model: "L40S", MemoryBytes: 48 << 30}, {Model: "L40S", MemoryBytes: 48 << 30},
 			{Model: "L40S", MemoryBytes: 48 << 30}, {Model: "L40S", MemoryBytes: 48 << 30}}}
 	host, err := NewHost(HostConfig{
 		Config: Config{Inventory: sim.Inventory(0, 0, nil), Client: cl, Heartbeat: 20 * time.Millisecond, Log: log},

@@ -23,7 +23,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/allocator/service"
 	"github.com/gpupool/gpupool/allocator/store"
-	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/fakegpu"
 	"github.com/gpupool/gpupool/gpuserver"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 	"github.com/gpupool/gpupool/internal/httpserver"
@@ -179,7 +179,7 @@ func startDemo(ctx context.Context, seed uint64) (_ *demo, err error) {
 // --simulate-gpus) and waits until it registered. A client node probes its
 // data path, as `gpupool run` does, so that the latency series have data.
 func (d *demo) startServer(ctx context.Context, name, gpus string, seed uint64, servers *client.Client) error {
-	simulated, err := collector.ParseSimulatedGPUs(gpus)
+	simulated, err := fakegpu.ParseGPUs(gpus)
 	if err != nil {
 		return err
 	}
@@ -192,7 +192,7 @@ func (d *demo) startServer(ctx context.Context, name, gpus string, seed uint64, 
 		return err
 	}
 	s := &demoServer{name: name, url: "http://" + httpLn.Addr().String()}
-	sim := &collector.Simulated{Server: name, Seed: seed, GPUs: simulated, Demand: demoDemand}
+	sim := &fakegpu.Source{Server: name, Seed: seed, GPUs: simulated, Demand: demoDemand}
 	n := int64(len(simulated))
 	s.host, err = gpuserver.NewHost(gpuserver.HostConfig{
 		Config: gpuserver.Config{Inventory: sim.Inventory(n*16000, n*(64<<30), map[string]string{gpuapi.LabelDaemonURL: s.url}),

@@ -2,7 +2,7 @@
 // prints its environment, sorted, one variable a line (what its container
 // was given), holds open the simulated GPUs' device files it was given, as
 // a CUDA process holds /dev/nvidiaN, so that gpupool-server finds it on
-// those GPUs (collector.Simulated's DeviceDir), and waits for SIGTERM. It
+// those GPUs (fakegpu.Source's DeviceDir), and waits for SIGTERM. It
 // builds with CGO_ENABLED=0, for an image of its own.
 package main
 

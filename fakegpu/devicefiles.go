@@ -1,4 +1,4 @@
-package collector
+package fakegpu
 
 import (
 	"fmt"
@@ -9,7 +9,7 @@ import (
 	"syscall"
 )
 
-// A simulated GPU's device file (Simulated.DeviceDir) stands for its
+// A simulated GPU's device file (Source.DeviceDir) stands for its
 // /dev/nvidiaN: a process holding it open is on the GPU, as a CUDA process
 // is on the GPUs whose device nodes it holds.
 
@@ -30,12 +30,12 @@ func statFileID(path string) (fileID, error) {
 }
 
 // deviceFile is the path of GPU i's device file.
-func (s *Simulated) deviceFile(i int) string { return filepath.Join(s.DeviceDir, s.UUID(i)) }
+func (s *Source) deviceFile(i int) string { return filepath.Join(s.DeviceDir, s.UUID(i)) }
 
 // CreateDeviceFiles makes DeviceDir and in it a file for each GPU, named
 // by its UUID. A file already there is kept: the processes that hold it
 // (containers that outlived a restart of the daemon) stay on its GPU.
-func (s *Simulated) CreateDeviceFiles() error {
+func (s *Source) CreateDeviceFiles() error {
 	//nolint:gosec // read by every container user, as /dev/nvidiaN is
 	if err := os.MkdirAll(s.DeviceDir, 0o755); err != nil {
 		return fmt.Errorf("simulated GPUs' device files: %w", err)
@@ -53,7 +53,7 @@ func (s *Simulated) CreateDeviceFiles() error {
 
 // deviceFiles reads which file is each GPU's device file now, by its
 // identity; a GPU whose file is gone is lost, and so is in lost with why.
-func (s *Simulated) deviceFiles() (files map[fileID]int, lost map[int]error) {
+func (s *Source) deviceFiles() (files map[fileID]int, lost map[int]error) {
 	files = make(map[fileID]int, len(s.GPUs))
 	for i := range s.GPUs {
 		id, err := statFileID(s.deviceFile(i))

@@ -1,4 +1,4 @@
-package collector
+package fakegpu
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/collector"
 )
 
 // holdFiles makes a fake procfs under dir in which each PID holds the
@@ -61,8 +62,8 @@ func TestSimulatedDevicesFollowTheirHolders(t *testing.T) {
 	demand := map[string]float64{"lease-000001": 0.8, "lease-000002": 0.6, "lease-000003": 1}
 	pods := map[int]string{100: "uid-a", 101: "uid-a", 200: "uid-b", 400: "uid-c"}
 	dir := t.TempDir()
-	sim := &Simulated{Server: "sim", Seed: 3, Clock: func() time.Time { return now },
-		GPUs:      []SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
+	sim := &Source{Server: "sim", Seed: 3, Clock: func() time.Time { return now },
+		GPUs:      []GPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
 		Leases:    func() []allocator.Lease { return leases },
 		Demand:    func([]allocator.Lease, time.Time) map[string]float64 { return demand },
 		DeviceDir: filepath.Join(dir, "dev"),
@@ -92,7 +93,7 @@ func TestSimulatedDevicesFollowTheirHolders(t *testing.T) {
 		400: {other},
 	})
 	ctx := context.Background()
-	sample := func(processes bool) []GPU {
+	sample := func(processes bool) []collector.GPU {
 		t.Helper()
 		r, err := sim.Sample(ctx, processes)
 		if err != nil {
@@ -103,7 +104,7 @@ func TestSimulatedDevicesFollowTheirHolders(t *testing.T) {
 	memory := func(l *allocator.Lease, gpu int, part float64) int64 {
 		return int64(float64(l.GPUs[gpu].MemoryBytes) * sim.memoryFactor(l) * part)
 	}
-	wantProcesses := func(when string, g GPU, want []Process) {
+	wantProcesses := func(when string, g collector.GPU, want []collector.Process) {
 		t.Helper()
 		if len(g.Processes) != len(want) {
 			t.Fatalf("%s: GPU %d processes %+v, want %+v", when, g.Index, g.Processes, want)
@@ -115,7 +116,7 @@ func TestSimulatedDevicesFollowTheirHolders(t *testing.T) {
 			}
 		}
 	}
-	wantUtilization := func(when string, g GPU, busy float64) {
+	wantUtilization := func(when string, g collector.GPU, busy float64) {
 		t.Helper()
 		if want := busy + 0.01*sim.noise(uint64(g.Index), now); math.Abs(g.Utilization-want) > 1e-9 {
 			t.Errorf("%s: GPU %d utilization %v, want %v: its processes' sum and the idle noise", when, g.Index, g.Utilization, want)
@@ -124,11 +125,11 @@ func TestSimulatedDevicesFollowTheirHolders(t *testing.T) {
 
 	gpus := sample(true)
 	a, b := &leases[0], &leases[1]
-	wantProcesses("first round", gpus[0], []Process{
+	wantProcesses("first round", gpus[0], []collector.Process{
 		{PID: 100, SMUtilization: 0.5 * 0.8 / 2, MemoryUsedBytes: memory(a, 0, 0.5)},
 		{PID: 101, SMUtilization: 0.5 * 0.8 / 2, MemoryUsedBytes: memory(a, 0, 0.5)},
 	})
-	wantProcesses("first round", gpus[1], []Process{
+	wantProcesses("first round", gpus[1], []collector.Process{
 		{PID: 200, SMUtilization: 0.25 * 0.6, MemoryUsedBytes: memory(b, 1, 1)},
 		{PID: 300},
 	})
@@ -150,7 +151,7 @@ func TestSimulatedDevicesFollowTheirHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	gpus = sample(true)
-	wantProcesses("101 ended", gpus[0], []Process{{PID: 100, SMUtilization: 0.5 * 0.4, MemoryUsedBytes: memory(a, 0, 1)}})
+	wantProcesses("101 ended", gpus[0], []collector.Process{{PID: 100, SMUtilization: 0.5 * 0.4, MemoryUsedBytes: memory(a, 0, 1)}})
 
 	if err := os.Remove(gpu1); err != nil {
 		t.Fatal(err)
@@ -168,8 +169,8 @@ func TestSimulatedDevicesFollowTheirHolders(t *testing.T) {
 // procfs by the file's identity: this test process opening a device file
 // is on its GPU while it holds it, and only then.
 func TestSimulatedDeviceHeldByThisProcess(t *testing.T) {
-	sim := &Simulated{Server: "sim", Seed: 3, Clock: time.Now,
-		GPUs:      []SimulatedGPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
+	sim := &Source{Server: "sim", Seed: 3, Clock: time.Now,
+		GPUs:      []GPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
 		DeviceDir: t.TempDir(), Proc: "/proc",
 	}
 	if err := sim.CreateDeviceFiles(); err != nil {
@@ -199,7 +200,7 @@ func TestSimulatedDeviceHeldByThisProcess(t *testing.T) {
 // round reading the processes of simulated GPUs with device files makes,
 // and reports how many processes and descriptors it read.
 func BenchmarkDeviceHoldersScan(b *testing.B) {
-	sim := &Simulated{Server: "sim", GPUs: []SimulatedGPU{{Model: "H100"}}, DeviceDir: b.TempDir()}
+	sim := &Source{Server: "sim", GPUs: []GPU{{Model: "H100"}}, DeviceDir: b.TempDir()}
 	if err := sim.CreateDeviceFiles(); err != nil {
 		b.Fatal(err)
 	}

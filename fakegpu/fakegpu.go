@@ -1,4 +1,8 @@
-package collector
+// Package fakegpu is a host of GPUs that are not there, for tests, the
+// demo and clusters without GPUs: a collector.Source whose GPUs' use
+// follows the leases placed on them, optionally held by real processes
+// through device files. It is no trace replay (that is package simulate).
+package fakegpu
 
 import (
 	"context"
@@ -12,19 +16,20 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/collector"
 )
 
-// Simulated is a host of GPUs whose use follows the leases placed on them:
+// Source is a host of GPUs whose use follows the leases placed on them:
 // each lease's work keeps its share of the GPU busy as its Demand says and
 // holds most of the memory it was granted (a few leases, chosen by their
 // ID, hold more than granted). Everything follows from the seed, the
 // leases, the clock and, with DeviceDir, which processes hold the GPUs, so
 // tests and the demo are repeatable.
-type Simulated struct {
+type Source struct {
 	Server string
 	Seed   uint64
-	GPUs   []SimulatedGPU
-	// Topology is how the GPUs link to each other (ParseSimulatedTopology),
+	GPUs   []GPU
+	// Topology is how the GPUs link to each other (ParseTopology),
 	// a row per GPU; nil when unknown.
 	Topology allocator.Topology
 	// Leases returns the leases on this server, nil while they are not
@@ -68,20 +73,32 @@ type holder struct {
 	pod string
 }
 
-// SimulatedGPU is one simulated device.
-type SimulatedGPU struct {
+// GPU is one simulated device.
+type GPU struct {
 	Model       string
 	MemoryBytes int64
 }
 
-// Name implements Source.
-func (*Simulated) Name() string { return "simulated" }
+// Name implements collector.Source.
+func (*Source) Name() string { return collector.SourceSimulated }
+
+// Follow drives the GPUs by a GPU server's daemon (gpuserver.NewHost calls
+// it): by its leases, the PIDs `gpupool run` reported and the pods of
+// processes, on its clock, with the holders of the device files found
+// under proc.
+func (s *Source) Follow(clock func() time.Time, proc string, leases func() []allocator.Lease,
+	pid func(lease string) (int, bool), podOf func(pid int) string) {
+	s.Clock, s.Proc, s.Leases, s.PID, s.PodOf = clock, proc, leases, pid, podOf
+}
+
+// unknown marks a reading the GPUs do not have.
+var unknown = math.NaN()
 
 // UUID is the simulated GPU's UUID.
-func (s *Simulated) UUID(i int) string { return fmt.Sprintf("GPU-sim-%s-%d", s.Server, i) }
+func (s *Source) UUID(i int) string { return fmt.Sprintf("GPU-sim-%s-%d", s.Server, i) }
 
 // Inventory is the server as it registers with the allocator.
-func (s *Simulated) Inventory(cpuMilli, memoryBytes int64, labels map[string]string) allocator.Server {
+func (s *Source) Inventory(cpuMilli, memoryBytes int64, labels map[string]string) allocator.Server {
 	srv := allocator.Server{Name: s.Server, CPUMilli: cpuMilli, MemoryBytes: memoryBytes, Labels: labels}
 	for i, g := range s.GPUs {
 		srv.GPUs = append(srv.GPUs, allocator.GPU{Index: i, UUID: s.UUID(i), Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: true})
@@ -92,9 +109,9 @@ func (s *Simulated) Inventory(cpuMilli, memoryBytes int64, labels map[string]str
 	return srv
 }
 
-// Sample implements Source. While the leases are not known it reports
-// the GPUs, healthy, with no readings.
-func (s *Simulated) Sample(_ context.Context, processes bool) (Reading, error) {
+// Sample implements collector.Source. While the leases are not known it
+// reports the GPUs, healthy, with no readings.
+func (s *Source) Sample(_ context.Context, processes bool) (collector.Reading, error) {
 	var files map[fileID]int
 	var lost map[int]error
 	if s.DeviceDir != "" {
@@ -102,10 +119,10 @@ func (s *Simulated) Sample(_ context.Context, processes bool) (Reading, error) {
 	}
 	r, err := s.sample(processes, files)
 	if err != nil {
-		return Reading{}, err
+		return collector.Reading{}, err
 	}
 	for i, why := range lost {
-		r.GPUs[i] = GPU{Index: i, UUID: s.UUID(i), Model: s.GPUs[i].Model, Err: why,
+		r.GPUs[i] = collector.GPU{Index: i, UUID: s.UUID(i), Model: s.GPUs[i].Model, Err: why,
 			Utilization: unknown, TemperatureCelsius: unknown, PowerWatts: unknown}
 	}
 	if s.Topology != nil {
@@ -118,29 +135,29 @@ func (s *Simulated) Sample(_ context.Context, processes bool) (Reading, error) {
 
 // sample reads the GPUs, and their processes when processes is true;
 // files are the device files by identity (with DeviceDir).
-func (s *Simulated) sample(processes bool, files map[fileID]int) (Reading, error) {
+func (s *Source) sample(processes bool, files map[fileID]int) (collector.Reading, error) {
 	now := s.Clock()
-	gpus := make([]GPU, len(s.GPUs))
+	gpus := make([]collector.GPU, len(s.GPUs))
 	var leases []allocator.Lease
 	if s.Leases != nil {
 		if leases = s.Leases(); leases == nil {
 			for i, g := range s.GPUs {
-				gpus[i] = GPU{Index: i, UUID: s.UUID(i), Model: g.Model, Healthy: true,
+				gpus[i] = collector.GPU{Index: i, UUID: s.UUID(i), Model: g.Model, Healthy: true,
 					Utilization: unknown, TemperatureCelsius: unknown, PowerWatts: unknown}
 			}
-			return Reading{GPUs: gpus}, nil
+			return collector.Reading{GPUs: gpus}, nil
 		}
 	}
 	for i, g := range s.GPUs {
-		gpus[i] = GPU{Index: i, UUID: s.UUID(i), Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: true,
+		gpus[i] = collector.GPU{Index: i, UUID: s.UUID(i), Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: true,
 			Utilization: 0.01 * s.noise(uint64(i), now)}
 		if processes {
-			gpus[i].Processes = []Process{}
+			gpus[i].Processes = []collector.Process{}
 		}
 	}
 	procs, err := s.processes(leases, files, processes)
 	if err != nil {
-		return Reading{}, err
+		return collector.Reading{}, err
 	}
 	var demands map[string]float64
 	if s.Demand != nil {
@@ -157,7 +174,7 @@ func (s *Simulated) sample(processes bool, files map[fileID]int) (Reading, error
 		g.Utilization += busy
 		g.MemoryUsedBytes += used
 		if processes {
-			g.Processes = append(g.Processes, Process{PID: p.pid, MemoryUsedBytes: used, SMUtilization: busy, PodUID: p.pod})
+			g.Processes = append(g.Processes, collector.Process{PID: p.pid, MemoryUsedBytes: used, SMUtilization: busy, PodUID: p.pod})
 		}
 	}
 	for i := range gpus {
@@ -167,7 +184,7 @@ func (s *Simulated) sample(processes bool, files map[fileID]int) (Reading, error
 		g.TemperatureCelsius = 30 + 50*g.Utilization
 		g.PowerWatts = 70 + 630*g.Utilization
 	}
-	return Reading{GPUs: gpus}, nil
+	return collector.Reading{GPUs: gpus}, nil
 }
 
 // simProcess is a process on a simulated GPU: the lease whose work it
@@ -186,7 +203,7 @@ type simProcess struct {
 // per lease and GPU, under the lease's pod (its PID only when scan is
 // true: only then are processes reported); with it the processes holding
 // files, found anew when scan is true, else as the last scan found them.
-func (s *Simulated) processes(leases []allocator.Lease, files map[fileID]int, scan bool) ([]simProcess, error) {
+func (s *Source) processes(leases []allocator.Lease, files map[fileID]int, scan bool) ([]simProcess, error) {
 	var out []simProcess
 	if s.DeviceDir == "" {
 		for li := range leases {
@@ -238,7 +255,7 @@ func (s *Simulated) processes(leases []allocator.Lease, files map[fileID]int, sc
 
 // holders is, by GPU, the processes holding its device file: found under
 // Proc when scan is true, else those the last scan found.
-func (s *Simulated) holders(files map[fileID]int, scan bool) ([][]holder, error) {
+func (s *Source) holders(files map[fileID]int, scan bool) ([][]holder, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !scan {
@@ -261,7 +278,7 @@ func (s *Simulated) holders(files map[fileID]int, scan bool) ([][]holder, error)
 	return s.held, nil
 }
 
-func (s *Simulated) demand(l *allocator.Lease, demands map[string]float64, t time.Time) float64 {
+func (s *Source) demand(l *allocator.Lease, demands map[string]float64, t time.Time) float64 {
 	if d, ok := demands[l.ID]; ok {
 		return math.Max(0, math.Min(1, d))
 	}
@@ -271,7 +288,7 @@ func (s *Simulated) demand(l *allocator.Lease, demands map[string]float64, t tim
 
 // memoryFactor is the share of its granted memory a lease uses: most use
 // 50-90%; one in twenty uses 120% (overuse an alert should catch).
-func (s *Simulated) memoryFactor(l *allocator.Lease) float64 {
+func (s *Source) memoryFactor(l *allocator.Lease) float64 {
 	h := s.hash(l.ID)
 	if h%20 == 0 {
 		return 1.2
@@ -280,7 +297,7 @@ func (s *Simulated) memoryFactor(l *allocator.Lease) float64 {
 }
 
 // pid is the process ID of a lease's work.
-func (s *Simulated) pid(l *allocator.Lease) int {
+func (s *Source) pid(l *allocator.Lease) int {
 	if s.PID != nil {
 		if pid, ok := s.PID(l.ID); ok {
 			return pid
@@ -290,20 +307,20 @@ func (s *Simulated) pid(l *allocator.Lease) int {
 }
 
 // noise is a seeded value in [0,1) for a GPU and second.
-func (s *Simulated) noise(gpu uint64, t time.Time) float64 {
+func (s *Source) noise(gpu uint64, t time.Time) float64 {
 	return float64(s.hash(fmt.Sprint(gpu, "/", t.Unix()))%1000) / 1000
 }
 
-func (s *Simulated) hash(key string) uint64 {
+func (s *Source) hash(key string) uint64 {
 	h := fnv.New64a()
 	_, _ = fmt.Fprint(h, s.Seed, "/", s.Server, "/", key)
 	return h.Sum64()
 }
 
-// ParseSimulatedGPUs reads GPUs given as model:memory:count, comma-separated
+// ParseGPUs reads GPUs given as model:memory:count, comma-separated
 // (H100:80Gi:8,T4:16Gi:2).
-func ParseSimulatedGPUs(s string) ([]SimulatedGPU, error) {
-	var out []SimulatedGPU
+func ParseGPUs(s string) ([]GPU, error) {
+	var out []GPU
 	for _, part := range strings.Split(s, ",") {
 		f := strings.Split(strings.TrimSpace(part), ":")
 		if len(f) != 3 {
@@ -318,21 +335,21 @@ func ParseSimulatedGPUs(s string) ([]SimulatedGPU, error) {
 			return nil, fmt.Errorf("simulated GPUs %q: count %q out of range 1..64", s, f[2])
 		}
 		for range n {
-			out = append(out, SimulatedGPU{Model: f[0], MemoryBytes: mem})
+			out = append(out, GPU{Model: f[0], MemoryBytes: mem})
 		}
 	}
 	return out, nil
 }
 
-// SimulatedTopologies are the shapes ParseSimulatedTopology knows.
-const SimulatedTopologies = "nvswitch, pcie, none"
+// Topologies are the shapes ParseTopology knows.
+const Topologies = "nvswitch, pcie, none"
 
-// ParseSimulatedTopology is the topology named for n simulated GPUs:
+// ParseTopology is the topology named for n simulated GPUs:
 // nvswitch (every pair NVLink, as on an HGX board), pcie (no NVLink, two
 // GPUs behind each PCIe switch and two switches per CPU socket, in GPU
 // order: GPUs 0-3 on the first socket, 4-7 on the next, and so on), or
 // none (unknown, nil).
-func ParseSimulatedTopology(name string, n int) (allocator.Topology, error) {
+func ParseTopology(name string, n int) (allocator.Topology, error) {
 	switch name {
 	case "nvswitch":
 		return allocator.NVSwitchTopology(n), nil
@@ -341,5 +358,5 @@ func ParseSimulatedTopology(name string, n int) (allocator.Topology, error) {
 	case "none":
 		return nil, nil
 	}
-	return nil, fmt.Errorf("simulated topology %q is not one of %s", name, SimulatedTopologies)
+	return nil, fmt.Errorf("simulated topology %q is not one of %s", name, Topologies)
 }

@@ -1,4 +1,4 @@
-package collector
+package fakegpu
 
 import (
 	"fmt"
@@ -35,7 +35,7 @@ type WorkloadFile struct {
 	selectors []klabels.Selector
 }
 
-// Demand implements Simulated.Demand: each matching lease's share is kept
+// Demand implements Source.Demand: each matching lease's share is kept
 // busy by its part of its workload's GPUs (at most all of it); a lease no
 // workload matches is left to the default. A server sees only its own
 // leases, so a workload spread over several servers puts its whole work on

@@ -1,0 +1,73 @@
+package app
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gpupool/gpupool/allocator"
+)
+
+// TestOptionsValidate: every flag Validate refuses is named with its
+// value, the simulated GPUs' flags are checked for the simulated source
+// only, and the defaults pass.
+func TestOptionsValidate(t *testing.T) {
+	workload := filepath.Join(t.TempDir(), "workload.yaml")
+	if err := os.WriteFile(workload, []byte("- {namespace: ml, selector: app=train, gpus: 1.5}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string // "" passes
+	}{
+		{nil, ""},
+		{[]string{"--source", "dcgm"}, ""},
+		{[]string{"--source", "nvidia-smi"}, `--source "nvidia-smi" is not one of simulated, nvml, dcgm`},
+		{[]string{"--source", "nvml", "--simulated-device-dir", "/dev/gpupool"}, "--simulated-device-dir needs --source simulated"},
+		{[]string{"--simulated-device-dir", "/dev/gpupool"}, ""},
+		{[]string{"--interval", "0s"}, "--interval 0s: must be more than 0"},
+		{[]string{"--heartbeat", "-1s"}, "--heartbeat -1s: must be more than 0"},
+		{[]string{"--simulate-gpus", "H100:80Gi"}, `--simulate-gpus: simulated GPUs "H100:80Gi": "H100:80Gi" is not model:memory:count`},
+		{[]string{"--simulate-gpus", "T4:16Gi:65"}, `--simulate-gpus: simulated GPUs "T4:16Gi:65": count "65" out of range 1..64`},
+		{[]string{"--source", "nvml", "--simulate-gpus", "H100:80Gi"}, ""}, // not simulated: not read
+		{[]string{"--simulate-topology", "ring"}, `--simulate-topology: simulated topology "ring" is not one of nvswitch, pcie, none`},
+		{[]string{"--simulated-workload", workload}, ""},
+		{[]string{"--simulated-workload", workload + ".missing"}, "--simulated-workload: open " + workload + ".missing: no such file or directory"},
+	} {
+		o := NewOptions()
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		o.AddFlags(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		err := o.Validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q: %v", tc.args, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// TestOptionsParseTheSimulatedGPUs: Validate gives the simulated GPUs and
+// their links as the flags say.
+func TestOptionsParseTheSimulatedGPUs(t *testing.T) {
+	o := NewOptions()
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse([]string{"--simulate-gpus", "L40S:48Gi:4", "--simulate-topology", "pcie"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if len(o.simulatedGPUs) != 4 || o.simulatedGPUs[3].Model != "L40S" || o.simulatedGPUs[3].MemoryBytes != 48<<30 {
+		t.Errorf("GPUs = %+v, want 4 L40S of 48 GiB", o.simulatedGPUs)
+	}
+	if len(o.simulatedTopology) != 4 || o.simulatedTopology[0][1] != allocator.LinkPCIeSwitch || o.simulatedTopology[0][3] != allocator.LinkSocket {
+		t.Errorf("topology = %v, want pcie: 0-1 behind a switch, 0-3 on a socket", o.simulatedTopology)
+	}
+}
