@@ -50,11 +50,7 @@ func Main(s Service, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet(s.Name, flag.ContinueOnError)
 	s.Options.AddFlags(fs)
 	logFlags := AddLogFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), s.Usage)
-		fmt.Fprint(fs.Output(), "\nFlags:\n")
-		fs.PrintDefaults()
-	}
+	fs.Usage = usage(fs.Output, s.Usage, fs.PrintDefaults)
 	if exit, ok := Parse(fs, args, stdout, stderr); !ok {
 		return exit
 	}
@@ -68,13 +64,30 @@ func Main(s Service, args []string, stdout, stderr io.Writer) int {
 			return exit
 		}
 	}
-	if err := s.Options.Validate(); err != nil {
+	return validateAndRun(s.Options.Validate, s.Run, log)
+}
+
+// usage is a flag set's Usage: the service's text, then its flags, written
+// to the flag set's output of the moment (Parse sets it).
+func usage(output func() io.Writer, text string, printDefaults func()) func() {
+	return func() {
+		fmt.Fprint(output(), text)
+		fmt.Fprint(output(), "\nFlags:\n")
+		printDefaults()
+	}
+}
+
+// validateAndRun is what Main and MainPflag do once the flags are parsed:
+// validate them, run the service until SIGINT or SIGTERM, and return the
+// exit status.
+func validateAndRun(validate func() error, run func(ctx context.Context, log *slog.Logger) error, log *slog.Logger) int {
+	if err := validate(); err != nil {
 		log.Error("bad flag", "err", err)
 		return ExitUsage
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err = s.Run(ctx, log)
+	err := run(ctx, log)
 	var usage *UsageError
 	switch {
 	case errors.As(err, &usage):

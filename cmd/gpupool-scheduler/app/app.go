@@ -15,7 +15,6 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/httpserver"
 	"github.com/gpupool/gpupool/internal/kubeconfig"
@@ -70,16 +69,9 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}
-	token, err := cli.ReadToken(o.TokenFile)
+	alloc, err := cli.AllocatorClient(o.Allocator, o.AllocatorCAFile, "--token-file", o.TokenFile)
 	if err != nil {
-		return &cli.UsageError{Err: fmt.Errorf("--token-file: %w", err)}
-	}
-	alloc, err := client.New([]string{o.Allocator}, token)
-	if err != nil {
-		return &cli.UsageError{Err: fmt.Errorf("--allocator: %w", err)}
-	}
-	if err := alloc.TrustCAFile(o.AllocatorCAFile); err != nil {
-		return &cli.UsageError{Err: fmt.Errorf("--allocator-ca-file: %w", err)}
+		return &cli.UsageError{Err: err}
 	}
 	// kube-scheduler waits 5 s for a filter (its httpTimeout) while its
 	// one scheduling loop waits with it: fail over between replicas once

@@ -1,0 +1,81 @@
+// Package app runs gpupool-device-plugin from its Options: the kubelet
+// device plugin of a GPU server (kube/deviceplugin).
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpupool/gpupool/internal/cli"
+	"github.com/gpupool/gpupool/internal/kubeconfig"
+	"github.com/gpupool/gpupool/kube/deviceplugin"
+)
+
+// Usage is what --help says above the flags.
+const Usage = `Usage: gpupool-device-plugin --node NAME --allocator URL --token-file FILE [flags]
+
+The kubelet device plugin of a GPU server, run by a DaemonSet beside
+gpupool-server on every GPU node. It registers bitfusion.io/gpu with the
+kubelet, in the cluster's unit (--unit, the webhook's): 100 devices per GPU
+in percent, one in gpus. The GPUs and their health are the pool's view of
+this node's server (the node's name), read every --poll: a GPU whose daemon
+reports it unhealthy, or whose daemon stopped heart-beating, is unhealthy to
+the kubelet too, which then leaves it out of the node's allocatable. The
+plugin registers once the allocator has answered, and again whenever the
+kubelet restarts (it makes kubelet.sock anew).
+
+The kubelet's Allocate does not say which pod it is for. The plugin takes
+the pod the kubelet is admitting: among the pods bound to this node with a
+gpupool.io/lease annotation and not yet allocated, whose GPU container asks
+for as many devices, the first bound (those bound when the kubelet started:
+the first created). It checks with the allocator that the lease exists, is
+the pod's own and on this node (else Allocate fails, and the kubelet fails
+the pod with the message), marks the pod gpupool.io/allocated, and gives the
+container the lease's environment: NVIDIA_VISIBLE_DEVICES and
+CUDA_VISIBLE_DEVICES (the lease's GPU UUIDs), GPUPOOL_LEASE_ID,
+GPUPOOL_SERVER, GPUPOOL_GPU_UUIDS, GPUPOOL_GPU_PERCENT,
+GPUPOOL_GPU_MEMORY_BYTES, and for a fraction of a GPU
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, as
+gpupool run gives its command. Before the container starts, the kubelet's
+pod-resources API says which pod got the devices, and a container whose pod
+is not the one matched does not start.
+
+NVIDIA's container runtime mounts the GPUs NVIDIA_VISIBLE_DEVICES names: it
+must be the nodes' default runtime. MPS's limits bind where the host runs
+the MPS control daemon (--mps-pipe-dir, --mps-shm-dir); docs/kubernetes.md
+says what the node needs.
+`
+
+// Run serves the device plugin until ctx ends or it fails.
+func Run(ctx context.Context, o *Options, log *slog.Logger) error {
+	alloc, err := cli.AllocatorClient(o.Allocator, o.AllocatorCAFile, "--token-file", o.TokenFile)
+	if err != nil {
+		return &cli.UsageError{Err: err}
+	}
+	// Allocate holds up the kubelet's admission of every pod of the node
+	// while it checks a lease: give up within seconds, and the pod fails
+	// with the allocator named.
+	alloc.Timeout = 5 * time.Second
+	kubeConfig, err := kubeconfig.Load(o.Kubeconfig)
+	if err != nil {
+		return &cli.UsageError{Err: fmt.Errorf("no cluster (--kubeconfig, or run in a pod): %w", err)}
+	}
+	kubeConfig.UserAgent = "gpupool-device-plugin"
+	kubeClient, err := kubernetes.NewForConfig(kubeConfig)
+	if err != nil {
+		return &cli.UsageError{Err: fmt.Errorf("--kubeconfig: %w", err)}
+	}
+	plugin, err := deviceplugin.New(deviceplugin.Config{
+		Node: o.Node, Unit: o.Unit, Allocator: alloc, Kube: kubeClient, Dir: o.PluginDir, PodResources: o.PodResourcesSocket,
+		Poll: o.Poll, MPS: deviceplugin.MPS{PipeDir: o.MPSPipeDir, ShmDir: o.MPSShmDir}, SimulatedDeviceDir: o.SimulatedDeviceDir, Logger: log,
+	})
+	if err != nil {
+		return &cli.UsageError{Err: err}
+	}
+	log.Info("device plugin starting", "node", o.Node, "allocator", o.Allocator, "unit", o.Unit, "plugin-dir", o.PluginDir)
+	return plugin.Run(ctx)
+}

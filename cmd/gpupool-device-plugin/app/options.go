@@ -1,0 +1,72 @@
+package app
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/gpupool/gpupool/internal/cli"
+	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/deviceplugin"
+)
+
+// Options are gpupool-device-plugin's flags.
+type Options struct {
+	// Node is this node's name, its GPU server's name in the pool.
+	Node string
+	// Allocator is one address or several, comma-separated.
+	Allocator, AllocatorCAFile, TokenFile string
+	UnitName                              string
+	Kubeconfig                            string
+	PluginDir, PodResourcesSocket         string
+	Poll                                  time.Duration
+	MPSPipeDir, MPSShmDir                 string
+	SimulatedDeviceDir                    string
+
+	// Unit is UnitName, parsed by Validate.
+	Unit kube.Unit
+}
+
+// NewOptions returns the defaults; the node's name is NODE_NAME's, which
+// the DaemonSet sets from the downward API.
+func NewOptions() *Options {
+	return &Options{
+		Node: os.Getenv("NODE_NAME"), Allocator: "http://127.0.0.1:8470", UnitName: string(kube.UnitPercent),
+		PluginDir: "/var/lib/kubelet/device-plugins", PodResourcesSocket: "/var/lib/kubelet/pod-resources/kubelet.sock",
+		Poll: 10 * time.Second,
+	}
+}
+
+// AddFlags registers the options on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Node, "node", o.Node, "this node's name, which is its GPU server's name in the pool (env NODE_NAME, from the downward API's spec.nodeName)")
+	fs.StringVar(&o.Allocator, "allocator", o.Allocator, "allocator address(es), comma-separated")
+	cli.AllocatorCAFlagVar(fs, &o.AllocatorCAFile)
+	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the allocator's servers token (a per-server token of this node will do): it reads this node's server and the leases on it")
+	fs.StringVar(&o.UnitName, "unit", o.UnitName, "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 devices per GPU) or gpus (one per GPU)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig of the cluster; empty uses the in-cluster config")
+	fs.StringVar(&o.PluginDir, "plugin-dir", o.PluginDir, "the kubelet's device-plugin directory: its kubelet.sock, and the plugin's "+deviceplugin.Socket)
+	fs.StringVar(&o.PodResourcesSocket, "pod-resources-socket", o.PodResourcesSocket, "the kubelet's pod-resources socket, asked before a container starts which pod its devices went to; empty skips that check")
+	fs.DurationVar(&o.Poll, "poll", o.Poll, "how often the node's GPUs and their health are read from the allocator")
+	fs.StringVar(&o.MPSPipeDir, "mps-pipe-dir", o.MPSPipeDir, "the host's MPS control daemon's pipe directory (its CUDA_MPS_PIPE_DIRECTORY), mounted into every container at the same path; empty: no MPS")
+	fs.StringVar(&o.MPSShmDir, "mps-shm-dir", o.MPSShmDir, "the host directory holding the MPS daemon's shared memory, mounted as every container's /dev/shm")
+	fs.StringVar(&o.SimulatedDeviceDir, "simulated-device-dir", o.SimulatedDeviceDir, "on a node without GPUs, the directory where gpupool-server --source simulated makes the files that stand for them (its --simulated-device-dir): each container gets its lease's at "+kube.SimulatedDeviceDir+"/<UUID>; tests and demos only")
+}
+
+// Validate checks the options and parses the unit.
+func (o *Options) Validate() error {
+	if o.Node == "" {
+		return errors.New("--node is required (or NODE_NAME)")
+	}
+	if o.Poll <= 0 {
+		return fmt.Errorf("--poll %s: must be above 0", o.Poll)
+	}
+	unit, err := kube.ParseUnit(o.UnitName)
+	if err != nil {
+		return fmt.Errorf("--unit: %w", err)
+	}
+	o.Unit = unit
+	return nil
+}
