@@ -93,13 +93,13 @@ soak: ## the demo-sized pool as real binaries for an hour under churn (a lease a
 
 .PHONY: simulate
 simulate: ## replay the embedded OpenB trace against every placement policy
-	$(GO) run ./cmd/gpupool simulate
+	$(GO) run ./cmd/gpupool-simulate
 
 # Fails while the pool's default policy (fgd-cpu) leaves more GPU share
 # unallocated than FGD on some variant; decisions/s below 100k are reported.
 .PHONY: robustness
 robustness: ## replay a grid of workload variants of the default OpenB trace (model constraints, fractional, multi-GPU, CPU) with fgd-cpu and fgd over seeds 42-51 and 1042-1051; fails where fgd-cpu does worse
-	$(GO) run ./cmd/gpupool simulate grid
+	$(GO) run ./cmd/gpupool-simulate grid
 
 # Debian packages the tests run for real: promtool checks the metrics and
 # the rules, etcd backs the replicated allocator and the Kubernetes control
@@ -151,7 +151,7 @@ bench: deps build ## placement decisions/s per policy, a whole replay timed, dur
 	$(GO) test -run '^$$' -bench DeviceHoldersScan -benchtime 200x ./collector
 	$(GO) test -run '^$$' -bench Filter1213Nodes -benchtime 1000x ./kube/scheduler
 	@echo "whole replay, all policies x seeds 42-51, default trace:"
-	bin/gpupool simulate --seeds 42-51 --policies all
+	bin/gpupool-simulate --seeds 42-51 --policies all
 
 # Not in CI, which runs one rate in make bench: three rates, each placed
 # through the pool and through the stock kube-scheduler (about 35 minutes).

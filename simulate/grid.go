@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// RobustnessGrid is the grid `gpupool simulate grid` replays by default:
+// RobustnessGrid is the grid `gpupool-simulate grid` replays by default:
 // the list as it is, each field of Variant on its own around it, and a few
 // corners that move several at once.
 var RobustnessGrid = []string{

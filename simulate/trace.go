@@ -19,7 +19,7 @@ import (
 )
 
 // Traces holds the Alibaba OpenB traces (cluster-trace-gpu-v2023) so that
-// `gpupool simulate` runs with no files at hand.
+// `gpupool-simulate` runs with no files at hand.
 //
 //go:embed traces/*.csv
 var Traces embed.FS

@@ -19,9 +19,14 @@ var serverOnlyModules = []string{
 	"sigs.k8s.io/custom-metrics-apiserver",
 }
 
+// operatorOnlyPackages are this module's packages the client must not
+// link either: the trace replay, with its 2 MB of embedded traces, is
+// gpupool-simulate's, which gpupool simulate runs.
+var operatorOnlyPackages = []string{"github.com/gpupool/gpupool/simulate"}
+
 // maxClientBytes bounds the stripped, cgo-free gpupool binary: it is
 // copied into every pod that uses the pool.
-const maxClientBytes = 15_000_000
+const maxClientBytes = 12_000_000
 
 // goCmd runs the go command on this package without cgo, as the client
 // is released.
@@ -39,7 +44,7 @@ func goCmd(t *testing.T, args ...string) string {
 }
 
 // TestClientLinksNoServerPackages: no package gpupool depends on is of a
-// server-only module.
+// server-only module, or an operator's package.
 func TestClientLinksNoServerPackages(t *testing.T) {
 	deps := strings.Fields(goCmd(t, "list", "-deps", "."))
 	if len(deps) < 2 {
@@ -47,12 +52,21 @@ func TestClientLinksNoServerPackages(t *testing.T) {
 	}
 	for _, pkg := range deps {
 		for _, mod := range serverOnlyModules {
-			if pkg == mod || strings.HasPrefix(pkg, mod+"/") {
+			if within(pkg, mod) {
 				t.Errorf("gpupool links %s, of the server-only module %s (go mod why -m %s shows the chain)", pkg, mod, mod)
+			}
+		}
+		for _, op := range operatorOnlyPackages {
+			if within(pkg, op) {
+				t.Errorf("gpupool links %s, which only the operators' binaries may (go mod why %s shows the chain)", pkg, pkg)
 			}
 		}
 	}
 }
+
+// within is whether the package pkg is the package or module path or
+// below it.
+func within(pkg, path string) bool { return pkg == path || strings.HasPrefix(pkg, path+"/") }
 
 // TestClientBuildsSmallWithoutCgo builds the client as released: without
 // cgo (a package that needs it fails the build), stripped, and small.

@@ -20,12 +20,14 @@ Commands:
   leases       live leases: who holds which share of which GPU
   quota        GPU quota and use per namespace
   simulate     replay an OpenB GPU trace against the placement policies
+               (runs gpupool-simulate, a binary of its own)
 
 Run "gpupool <command> --help" for a command's flags.
 
 Exit statuses: 0 done, 1 failed, 2 bad usage, 69 allocator unreachable,
 75 no capacity now, 77 quota exceeded or not allowed; run passes on its
-command's own.
+command's own and simulate on gpupool-simulate's, each 127 where that
+command cannot be started.
 `
 
 // Exit statuses when a command did not do its work, after sysexits.h, so
@@ -33,9 +35,10 @@ command's own.
 const (
 	exitFailed      = 1
 	exitUsage       = cli.ExitUsage
-	exitUnavailable = 69 // the allocator cannot be reached, or cannot serve
-	exitNoCapacity  = 75 // no capacity now: retry later or pass --wait
-	exitNoPermit    = 77 // quota exceeded, or the token may not act here
+	exitUnavailable = 69  // the allocator cannot be reached, or cannot serve
+	exitNoCapacity  = 75  // no capacity now: retry later or pass --wait
+	exitNoPermit    = 77  // quota exceeded, or the token may not act here
+	exitNotFound    = 127 // the command to run cannot be started, as a shell says
 )
 
 func main() {

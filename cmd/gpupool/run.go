@@ -178,7 +178,7 @@ func runLeased(ctx context.Context, cl *client.Client, token string, lease alloc
 	if err := cmd.Start(); err != nil {
 		release()
 		fmt.Fprintln(stderr, "gpupool run:", err)
-		return 127
+		return exitNotFound
 	}
 	attachCtx, detach := context.WithCancel(ctx)
 	var attached sync.WaitGroup

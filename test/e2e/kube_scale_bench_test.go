@@ -85,7 +85,7 @@ type scaleWorkload struct {
 // nodes packed by NodeResourcesFit's MostAllocated strategy: what a
 // cluster without the pool does. The 1,213 servers of the node list (6,212
 // GPUs) are kwok nodes with the trace's CPU and memory; the pods are those
-// `gpupool simulate` draws with seed 42 from the default pod list, in
+// `gpupool-simulate` draws with seed 42 from the default pod list, in
 // that order, until the GPU share asked reaches 100% of capacity. Only GPU
 // pods are submitted: a pod that asks for no GPU is not the pool's, so the
 // replay's CPU-only pods are left out of both sides. The pool's pods are

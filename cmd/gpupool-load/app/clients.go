@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -38,8 +38,8 @@ const retryPause = time.Second
 
 // hold runs until ctx ends. acquiring bounds the acquisitions in flight
 // across holders, so that the clients ramp up instead of stampeding.
-func (h *holder) hold(ctx context.Context, o *options, acquiring chan struct{}, st *clientStats, errs *errorCounts) {
-	req := api.AcquireRequest{Namespace: h.namespace, GPUAmount: 1, GPUPercent: o.percent, TTL: o.ttl.String(),
+func (h *holder) hold(ctx context.Context, o *Options, acquiring chan struct{}, st *clientStats, errs *errorCounts) {
+	req := api.AcquireRequest{Namespace: h.namespace, GPUAmount: 1, GPUPercent: o.Percent, TTL: o.TTL.String(),
 		Owner: api.Owner{Pod: fmt.Sprintf("load-%d", h.index), Labels: map[string]string{groupLabel: h.group}}}
 	for ctx.Err() == nil {
 		id, ok := h.acquire(ctx, req, acquiring, st, errs)
@@ -48,12 +48,12 @@ func (h *holder) hold(ctx context.Context, o *options, acquiring chan struct{}, 
 			continue
 		}
 		st.live.Add(1)
-		h.renewUntilLost(ctx, id, o.ttl, st, errs)
+		h.renewUntilLost(ctx, id, o.TTL, st, errs)
 		if ctx.Err() == nil { // lost: acquire another
 			st.live.Add(-1)
 			continue
 		}
-		if !o.keep {
+		if !o.Keep {
 			h.release(id, st, errs)
 			st.live.Add(-1)
 		}

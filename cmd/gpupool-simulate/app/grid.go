@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"flag"
@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
-	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/simulate"
 )
 
@@ -16,69 +15,82 @@ import (
 // a report, not a gate, since a timing depends on the machine.
 const targetDecisionsPerSec = 100_000
 
-func simulateGridCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("simulate grid", flag.ContinueOnError)
-	nodes, pods := traceFlags(fs)
-	variantList := fs.String("variants", strings.Join(simulate.RobustnessGrid, ";"), "`VARIANTS` to replay, separated by ';', each as simulate's --variant reads it")
-	variantSeed := variantSeedFlag(fs)
-	seedSets := fs.String("seed-sets", "42-51 1042-1051", "seed sets, separated by spaces, each a list and ranges as simulate's --seeds: every cell is a mean over one set")
-	policy := fs.String("policy", "fgd-cpu", "the policy held against --baseline: the pool's default")
-	baseline := fs.String("baseline", "fgd", "the policy --policy must do no worse than")
-	workers := workersFlag(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: gpupool simulate grid [flags]
+// GridUsage is what gpupool-simulate grid --help says above the flags.
+var GridUsage = fmt.Sprintf(`Usage: gpupool-simulate grid [flags]
 
 Replays variants of a pod list (by default the robustness grid: the list as
 it is, each --variant field on its own around it, and a few corners) with
---policy and --baseline over each seed set, as gpupool simulate does, and
+--policy and --baseline over each seed set, as gpupool-simulate does, and
 prints a markdown table of the GPU share each leaves unallocated at 100%%
 and 130%% arrival and their decisions per second, means over the set.
 It exits 1 naming the cells, variant by seed set and level, where --policy
 leaves more unallocated than --baseline. Cells below %d decisions/s are
 marked and counted, a report only: timings depend on the machine.
-
-Flags:
 `, targetDecisionsPerSec)
-		fs.PrintDefaults()
-	}
-	if exit, ok := cli.Parse(fs, args, stdout, stderr); !ok {
-		return exit
-	}
-	g := simulate.Grid{VariantSeed: *variantSeed, Policy: *policy, Baseline: *baseline, Workers: *workers}
-	for _, text := range strings.Split(*variantList, ";") {
+
+// GridOptions are gpupool-simulate grid's flags.
+type GridOptions struct {
+	Nodes, Pods, VariantList, SeedSetList, Policy, Baseline string
+	VariantSeed                                             uint64
+	Workers                                                 int
+
+	// Grid is the grid the options name, built by Validate.
+	Grid simulate.Grid
+}
+
+// AddFlags registers the options on fs, with their defaults.
+func (o *GridOptions) AddFlags(fs *flag.FlagSet) {
+	nodesFlag(fs, &o.Nodes)
+	podsFlag(fs, &o.Pods)
+	fs.StringVar(&o.VariantList, "variants", strings.Join(simulate.RobustnessGrid, ";"), "`VARIANTS` to replay, separated by ';', each as simulate's --variant reads it")
+	variantSeedFlag(fs, &o.VariantSeed)
+	fs.StringVar(&o.SeedSetList, "seed-sets", "42-51 1042-1051", "seed sets, separated by spaces, each a list and ranges as simulate's --seeds: every cell is a mean over one set")
+	fs.StringVar(&o.Policy, "policy", "fgd-cpu", "the policy held against --baseline: the pool's default")
+	fs.StringVar(&o.Baseline, "baseline", "fgd", "the policy --policy must do no worse than")
+	workersFlag(fs, &o.Workers)
+}
+
+// Validate checks the options and builds the grid.
+func (o *GridOptions) Validate() error {
+	g := simulate.Grid{VariantSeed: o.VariantSeed, Policy: o.Policy, Baseline: o.Baseline, Workers: o.Workers}
+	for _, text := range strings.Split(o.VariantList, ";") {
 		v, err := simulate.ParseVariant(text)
 		if err != nil {
-			fmt.Fprintf(stderr, "gpupool simulate grid: --variants: %q: %v\n", text, err)
-			return exitUsage
+			return fmt.Errorf("--variants: %q: %w", text, err)
 		}
 		g.Variants = append(g.Variants, v)
 	}
 	var err error
-	if g.SeedSets, err = simulate.ParseSeedSets(*seedSets); err != nil {
-		fmt.Fprintf(stderr, "gpupool simulate grid: --seed-sets %q: %v\n", *seedSets, err)
-		return exitUsage
+	if g.SeedSets, err = simulate.ParseSeedSets(o.SeedSetList); err != nil {
+		return fmt.Errorf("--seed-sets %q: %w", o.SeedSetList, err)
 	}
-	for flagName, name := range map[string]string{"--policy": *policy, "--baseline": *baseline} {
-		if _, err := allocator.NewPolicy(name, allocator.PolicyOptions{}); err != nil {
-			fmt.Fprintf(stderr, "gpupool simulate grid: %s: %v\n", flagName, err)
-			return exitUsage
+	for _, f := range []struct{ flag, policy string }{{"--policy", o.Policy}, {"--baseline", o.Baseline}} {
+		if _, err := allocator.NewPolicy(f.policy, allocator.PolicyOptions{}); err != nil {
+			return fmt.Errorf("%s: %w", f.flag, err)
 		}
 	}
-	tr, err := simulate.LoadTrace(*nodes, *pods)
+	o.Grid = g
+	return nil
+}
+
+// RunGrid replays the grid, progress on stderr, the table on stdout; it
+// fails naming the cells where --policy leaves more unallocated than
+// --baseline.
+func RunGrid(o *GridOptions, stdout, stderr io.Writer) error {
+	tr, err := simulate.LoadTrace(o.Nodes, o.Pods)
 	if err != nil {
-		fmt.Fprintln(stderr, "gpupool simulate grid:", err)
-		return exitFailed
+		return err
 	}
+	g := o.Grid
 	fmt.Fprintf(stderr, "replaying %d variants of %s on %s with %s and %s over seed sets %s on %d workers\n",
-		len(g.Variants), *pods, *nodes, g.Policy, g.Baseline, *seedSets, g.Workers)
+		len(g.Variants), o.Pods, o.Nodes, g.Policy, g.Baseline, o.SeedSetList, g.Workers)
 	start := time.Now()
 	cells, err := simulate.RunGrid(tr, g, func(done, total int, v simulate.Variant, r simulate.Result) {
 		fmt.Fprintf(stderr, "[%d/%d] %-30s %-8s seed %-5d unallocated %5.2f%% at 100%% arrival  %8.0f decisions/s\n",
 			done, total, v, r.Policy, r.Seed, r.UnallocatedPct[100], float64(r.Decisions)/r.PlaceTime.Seconds())
 	})
 	if err != nil {
-		fmt.Fprintln(stderr, "gpupool simulate grid:", err)
-		return exitFailed
+		return err
 	}
 	fmt.Fprintf(stderr, "done in %s\n", time.Since(start).Round(time.Second))
 	regressions := simulate.Regressions(cells)
@@ -89,11 +101,10 @@ Flags:
 			where = append(where, fmt.Sprintf("%s seeds %s at %d%% (%.2f%% vs %.2f%%)",
 				r.Cell.Variant, r.Cell.SeedSet, r.Level, r.Unallocated, r.Baseline))
 		}
-		fmt.Fprintf(stderr, "gpupool simulate grid: %s leaves more unallocated than %s in %d cells: %s\n",
+		return fmt.Errorf("%s leaves more unallocated than %s in %d cells: %s",
 			g.Policy, g.Baseline, len(regressions), strings.Join(where, "; "))
-		return exitFailed
 	}
-	return 0
+	return nil
 }
 
 // writeGrid writes the cells as a markdown table, the policy's regressions

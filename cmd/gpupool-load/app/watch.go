@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 // /metrics, samples its process and, once every lease is live, asks the
 // adapter.
 type watcher struct {
-	o      *options
+	o      *Options
 	st     *stats
 	stdout io.Writer
 	start  time.Time
@@ -33,7 +33,7 @@ type watcher struct {
 	steadyAt            time.Duration
 }
 
-func newWatcher(o *options, st *stats, stdout io.Writer) *watcher {
+func newWatcher(o *Options, st *stats, stdout io.Writer) *watcher {
 	return &watcher{o: o, st: st, stdout: stdout, start: time.Now()}
 }
 
@@ -41,7 +41,7 @@ func newWatcher(o *options, st *stats, stdout io.Writer) *watcher {
 func (w *watcher) watch(ctx context.Context) {
 	w.sample()
 	w.first = w.last
-	progress := time.NewTicker(w.o.progress)
+	progress := time.NewTicker(w.o.Progress)
 	defer progress.Stop()
 	second := time.NewTicker(time.Second)
 	defer second.Stop()
@@ -71,15 +71,15 @@ func (w *watcher) watch(ctx context.Context) {
 }
 
 func (w *watcher) isSteady() bool {
-	return int(w.st.servers.registered.Load()) == w.o.servers && int(w.st.clients.live.Load()) == w.o.leases
+	return int(w.st.servers.registered.Load()) == w.o.Servers && int(w.st.clients.live.Load()) == w.o.Leases
 }
 
 // sample reads the allocator's process, when its PID was given.
 func (w *watcher) sample() {
-	if w.o.allocatorPID == 0 {
+	if w.o.AllocatorPID == 0 {
 		return
 	}
-	s, err := sampleProcess(w.o.allocatorPID)
+	s, err := sampleProcess(w.o.AllocatorPID)
 	if err != nil {
 		w.st.errors.add("allocator-process", err)
 		return
@@ -89,7 +89,7 @@ func (w *watcher) sample() {
 
 func (w *watcher) scrapeMetrics() {
 	t0 := time.Now()
-	resp, err := http.Get(w.o.allocator + "/metrics")
+	resp, err := http.Get(w.o.Allocator + "/metrics")
 	if err != nil {
 		w.st.errors.add("metrics", err)
 		return
@@ -109,11 +109,11 @@ func (w *watcher) scrapeMetrics() {
 
 func (w *watcher) printProgress() {
 	cpu := ""
-	if w.o.allocatorPID != 0 {
+	if w.o.AllocatorPID != 0 {
 		cpu = fmt.Sprintf("  allocator %.2f CPU s/s since start, RSS %d MiB", cpuPerSecond(w.first, w.last), w.last.rss>>20)
 	}
 	fmt.Fprintf(w.stdout, "[%5.0fs] servers %d/%d  leases %d/%d  heartbeats %d  acquisitions %d  renewals %d  errors %d  /metrics %d bytes%s\n",
-		time.Since(w.start).Seconds(), w.st.servers.registered.Load(), w.o.servers, w.st.clients.live.Load(), w.o.leases,
+		time.Since(w.start).Seconds(), w.st.servers.registered.Load(), w.o.Servers, w.st.clients.live.Load(), w.o.Leases,
 		w.st.servers.heartbeat.quantiles().Count, w.st.clients.acquire.quantiles().Count, w.st.clients.renew.quantiles().Count,
 		w.st.errors.total(), w.metricsBytes, cpu)
 }
@@ -182,10 +182,10 @@ type summary struct {
 	Errors                            map[string]int
 }
 
-func (w *watcher) summarize(o *options, ran time.Duration) *summary {
+func (w *watcher) summarize(o *Options, ran time.Duration) *summary {
 	st := w.st
 	s := &summary{
-		Servers: o.servers, GPUs: o.servers * o.gpusPerServer, Leases: o.leases, Ran: ran, SteadyAfter: w.steadyAt,
+		Servers: o.Servers, GPUs: o.Servers * o.GPUsPerServer, Leases: o.Leases, Ran: ran, SteadyAfter: w.steadyAt,
 		RegisteredServers: st.servers.registered.Load(), LiveLeases: st.liveAtEnd,
 		Register: st.servers.register.quantiles(), Heartbeat: st.servers.heartbeat.quantiles(), ListLeases: st.servers.listLeases.quantiles(),
 		Acquire: st.clients.acquire.quantiles(), Renew: st.clients.renew.quantiles(), Release: st.clients.release.quantiles(),
