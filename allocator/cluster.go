@@ -3,6 +3,8 @@ package allocator
 import (
 	"fmt"
 	"math/bits"
+
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // ModelSet is a set of GPU models as a bit per model interned in a Cluster.
@@ -74,7 +76,7 @@ type NodeGPU struct {
 	// reach[l] is the GPUs of the node this one reaches by link l or a
 	// better one, itself included; a server that does not report links
 	// reaches every other GPU by LinkAny only.
-	reach [LinkNVLink + 1]gpuMask
+	reach [inventory.LinkNVLink + 1]gpuMask
 }
 
 // Demand is a request resolved against the cluster: what one lease needs
@@ -90,7 +92,7 @@ type Demand struct {
 	Memory   int64
 	Models   ModelSet
 	// Link is the least link every pair of the demand's GPUs must have.
-	Link Link
+	Link inventory.Link
 	// Nodes restricts placement to these nodes; nil allows every node.
 	// It is no part of the demand's shape: a node's rating for a shape
 	// holds whichever nodes a demand may go to, so policies cache ratings
@@ -134,7 +136,7 @@ func (c *Cluster) model(name string) (ModelSet, error) {
 		return b, nil
 	}
 	if len(c.models) == maxModels {
-		return 0, &FieldError{"model", name, fmt.Sprintf("is one model too many: a pool tells apart at most %d", maxModels)}
+		return 0, &FieldError{Field: "model", Value: name, Limit: fmt.Sprintf("is one model too many: a pool tells apart at most %d", maxModels)}
 	}
 	b := ModelSet(1) << len(c.models)
 	c.models = append(c.models, name)
@@ -152,7 +154,7 @@ func (c *Cluster) ModelSetOf(names []string) (set ModelSet, any bool) {
 }
 
 // AddNode appends a server with nothing leased and returns its index.
-func (c *Cluster) AddNode(s *Server) (int, error) {
+func (c *Cluster) AddNode(s *inventory.Server) (int, error) {
 	n, err := c.newNode(s)
 	if err != nil {
 		return 0, err
@@ -165,7 +167,7 @@ func (c *Cluster) AddNode(s *Server) (int, error) {
 
 // ResetNode replaces node i's resources with s's, nothing leased; the node
 // keeps whether it is schedulable.
-func (c *Cluster) ResetNode(i int, s *Server) error {
+func (c *Cluster) ResetNode(i int, s *inventory.Server) error {
 	n, err := c.newNode(s)
 	if err != nil {
 		return err
@@ -178,9 +180,9 @@ func (c *Cluster) ResetNode(i int, s *Server) error {
 	return nil
 }
 
-func (c *Cluster) newNode(s *Server) (Node, error) {
+func (c *Cluster) newNode(s *inventory.Server) (Node, error) {
 	if len(s.GPUs) > MaxGPUsPerServer {
-		return Node{}, &FieldError{"gpus", fmt.Sprint(len(s.GPUs)), fmt.Sprintf("out of range 0..%d per server", MaxGPUsPerServer)}
+		return Node{}, &FieldError{Field: "gpus", Value: fmt.Sprint(len(s.GPUs)), Limit: fmt.Sprintf("out of range 0..%d per server", MaxGPUsPerServer)}
 	}
 	n := Node{
 		Name: s.Name, CPUCap: s.CPUMilli, CPUFree: s.CPUMilli,
@@ -196,37 +198,25 @@ func (c *Cluster) newNode(s *Server) (Node, error) {
 		n.GPUs[i] = NodeGPU{Free: WholeGPU, FreeBytes: g.MemoryBytes, MemoryBytes: g.MemoryBytes, Model: m, Healthy: g.Healthy}
 		n.Models |= m
 	}
-	n.linked = setReach(n.GPUs, s.GPUs)
+	n.linked = setReach(n.GPUs, s)
 	return n, nil
 }
 
 // setReach fills each node GPU's reach from the server's links and
 // reports whether the links between distinct GPUs differ.
-func setReach(ng []NodeGPU, gs []GPU) (linked bool) {
-	for i := range gs {
-		for j := range gs {
-			l := linkBetween(gs, i, j)
-			for at := LinkAny; at <= l; at++ {
+func setReach(ng []NodeGPU, s *inventory.Server) (linked bool) {
+	for i := range s.GPUs {
+		for j := range s.GPUs {
+			l := s.LinkBetween(i, j)
+			for at := inventory.LinkAny; at <= l; at++ {
 				ng[i].reach[at] |= 1 << j
 			}
-			if i != j && l != linkBetween(gs, 0, 1) {
+			if i != j && l != s.LinkBetween(0, 1) {
 				linked = true
 			}
 		}
 	}
 	return linked
-}
-
-// linkBetween is the link from GPU i to GPU j of gs: the best to itself,
-// LinkAny to another when the server does not report links.
-func linkBetween(gs []GPU, i, j int) Link {
-	switch {
-	case i == j:
-		return LinkNVLink
-	case len(gs[i].Links) == 0:
-		return LinkAny
-	}
-	return gs[i].Links[j]
 }
 
 // rescale accounts for node n, which replaces old (nil for a new node):
@@ -290,7 +280,7 @@ func (n *Node) Fits(d *Demand) bool {
 	if need > 0 {
 		return false
 	}
-	if d.Link == LinkAny || d.GPUs < 2 {
+	if d.Link == inventory.LinkAny || d.GPUs < 2 {
 		return true
 	}
 	var buf [MaxGPUsPerServer]int

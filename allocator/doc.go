@@ -1,5 +1,6 @@
-// Package allocator is the pure core of the GPU pool: inventory, requests in
-// the Bitfusion vocabulary, placement policies, namespace quotas and leases.
+// Package allocator is the pure core of the GPU pool: the servers
+// registered (each an inventory.Server), requests in the Bitfusion
+// vocabulary, placement policies, namespace quotas and leases.
 //
 // Nothing here does I/O or reads a clock. Every operation on a Pool takes
 // the current time as an argument, so the same inputs always produce the

@@ -4,24 +4,16 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/gpupool/gpupool/internal/fielderr"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // FieldError rejects one field of a request: it names the field, the value
 // that was given and the limit it broke, as in "gpu-percent 120 out of
-// range 1..100".
-type FieldError struct {
-	Field string
-	Value string
-	Limit string
-}
-
-func (e *FieldError) Error() string {
-	v := e.Value
-	if v == "" {
-		v = `""`
-	}
-	return e.Field + " " + v + " " + e.Limit
-}
+// range 1..100". It is package fielderr's, which package inventory shares,
+// so that a bad link name is one too.
+type FieldError = fielderr.Error
 
 // QuotaExceededError says a namespace has no quota left for a request.
 type QuotaExceededError struct {
@@ -42,7 +34,7 @@ type NoCapacityError struct {
 	GPUBytes int64
 	Models   []string
 	// Link is the link the GPUs asked to have between each pair.
-	Link     Link
+	Link     inventory.Link
 	CPUMilli int64
 	Memory   int64
 	// Servers is how many servers the request restricted placement to
@@ -71,7 +63,7 @@ func (e *NoCapacityError) Error() string {
 		b.WriteString(" of model ")
 		b.WriteString(strings.Join(e.Models, "|"))
 	}
-	if e.Link > LinkAny && e.GPUs > 1 {
+	if e.Link > inventory.LinkAny && e.GPUs > 1 {
 		b.WriteString(" linked by " + e.Link.String())
 	}
 	var host []string

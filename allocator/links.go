@@ -3,6 +3,8 @@ package allocator
 import (
 	"fmt"
 	"math/bits"
+
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // takeLinked chooses d.GPUs of the usable GPUs, listed best first by the
@@ -19,7 +21,7 @@ func (n *Node) takeLinked(d *Demand, usable []int) gpuMask {
 		}
 		return m
 	}
-	for at := LinkNVLink; ; at-- {
+	for at := inventory.LinkNVLink; ; at-- {
 		if set, ok := n.linkedSet(usable, d.GPUs, at); ok {
 			return set
 		}
@@ -38,7 +40,7 @@ func (n *Node) takeLinked(d *Demand, usable []int) gpuMask {
 // policy) weighs the same thing by scoring every partition of the free
 // GPUs into sets of the size asked; one set grown from each GPU is
 // enough here, and keeps the choice cheap on every rating.
-func (n *Node) linkedSet(usable []int, k int, at Link) (gpuMask, bool) {
+func (n *Node) linkedSet(usable []int, k int, at inventory.Link) (gpuMask, bool) {
 	var rank [MaxGPUsPerServer]int
 	var avail gpuMask
 	for r, i := range usable {
@@ -67,7 +69,7 @@ func (n *Node) linkedSet(usable []int, k int, at Link) (gpuMask, bool) {
 // growLinked adds need GPUs of cand to set, each linked by at or better to
 // every GPU already in it, the closest to the set first (by rank on ties),
 // and backs off a choice that leads nowhere.
-func (n *Node) growLinked(set, cand gpuMask, need int, at Link, rank *[MaxGPUsPerServer]int) (gpuMask, bool) {
+func (n *Node) growLinked(set, cand gpuMask, need int, at inventory.Link, rank *[MaxGPUsPerServer]int) (gpuMask, bool) {
 	if need == 0 {
 		return set, true
 	}
@@ -98,7 +100,7 @@ func (n *Node) closest(set, cand gpuMask, rank *[MaxGPUsPerServer]int) int {
 // linksTo sums the link levels from GPU i to the other GPUs of set.
 func (n *Node) linksTo(i int, set gpuMask) int {
 	sum := 0
-	for at := LinkAny + 1; at <= LinkNVLink; at++ {
+	for at := inventory.LinkAny + 1; at <= inventory.LinkNVLink; at++ {
 		sum += bits.OnesCount64(uint64(n.GPUs[i].reach[at] & set &^ (1 << i)))
 	}
 	return sum

@@ -49,7 +49,7 @@ func PolicyNames() []string {
 func NewPolicy(name string, opts PolicyOptions) (Policy, error) {
 	mk, ok := policyConstructors[name]
 	if !ok {
-		return nil, &FieldError{"policy", name, "is not one of " + strings.Join(PolicyNames(), ", ")}
+		return nil, &FieldError{Field: "policy", Value: name, Limit: "is not one of " + strings.Join(PolicyNames(), ", ")}
 	}
 	return mk(opts), nil
 }

@@ -3,6 +3,8 @@ package allocator
 import (
 	"math"
 	"testing"
+
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // TestFGDCPUKeepsScarceModels: a task that may run anywhere and asks for
@@ -12,7 +14,7 @@ import (
 // task goes to G2.
 func TestFGDCPUKeepsScarceModels(t *testing.T) {
 	c := NewCluster()
-	for _, s := range []Server{
+	for _, s := range []inventory.Server{
 		{Name: "g2", CPUMilli: 96000, GPUs: gpusOf("G2", 8)},
 		{Name: "t4", CPUMilli: 104000, GPUs: gpusOf("T4", 2)},
 	} {
@@ -44,10 +46,10 @@ func TestFGDCPUKeepsScarceModels(t *testing.T) {
 	}
 }
 
-func gpusOf(model string, n int) []GPU {
-	gpus := make([]GPU, n)
+func gpusOf(model string, n int) []inventory.GPU {
+	gpus := make([]inventory.GPU, n)
 	for i := range gpus {
-		gpus[i] = GPU{Index: i, Model: model, Healthy: true}
+		gpus[i] = inventory.GPU{Index: i, Model: model, Healthy: true}
 	}
 	return gpus
 }
@@ -83,7 +85,7 @@ func TestPressureOn(t *testing.T) {
 // must place then.
 func TestPoliciesPlaceWithoutAWorkload(t *testing.T) {
 	c := NewCluster()
-	s := Server{Name: "a", CPUMilli: 32000, GPUs: gpusOf("H100", 4)}
+	s := inventory.Server{Name: "a", CPUMilli: 32000, GPUs: gpusOf("H100", 4)}
 	if _, err := c.AddNode(&s); err != nil {
 		t.Fatal(err)
 	}

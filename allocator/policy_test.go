@@ -1,6 +1,10 @@
 package allocator
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/gpupool/gpupool/inventory"
+)
 
 // TestModelConstrainedDemandsShareRatings: a demand for some models rates
 // a node whose every GPU is of one of them as the same demand for any model
@@ -8,8 +12,8 @@ import "testing"
 func TestModelConstrainedDemandsShareRatings(t *testing.T) {
 	c := NewCluster()
 	for i, model := range []string{"T4", "T4", "V100"} {
-		if _, err := c.AddNode(&Server{Name: model + string(rune('a'+i)), CPUMilli: 32000,
-			GPUs: []GPU{{Model: model, Healthy: true}, {Index: 1, Model: model, Healthy: true}}}); err != nil {
+		if _, err := c.AddNode(&inventory.Server{Name: model + string(rune('a'+i)), CPUMilli: 32000,
+			GPUs: []inventory.GPU{{Model: model, Healthy: true}, {Index: 1, Model: model, Healthy: true}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -35,8 +39,8 @@ func TestModelConstrainedDemandsShareRatings(t *testing.T) {
 func TestRatingsCatchUpPastTheChangeLog(t *testing.T) {
 	c := NewCluster()
 	for i := range 2 {
-		if _, err := c.AddNode(&Server{Name: string(rune('a' + i)), CPUMilli: int64(64000 - 32000*i),
-			GPUs: []GPU{{Model: "T4", Healthy: true}}}); err != nil {
+		if _, err := c.AddNode(&inventory.Server{Name: string(rune('a' + i)), CPUMilli: int64(64000 - 32000*i),
+			GPUs: []inventory.GPU{{Model: "T4", Healthy: true}}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // PoolConfig sets a Pool's policy and lease lifetimes.
@@ -29,8 +31,8 @@ type PoolConfig struct {
 type Pool struct {
 	cfg       PoolConfig
 	cluster   *Cluster
-	servers   []Server       // by node index
-	nodeIndex map[string]int // server name -> node index
+	servers   []inventory.Server // by node index
+	nodeIndex map[string]int     // server name -> node index
 	leases    map[string]*Lease
 	// onServer is the live leases by server and ID: each server's daemon
 	// lists its own every few seconds, at a cost of its leases, not the
@@ -52,10 +54,10 @@ type Pool struct {
 // NewPool returns an empty pool.
 func NewPool(cfg PoolConfig) (*Pool, error) {
 	if cfg.Policy == nil {
-		return nil, &FieldError{"policy", "", "must be set"}
+		return nil, &FieldError{Field: "policy", Value: "", Limit: "must be set"}
 	}
 	if cfg.DefaultTTL <= 0 || cfg.MaxTTL < cfg.DefaultTTL {
-		return nil, &FieldError{"default-ttl", cfg.DefaultTTL.String(), "must be positive and at most max-ttl " + cfg.MaxTTL.String()}
+		return nil, &FieldError{Field: "default-ttl", Value: cfg.DefaultTTL.String(), Limit: "must be positive and at most max-ttl " + cfg.MaxTTL.String()}
 	}
 	return &Pool{
 		cfg: cfg, cluster: NewCluster(), nodeIndex: map[string]int{},
@@ -67,8 +69,8 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 // RegisterServer adds a server, or updates a known one: its labels, host
 // capacity and the health of its GPUs. A server's GPUs (count, UUIDs,
 // models, memory) can change only while it holds no leases.
-func (p *Pool) RegisterServer(s Server) error {
-	if err := s.validate(); err != nil {
+func (p *Pool) RegisterServer(s inventory.Server) error {
+	if err := validateServer(&s); err != nil {
 		return err
 	}
 	return p.register(s)
@@ -77,14 +79,14 @@ func (p *Pool) RegisterServer(s Server) error {
 // RestoreServer puts back a server recovered from durable storage. Its
 // shape is checked as RegisterServer checks it, its name and labels are
 // not: the store may predate those checks.
-func (p *Pool) RestoreServer(s Server) error {
-	if err := s.validateShape(); err != nil {
+func (p *Pool) RestoreServer(s inventory.Server) error {
+	if err := validateShape(&s); err != nil {
 		return err
 	}
 	return p.register(s)
 }
 
-func (p *Pool) register(s Server) error {
+func (p *Pool) register(s inventory.Server) error {
 	s = cloneServer(&s)
 	i, known := p.nodeIndex[s.Name]
 	if !known {
@@ -98,7 +100,7 @@ func (p *Pool) register(s Server) error {
 	old := &p.servers[i]
 	if !sameDevices(old.GPUs, s.GPUs) || old.CPUMilli != s.CPUMilli || old.MemoryBytes != s.MemoryBytes {
 		if n := p.leasesOn(s.Name); n > 0 {
-			return &FieldError{"server", s.Name, fmt.Sprintf("cannot change its GPUs, CPU or memory while %d leases hold shares on it", n)}
+			return &FieldError{Field: "server", Value: s.Name, Limit: fmt.Sprintf("cannot change its GPUs, CPU or memory while %d leases hold shares on it", n)}
 		}
 		if err := p.cluster.ResetNode(i, &s); err != nil {
 			return err
@@ -113,8 +115,8 @@ func (p *Pool) register(s Server) error {
 
 // sameDevices reports whether two GPU lists describe the same devices,
 // health aside.
-func sameDevices(a, b []GPU) bool {
-	return slices.EqualFunc(a, b, func(x, y GPU) bool {
+func sameDevices(a, b []inventory.GPU) bool {
+	return slices.EqualFunc(a, b, func(x, y inventory.GPU) bool {
 		return x.Index == y.Index && x.UUID == y.UUID && x.Model == y.Model && x.MemoryBytes == y.MemoryBytes
 	})
 }
@@ -135,7 +137,7 @@ func (p *Pool) SetGPUHealth(server string, gpu int, healthy bool) error {
 		return &ServerNotFoundError{Name: server}
 	}
 	if gpu < 0 || gpu >= len(p.servers[i].GPUs) {
-		return &FieldError{"gpus.index", strconv.Itoa(gpu), fmt.Sprintf("out of range 0..%d", len(p.servers[i].GPUs)-1)}
+		return &FieldError{Field: "gpus.index", Value: strconv.Itoa(gpu), Limit: fmt.Sprintf("out of range 0..%d", len(p.servers[i].GPUs)-1)}
 	}
 	p.servers[i].GPUs[gpu].Healthy = healthy
 	p.cluster.SetGPUHealth(i, gpu, healthy)
@@ -161,7 +163,7 @@ func (p *Pool) SetQuota(namespace string, hard Share) error {
 		return err
 	}
 	if hard < 0 {
-		return &FieldError{"quota", hard.String(), "must be at least 0"}
+		return &FieldError{Field: "quota", Value: hard.String(), Limit: "must be at least 0"}
 	}
 	p.quota[namespace] = hard
 	return nil
@@ -196,7 +198,7 @@ func (p *Pool) Acquire(now time.Time, r Request) (Lease, error) {
 		return Lease{}, err
 	}
 	if r.TTL > p.cfg.MaxTTL {
-		return Lease{}, &FieldError{"ttl", r.TTL.String(), "exceeds the pool's max-ttl " + p.cfg.MaxTTL.String()}
+		return Lease{}, &FieldError{Field: "ttl", Value: r.TTL.String(), Limit: "exceeds the pool's max-ttl " + p.cfg.MaxTTL.String()}
 	}
 	r = cloneRequest(&r)
 	if r.IdempotencyKey != "" {
@@ -396,7 +398,7 @@ func (p *Pool) Renew(now time.Time, id string, ttl time.Duration) (Lease, error)
 		return Lease{}, err
 	}
 	if ttl != 0 && ttl < MinTTL || ttl < 0 || ttl > p.cfg.MaxTTL {
-		return Lease{}, &FieldError{"ttl", ttl.String(), "out of range " + MinTTL.String() + ".." + p.cfg.MaxTTL.String() + " (0 renews by the lease's own)"}
+		return Lease{}, &FieldError{Field: "ttl", Value: ttl.String(), Limit: "out of range " + MinTTL.String() + ".." + p.cfg.MaxTTL.String() + " (0 renews by the lease's own)"}
 	}
 	if l.UntilReleased() {
 		return cloneLease(l), nil
@@ -549,8 +551,8 @@ func (p *Pool) Quotas(now time.Time) []QuotaStatus {
 }
 
 // Servers returns the registered servers in registration order.
-func (p *Pool) Servers() []Server {
-	out := make([]Server, len(p.servers))
+func (p *Pool) Servers() []inventory.Server {
+	out := make([]inventory.Server, len(p.servers))
 	for i := range p.servers {
 		out[i] = cloneServer(&p.servers[i])
 	}
@@ -558,10 +560,10 @@ func (p *Pool) Servers() []Server {
 }
 
 // Server returns a registered server.
-func (p *Pool) Server(name string) (Server, bool) {
+func (p *Pool) Server(name string) (inventory.Server, bool) {
 	i, known := p.nodeIndex[name]
 	if !known {
-		return Server{}, false
+		return inventory.Server{}, false
 	}
 	return cloneServer(&p.servers[i]), true
 }
@@ -569,7 +571,7 @@ func (p *Pool) Server(name string) (Server, bool) {
 // ServerState is a registered server and what its GPUs and host have free
 // now.
 type ServerState struct {
-	Server Server
+	Server inventory.Server
 	Node   Node
 }
 
@@ -602,7 +604,7 @@ func (p *Pool) serverState(i int) ServerState {
 // The clones below keep callers from reaching into the pool's state
 // through the slices and maps of what they pass in or get back.
 
-func cloneServer(s *Server) Server {
+func cloneServer(s *inventory.Server) inventory.Server {
 	c := *s
 	c.Labels = maps.Clone(s.Labels)
 	c.GPUs = slices.Clone(s.GPUs)
@@ -644,12 +646,12 @@ func (p *Pool) Restore(l Lease) error {
 		return &ServerNotFoundError{Name: l.Server}
 	}
 	if _, dup := p.leases[l.ID]; dup {
-		return &FieldError{"lease.id", l.ID, "is restored twice"}
+		return &FieldError{Field: "lease.id", Value: l.ID, Limit: "is restored twice"}
 	}
 	n := &p.cluster.Nodes[i]
 	for _, g := range l.GPUs {
 		if g.Index < 0 || g.Index >= len(n.GPUs) || n.GPUs[g.Index].Free < g.Share || n.GPUs[g.Index].FreeBytes < g.MemoryBytes {
-			return &FieldError{"lease.gpus", fmt.Sprintf("%s gpu %d", l.Server, g.Index), "no longer has the share the lease holds"}
+			return &FieldError{Field: "lease.gpus", Value: fmt.Sprintf("%s gpu %d", l.Server, g.Index), Limit: "no longer has the share the lease holds"}
 		}
 	}
 	l = cloneLease(&l)

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // poolDriver turns a stream of bytes into pool operations, so the same
@@ -64,9 +66,9 @@ func newPoolDriver(t *testing.T, policy string, seed uint64, start poolStart) *p
 		srv := testServer(fmt.Sprintf("s%d", i), model, 2+2*(i%2), int64(16+8*i)<<30, 64000)
 		switch model {
 		case "A100": // s1's two PCIe switches, s0's one
-			srv.SetTopology(PCIeTopology(len(srv.GPUs), 2, 1))
+			srv.SetTopology(inventory.PCIeTopology(len(srv.GPUs), 2, 1))
 		case "V100":
-			srv.SetTopology(NVSwitchTopology(len(srv.GPUs)))
+			srv.SetTopology(inventory.NVSwitchTopology(len(srv.GPUs)))
 		}
 		for g := range srv.GPUs {
 			srv.GPUs[g].Healthy = start != startUnhealthy
@@ -80,10 +82,10 @@ func newPoolDriver(t *testing.T, policy string, seed uint64, start poolStart) *p
 	return d
 }
 
-func testServer(name, model string, gpus int, gpuMemory, cpu int64) Server {
-	s := Server{Name: name, CPUMilli: cpu, MemoryBytes: 256 << 30}
+func testServer(name, model string, gpus int, gpuMemory, cpu int64) inventory.Server {
+	s := inventory.Server{Name: name, CPUMilli: cpu, MemoryBytes: 256 << 30}
 	for g := range gpus {
-		s.GPUs = append(s.GPUs, GPU{Index: g, UUID: fmt.Sprintf("GPU-%s-%d", name, g), Model: model, MemoryBytes: gpuMemory, Healthy: true})
+		s.GPUs = append(s.GPUs, inventory.GPU{Index: g, UUID: fmt.Sprintf("GPU-%s-%d", name, g), Model: model, MemoryBytes: gpuMemory, Healthy: true})
 	}
 	return s
 }
@@ -125,7 +127,7 @@ func (d *poolDriver) step(op, arg byte) {
 			r.UntilReleased, r.TTL = true, 0
 		}
 		if arg%17 == 0 {
-			r.Topology = Link(arg/17) % (LinkNVLink + 1)
+			r.Topology = inventory.Link(arg/17) % (inventory.LinkNVLink + 1)
 		}
 		fits := d.pool.Fits(r)
 		var l Lease
@@ -156,7 +158,7 @@ func (d *poolDriver) step(op, arg byte) {
 		d.must(d.pool.SetQuota([]string{"a", "b", "c"}[arg%3], SharePercent(float64(arg)*4)))
 	case 7:
 		servers := d.pool.Servers()
-		var s Server
+		var s inventory.Server
 		if len(servers) > 0 {
 			s = servers[int(arg)%len(servers)]
 		}
@@ -165,11 +167,11 @@ func (d *poolDriver) step(op, arg byte) {
 			// A new, larger server moves the fit policies' scale.
 			// Its GPUs are on two sockets of two PCIe switches.
 			srv := testServer(fmt.Sprint("n", len(servers)), "H100", 8, 80<<30, int64(64000+8000*len(servers)))
-			srv.SetTopology(PCIeTopology(8, 2, 2))
+			srv.SetTopology(inventory.PCIeTopology(8, 2, 2))
 			d.must(d.pool.RegisterServer(srv))
 		case arg&0xc0 == 0x80:
 			// New devices: refused while leases hold shares on the server.
-			s.GPUs = append(s.GPUs, GPU{Index: len(s.GPUs), UUID: fmt.Sprint("GPU-new-", arg), Model: "T4", MemoryBytes: 16 << 30, Healthy: true})
+			s.GPUs = append(s.GPUs, inventory.GPU{Index: len(s.GPUs), UUID: fmt.Sprint("GPU-new-", arg), Model: "T4", MemoryBytes: 16 << 30, Healthy: true})
 			err = d.pool.RegisterServer(s)
 		case arg&0x10 != 0:
 			_, err = d.pool.SetSchedulable(s.Name, arg&0x20 != 0)
@@ -217,7 +219,7 @@ func (d *poolDriver) checkCache(op, arg byte) {
 	t4, _ := c.ModelSetOf([]string{"T4"})
 	t4OrV100, _ := c.ModelSetOf([]string{"T4", "V100"})
 	for _, probe := range []Demand{{GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000}, {GPUs: 2, PerGPU: WholeGPU}, {CPUMilli: 8000},
-		{GPUs: 2, PerGPU: WholeGPU / 2, Link: LinkPCIeSwitch}, {GPUs: 3, PerGPU: WholeGPU, Link: LinkSocket},
+		{GPUs: 2, PerGPU: WholeGPU / 2, Link: inventory.LinkPCIeSwitch}, {GPUs: 3, PerGPU: WholeGPU, Link: inventory.LinkSocket},
 		{GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000, Nodes: some}, {GPUs: 1, PerGPU: WholeGPU / 2, CPUMilli: 4000, Models: t4},
 		{GPUs: 1, PerGPU: WholeGPU, Models: t4OrV100}} {
 		warmAt, warmOK := d.policy.Place(c, &probe)

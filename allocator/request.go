@@ -9,6 +9,9 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/gpupool/gpupool/internal/fielderr"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // Request asks the pool for GPUs in the Bitfusion vocabulary. It is the
@@ -31,7 +34,7 @@ type Request struct {
 	// Topology is the least link each pair of the lease's GPUs must have
 	// (gpupool.io/topology); LinkAny, the default, takes any GPUs. A
 	// single-GPU lease has no pairs, so any topology is met.
-	Topology Link
+	Topology inventory.Link
 	Owner    Owner
 	// Servers restricts placement to the servers of these names (the
 	// nodes a Kubernetes scheduler found feasible); empty means any.
@@ -85,23 +88,23 @@ func (r *Request) Validate() error {
 	case r.GPUs < 1 || r.GPUs > MaxGPUsPerServer:
 		// A lease is a share of GPUs; CPU and memory ride along with it,
 		// so a lease of none would hold host resources outside any quota.
-		return &FieldError{"gpu-amount", strconv.Itoa(r.GPUs), fmt.Sprintf("out of range 1..%d (GPUs of one server)", MaxGPUsPerServer)}
+		return &FieldError{Field: "gpu-amount", Value: strconv.Itoa(r.GPUs), Limit: fmt.Sprintf("out of range 1..%d (GPUs of one server)", MaxGPUsPerServer)}
 	case r.Percent < 0 || r.Percent > 100:
-		return &FieldError{"gpu-percent", strconv.Itoa(r.Percent), "out of range 1..100"}
+		return &FieldError{Field: "gpu-percent", Value: strconv.Itoa(r.Percent), Limit: "out of range 1..100"}
 	case r.GPUMemoryBytes < 0 || r.GPUMemoryBytes > MaxGPUMemoryBytes:
-		return &FieldError{"gpu-memory", formatBytes(r.GPUMemoryBytes), "out of range 1..1Pi"}
+		return &FieldError{Field: "gpu-memory", Value: formatBytes(r.GPUMemoryBytes), Limit: "out of range 1..1Pi"}
 	case r.Percent > 0 && r.GPUMemoryBytes > 0:
-		return &FieldError{"gpu-memory", formatBytes(r.GPUMemoryBytes), "cannot be combined with gpu-percent"}
+		return &FieldError{Field: "gpu-memory", Value: formatBytes(r.GPUMemoryBytes), Limit: "cannot be combined with gpu-percent"}
 	case r.CPUMilli < 0 || r.CPUMilli > MaxCPUMilli:
-		return &FieldError{"cpu", strconv.FormatInt(r.CPUMilli, 10) + "m", "out of range 0..1M (cores)"}
+		return &FieldError{Field: "cpu", Value: strconv.FormatInt(r.CPUMilli, 10) + "m", Limit: "out of range 0..1M (cores)"}
 	case r.MemoryBytes < 0 || r.MemoryBytes > MaxMemoryBytes:
-		return &FieldError{"memory", formatBytes(r.MemoryBytes), "out of range 0..1Ei"}
+		return &FieldError{Field: "memory", Value: formatBytes(r.MemoryBytes), Limit: "out of range 0..1Ei"}
 	case r.TTL != 0 && r.TTL < MinTTL:
-		return &FieldError{"ttl", r.TTL.String(), "is shorter than " + MinTTL.String() + " (0 takes the pool's default)"}
+		return &FieldError{Field: "ttl", Value: r.TTL.String(), Limit: "is shorter than " + MinTTL.String() + " (0 takes the pool's default)"}
 	case r.TTL != 0 && r.UntilReleased:
-		return &FieldError{"ttl", r.TTL.String(), "cannot be combined with untilReleased (such a lease has no TTL)"}
-	case r.Topology > LinkNVLink:
-		return notALink("topology", r.Topology.String())
+		return &FieldError{Field: "ttl", Value: r.TTL.String(), Limit: "cannot be combined with untilReleased (such a lease has no TTL)"}
+	case r.Topology > inventory.LinkNVLink:
+		return inventory.NotALink("topology", r.Topology.String())
 	}
 	if err := ValidateModels(r.Models); err != nil {
 		return err
@@ -123,11 +126,11 @@ func ValidateModels(models []string) error {
 // maxNameLen characters.
 func validateNames(field string, names []string, max int) error {
 	if len(names) > max {
-		return &FieldError{field, strconv.Itoa(len(names)) + " " + field, fmt.Sprintf("more than %d", max)}
+		return &FieldError{Field: field, Value: strconv.Itoa(len(names)) + " " + field, Limit: fmt.Sprintf("more than %d", max)}
 	}
 	for _, n := range names {
 		if n == "" || len(n) > maxNameLen {
-			return &FieldError{field, shorten(n), fmt.Sprintf("must be 1..%d characters", maxNameLen)}
+			return &FieldError{Field: field, Value: fielderr.Shorten(n), Limit: fmt.Sprintf("must be 1..%d characters", maxNameLen)}
 		}
 	}
 	return nil
@@ -144,11 +147,11 @@ const (
 func (o *Owner) validate() error {
 	switch {
 	case len(o.Pod) > maxNameLen:
-		return &FieldError{"owner.pod", shorten(o.Pod), fmt.Sprintf("longer than %d characters", maxNameLen)}
+		return &FieldError{Field: "owner.pod", Value: fielderr.Shorten(o.Pod), Limit: fmt.Sprintf("longer than %d characters", maxNameLen)}
 	case len(o.UID) > maxNameLen:
-		return &FieldError{"owner.uid", shorten(o.UID), fmt.Sprintf("longer than %d characters", maxNameLen)}
+		return &FieldError{Field: "owner.uid", Value: fielderr.Shorten(o.UID), Limit: fmt.Sprintf("longer than %d characters", maxNameLen)}
 	case len(o.Labels) > maxOwnerLabels:
-		return &FieldError{"owner.labels", strconv.Itoa(len(o.Labels)) + " labels", fmt.Sprintf("more than %d", maxOwnerLabels)}
+		return &FieldError{Field: "owner.labels", Value: strconv.Itoa(len(o.Labels)) + " labels", Limit: fmt.Sprintf("more than %d", maxOwnerLabels)}
 	}
 	return validateLabels("owner.labels", o.Labels, true)
 }
@@ -159,17 +162,17 @@ func (o *Owner) validate() error {
 func validateLabels(field string, labels map[string]string, labelValues bool) error {
 	for _, k := range slices.Sorted(maps.Keys(labels)) {
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
-			return &FieldError{field, shorten(k), "is not a label key: " + errs[0]}
+			return &FieldError{Field: field, Value: fielderr.Shorten(k), Limit: "is not a label key: " + errs[0]}
 		}
 		v := labels[k]
 		if !labelValues {
 			if len(v) > maxAnnotationLen {
-				return &FieldError{field + "." + shorten(k), shorten(v), fmt.Sprintf("longer than %d characters", maxAnnotationLen)}
+				return &FieldError{Field: field + "." + fielderr.Shorten(k), Value: fielderr.Shorten(v), Limit: fmt.Sprintf("longer than %d characters", maxAnnotationLen)}
 			}
 			continue
 		}
 		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
-			return &FieldError{field + "." + shorten(k), shorten(v), "is not a label value: " + errs[0]}
+			return &FieldError{Field: field + "." + fielderr.Shorten(k), Value: fielderr.Shorten(v), Limit: "is not a label value: " + errs[0]}
 		}
 	}
 	return nil
@@ -178,18 +181,10 @@ func validateLabels(field string, labels map[string]string, labelValues bool) er
 // maxAnnotationLen bounds a server label's value.
 const maxAnnotationLen = 1024
 
-// shorten keeps error messages readable when a value is huge.
-func shorten(s string) string {
-	if len(s) > 40 {
-		return s[:40] + "..."
-	}
-	return s
-}
-
 // validateNamespace accepts Kubernetes namespace names (DNS-1123 labels).
 func validateNamespace(ns string) error {
 	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-		return &FieldError{"namespace", shorten(ns), "is not a namespace name: " + errs[0]}
+		return &FieldError{Field: "namespace", Value: fielderr.Shorten(ns), Limit: "is not a namespace name: " + errs[0]}
 	}
 	return nil
 }
@@ -206,14 +201,14 @@ func ParseGPUMemory(s string) (int64, error) {
 func ParseQuantity(field, s string, min, max int64, milli bool) (int64, error) {
 	q, err := resource.ParseQuantity(s)
 	if err != nil {
-		return 0, &FieldError{field, shorten(s), "is not a quantity (e.g. 500m, 2, 8000M or 16Gi)"}
+		return 0, &FieldError{Field: field, Value: fielderr.Shorten(s), Limit: "is not a quantity (e.g. 500m, 2, 8000M or 16Gi)"}
 	}
 	lo, hi := resource.NewQuantity(min, resource.BinarySI), resource.NewQuantity(max, resource.BinarySI)
 	if milli {
 		lo, hi = resource.NewMilliQuantity(min, resource.DecimalSI), resource.NewMilliQuantity(max, resource.DecimalSI)
 	}
 	if q.Cmp(*lo) < 0 || q.Cmp(*hi) > 0 {
-		return 0, &FieldError{field, s, "out of range " + lo.String() + ".." + hi.String()}
+		return 0, &FieldError{Field: field, Value: s, Limit: "out of range " + lo.String() + ".." + hi.String()}
 	}
 	if milli {
 		return q.MilliValue(), nil

@@ -8,6 +8,8 @@ import (
 
 	"github.com/cockroachdb/datadriven"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // TestScenarios replays the scenario files in testdata/: each command
@@ -83,13 +85,13 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		*s = *newScenario(t, arg("policy", "best-fit"))
 		return "ok"
 	case "server":
-		srv := Server{Name: arg("name", ""), CPUMilli: num("cpu", 0), MemoryBytes: bytes("memory")}
+		srv := inventory.Server{Name: arg("name", ""), CPUMilli: num("cpu", 0), MemoryBytes: bytes("memory")}
 		unhealthy := map[string]bool{}
 		for _, u := range strings.Split(arg("unhealthy", ""), ",") {
 			unhealthy[u] = true
 		}
 		for i := range int(num("gpus", 0)) {
-			srv.GPUs = append(srv.GPUs, GPU{
+			srv.GPUs = append(srv.GPUs, inventory.GPU{
 				Index: i, UUID: fmt.Sprintf("GPU-%s-%d", srv.Name, i), Model: arg("model", "A100"),
 				MemoryBytes: bytes("gpu-memory"), Healthy: !unhealthy[fmt.Sprint(i)],
 			})
@@ -121,7 +123,7 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		}
 		if v := arg("topology", ""); v != "" {
 			var err error
-			if r.Topology, err = ParseLink("topology", v); err != nil {
+			if r.Topology, err = inventory.ParseLink("topology", v); err != nil {
 				d.Fatalf(t, "%v", err)
 			}
 		}
@@ -168,15 +170,15 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 // topology=nvswitch, or topology=pcie with per-switch and
 // switches-per-socket, then nvlink=0-1,2-3 to bridge pairs by NVLink; nil
 // for a server without links.
-func scenarioTopology(t *testing.T, d *datadriven.TestData, gpus int, arg func(key, def string) string, num func(key string, def int64) int64) Topology {
-	var top Topology
+func scenarioTopology(t *testing.T, d *datadriven.TestData, gpus int, arg func(key, def string) string, num func(key string, def int64) int64) inventory.Topology {
+	var top inventory.Topology
 	switch kind := arg("topology", ""); kind {
 	case "":
 		return nil
 	case "nvswitch":
-		top = NVSwitchTopology(gpus)
+		top = inventory.NVSwitchTopology(gpus)
 	case "pcie":
-		top = PCIeTopology(gpus, int(num("per-switch", 2)), int(num("switches-per-socket", 2)))
+		top = inventory.PCIeTopology(gpus, int(num("per-switch", 2)), int(num("switches-per-socket", 2)))
 	default:
 		d.Fatalf(t, "unknown topology %q", kind)
 	}
@@ -188,7 +190,7 @@ func scenarioTopology(t *testing.T, d *datadriven.TestData, gpus int, arg func(k
 		if _, err := fmt.Sscanf(pair, "%d-%d", &i, &j); err != nil {
 			d.Fatalf(t, "nvlink %q: %v", pair, err)
 		}
-		top[i][j], top[j][i] = LinkNVLink, LinkNVLink
+		top[i][j], top[j][i] = inventory.LinkNVLink, inventory.LinkNVLink
 	}
 	return top
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // NVML reads GPUs through NVIDIA's management library. go-nvml loads
@@ -31,7 +31,7 @@ type NVML struct {
 	// source opens them (the links and the device set stay as they are
 	// while the driver runs); nil, with topologyErr saying why, when a
 	// call failed.
-	topology    allocator.Topology
+	topology    inventory.Topology
 	topologyErr error
 	// known keeps each device's identity and error counters from its last
 	// good read: a lost GPU keeps its labels, and a failed read never
@@ -126,10 +126,10 @@ func (*NVML) Name() string { return "nvml" }
 func (s *NVML) TopologyErr() error { return s.topologyErr }
 
 // Inventory is the host's GPUs as they register with the allocator.
-func (s *NVML) Inventory(server string) (allocator.Server, error) {
+func (s *NVML) Inventory(server string) (inventory.Server, error) {
 	r, err := s.Sample(context.Background(), false)
 	if err != nil {
-		return allocator.Server{}, err
+		return inventory.Server{}, err
 	}
 	return Inventory(server, r.GPUs), nil
 }

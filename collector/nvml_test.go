@@ -14,7 +14,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
-	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // nvmlFixture is one GPU's NVML answers as recorded on real hardware.
@@ -177,7 +177,7 @@ func TestNVMLOnRecordedH100(t *testing.T) {
 	}
 	// One GPU has no pair to ask NVML about (the probe recorded no
 	// topology): it reaches only itself.
-	if l := inv.GPUs[0].Links; src.TopologyErr() != nil || !slices.Equal(l, []allocator.Link{allocator.LinkNVLink}) {
+	if l := inv.GPUs[0].Links; src.TopologyErr() != nil || !slices.Equal(l, []inventory.Link{inventory.LinkNVLink}) {
 		t.Errorf("links %v, %v; want itself only", l, src.TopologyErr())
 	}
 	r, _ := src.Sample(context.Background(), true)

@@ -5,7 +5,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // readTopology reads how each pair of devices is linked: NVLink when an
@@ -14,11 +14,11 @@ import (
 // so the source reads them once, when it opens its devices. A failed call
 // leaves the whole topology unknown (nil) and says why: the allocator
 // takes a link for every pair or none.
-func readTopology(devices []nvml.Device) (allocator.Topology, error) {
-	topo := make(allocator.Topology, len(devices))
+func readTopology(devices []nvml.Device) (inventory.Topology, error) {
+	topo := make(inventory.Topology, len(devices))
 	for i := range topo {
-		topo[i] = make([]allocator.Link, len(devices))
-		topo[i][i] = allocator.LinkNVLink
+		topo[i] = make([]inventory.Link, len(devices))
+		topo[i][i] = inventory.LinkNVLink
 	}
 	if len(devices) < 2 {
 		return topo, nil // no pair to ask about
@@ -35,7 +35,7 @@ func readTopology(devices []nvml.Device) (allocator.Topology, error) {
 			}
 			link := pcieLink(level)
 			if nvlinked[i][j] {
-				link = allocator.LinkNVLink
+				link = inventory.LinkNVLink
 			}
 			topo[i][j], topo[j][i] = link, link
 		}
@@ -44,15 +44,15 @@ func readTopology(devices []nvml.Device) (allocator.Topology, error) {
 }
 
 // pcieLink folds NVML's common PCIe ancestor of two GPUs into a Link, as
-// allocator.Link's levels say.
-func pcieLink(level nvml.GpuTopologyLevel) allocator.Link {
+// inventory.Link's levels say.
+func pcieLink(level nvml.GpuTopologyLevel) inventory.Link {
 	switch level {
 	case nvml.TOPOLOGY_INTERNAL, nvml.TOPOLOGY_SINGLE, nvml.TOPOLOGY_MULTIPLE:
-		return allocator.LinkPCIeSwitch
+		return inventory.LinkPCIeSwitch
 	case nvml.TOPOLOGY_HOSTBRIDGE, nvml.TOPOLOGY_NODE:
-		return allocator.LinkSocket
+		return inventory.LinkSocket
 	}
-	return allocator.LinkAny
+	return inventory.LinkAny
 }
 
 // pciAddress is where a device sits on the PCI bus (GPUs are function 0).

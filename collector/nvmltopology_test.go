@@ -11,7 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
-	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // nvmlServerFixture is a server's NVML answers: its GPUs, and the common
@@ -68,8 +68,8 @@ func openMockServer(t *testing.T, devices []*mock.Device) *NVML {
 	return src
 }
 
-func inventoryLinks(inv allocator.Server) allocator.Topology {
-	var out allocator.Topology
+func inventoryLinks(inv inventory.Server) inventory.Topology {
+	var out inventory.Topology
 	for _, g := range inv.GPUs {
 		out = append(out, g.Links)
 	}
@@ -78,9 +78,9 @@ func inventoryLinks(inv allocator.Server) allocator.Topology {
 
 // pcieWithBridge is the PCIe server's topology with GPUs 0 and 1 joined by
 // an NVLink bridge.
-func pcieWithBridge() allocator.Topology {
-	t := allocator.PCIeTopology(8, 2, 2)
-	t[0][1], t[1][0] = allocator.LinkNVLink, allocator.LinkNVLink
+func pcieWithBridge() inventory.Topology {
+	t := inventory.PCIeTopology(8, 2, 2)
+	t[0][1], t[1][0] = inventory.LinkNVLink, inventory.LinkNVLink
 	return t
 }
 
@@ -94,10 +94,10 @@ func TestNVMLTopologyOfRecordedServers(t *testing.T) {
 		name    string
 		fixture string
 		change  func([]*mock.Device)
-		want    allocator.Topology
+		want    inventory.Topology
 	}{
-		{"HGX H100", "testdata/nvml-hgx-h100.json", nil, allocator.NVSwitchTopology(8)},
-		{"PCIe L40S", "testdata/nvml-pcie-l40s.json", nil, allocator.PCIeTopology(8, 2, 2)},
+		{"HGX H100", "testdata/nvml-hgx-h100.json", nil, inventory.NVSwitchTopology(8)},
+		{"PCIe L40S", "testdata/nvml-pcie-l40s.json", nil, inventory.PCIeTopology(8, 2, 2)},
 		{"PCIe, GPUs 0 and 1 bridged, GPU 2 bridged to a GPU this source does not see", "testdata/nvml-pcie-l40s.json", func(d []*mock.Device) {
 			bridge := func(dev *mock.Device, peer string) {
 				dev.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
@@ -149,7 +149,7 @@ func TestNVMLTopologyReadOnce(t *testing.T) {
 	opened := calls()
 	for range 3 {
 		inv, err := src.Inventory("gpu-1")
-		if got := inventoryLinks(inv); err != nil || !reflect.DeepEqual(got, allocator.NVSwitchTopology(8)) {
+		if got := inventoryLinks(inv); err != nil || !reflect.DeepEqual(got, inventory.NVSwitchTopology(8)) {
 			t.Fatalf("round's links = %v, %v", got, err)
 		}
 	}
@@ -197,7 +197,7 @@ func TestNVMLTopologyFailureLeavesLinksUnknown(t *testing.T) {
 			}
 		}
 		inv, err := src.Inventory("gpu-1")
-		if err != nil || len(inv.GPUs) != 8 || slices.ContainsFunc(inv.GPUs, func(g allocator.GPU) bool { return g.Links != nil }) {
+		if err != nil || len(inv.GPUs) != 8 || slices.ContainsFunc(inv.GPUs, func(g inventory.GPU) bool { return g.Links != nil }) {
 			t.Errorf("%s: inventory %+v, %v; want 8 GPUs without links", tc.name, inv.GPUs, err)
 		}
 	}
@@ -212,8 +212,8 @@ func TestInventoryLinksOfTheGPUsItKeeps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	full := allocator.PCIeTopology(8, 2, 2)
-	var want allocator.Topology
+	full := inventory.PCIeTopology(8, 2, 2)
+	var want inventory.Topology
 	for i, row := range full {
 		if i != 3 {
 			want = append(want, slices.Delete(slices.Clone(row), 3, 4))

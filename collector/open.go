@@ -11,7 +11,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // The GPU sources Open opens, by the name --source gives them.
@@ -45,7 +45,7 @@ type SourceConfig struct {
 	// Simulated opens the simulated GPUs and the host as it registers
 	// with them: they are a Source of package fakegpu, which imports this
 	// one, so the caller opens them.
-	Simulated func() (Source, allocator.Server, error)
+	Simulated func() (Source, inventory.Server, error)
 	// Log says why the nvml source knows no links, and that the dcgm
 	// source waits for its exporter.
 	Log *slog.Logger
@@ -56,7 +56,7 @@ type Opened struct {
 	Source Source
 	// Inventory is the host's GPUs, as the source read them when it
 	// opened, and its CPU.
-	Inventory allocator.Server
+	Inventory inventory.Server
 
 	close func()
 }

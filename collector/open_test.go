@@ -16,7 +16,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
-	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // TestOpenDCGMWaitsForGPUs: the dcgm source waits, saying so, while its
@@ -98,14 +98,14 @@ func TestOpenNVML(t *testing.T) {
 func TestOpenSimulated(t *testing.T) {
 	src := sourceFunc(func(bool) []GPU { return nil })
 	o, err := Open(context.Background(), SourceConfig{Kind: SourceSimulated, CPUMilli: 16000,
-		Simulated: func() (Source, allocator.Server, error) { return src, allocator.Server{Name: "sim"}, nil }})
+		Simulated: func() (Source, inventory.Server, error) { return src, inventory.Server{Name: "sim"}, nil }})
 	if err != nil || o.Source == nil || o.Inventory.Name != "sim" || o.Inventory.CPUMilli != 16000 {
 		t.Fatalf("Open = %+v, %v; want the caller's source and sim with 16000m CPU", o, err)
 	}
 	o.Close()
 	failed := errors.New("no device dir")
 	if _, err := Open(context.Background(), SourceConfig{Kind: SourceSimulated,
-		Simulated: func() (Source, allocator.Server, error) { return nil, allocator.Server{}, failed }}); !errors.Is(err, failed) {
+		Simulated: func() (Source, inventory.Server, error) { return nil, inventory.Server{}, failed }}); !errors.Is(err, failed) {
 		t.Errorf("a failing opener: %v", err)
 	}
 }

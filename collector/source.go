@@ -10,7 +10,7 @@ import (
 	"context"
 	"math"
 
-	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // Source is one place telemetry comes from.
@@ -43,7 +43,7 @@ type GPU struct {
 	MIG bool
 	// Links[j] is how this GPU reaches the GPU at position j of the same
 	// reading (itself as LinkNVLink); nil when the source does not know.
-	Links []allocator.Link
+	Links []inventory.Link
 	// MemoryBytes is the GPU's memory, 0 when the round did not read it;
 	// MemoryUsedBytes means something only when MemoryBytes is set.
 	MemoryBytes     int64
@@ -81,22 +81,22 @@ type Process struct {
 // recovers), and one whose identity is unknown is left out, and so are the
 // other GPUs' links to it. The GPUs carry their links only when every GPU
 // of the reading does: the allocator takes a topology whole or not at all.
-func Inventory(server string, gpus []GPU) allocator.Server {
-	srv := allocator.Server{Name: server}
+func Inventory(server string, gpus []GPU) inventory.Server {
+	srv := inventory.Server{Name: server}
 	var kept []int // the positions in gpus of srv.GPUs
 	for i, g := range gpus {
 		if g.UUID == "" {
 			continue
 		}
 		kept = append(kept, i)
-		srv.GPUs = append(srv.GPUs, allocator.GPU{Index: len(srv.GPUs), UUID: g.UUID, Model: g.Model,
+		srv.GPUs = append(srv.GPUs, inventory.GPU{Index: len(srv.GPUs), UUID: g.UUID, Model: g.Model,
 			MemoryBytes: g.MemoryBytes, Healthy: g.Healthy && g.Err == nil})
 	}
 	if !linksKnown(gpus) {
 		return srv
 	}
 	for k, i := range kept {
-		links := make([]allocator.Link, len(kept))
+		links := make([]inventory.Link, len(kept))
 		for m, j := range kept {
 			links[m] = gpus[i].Links[j]
 		}

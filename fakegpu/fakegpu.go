@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // Source is a host of GPUs whose use follows the leases placed on them:
@@ -31,7 +32,7 @@ type Source struct {
 	GPUs   []GPU
 	// Topology is how the GPUs link to each other (ParseTopology),
 	// a row per GPU; nil when unknown.
-	Topology allocator.Topology
+	Topology inventory.Topology
 	// Leases returns the leases on this server, nil while they are not
 	// known (the daemon has not fetched them yet): the GPUs' use follows
 	// from the leases, so until then it is unknown, not idle.
@@ -98,10 +99,10 @@ var unknown = math.NaN()
 func (s *Source) UUID(i int) string { return fmt.Sprintf("GPU-sim-%s-%d", s.Server, i) }
 
 // Inventory is the server as it registers with the allocator.
-func (s *Source) Inventory(cpuMilli, memoryBytes int64, labels map[string]string) allocator.Server {
-	srv := allocator.Server{Name: s.Server, CPUMilli: cpuMilli, MemoryBytes: memoryBytes, Labels: labels}
+func (s *Source) Inventory(cpuMilli, memoryBytes int64, labels map[string]string) inventory.Server {
+	srv := inventory.Server{Name: s.Server, CPUMilli: cpuMilli, MemoryBytes: memoryBytes, Labels: labels}
 	for i, g := range s.GPUs {
-		srv.GPUs = append(srv.GPUs, allocator.GPU{Index: i, UUID: s.UUID(i), Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: true})
+		srv.GPUs = append(srv.GPUs, inventory.GPU{Index: i, UUID: s.UUID(i), Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: true})
 	}
 	if s.Topology != nil {
 		srv.SetTopology(s.Topology)
@@ -349,12 +350,12 @@ const Topologies = "nvswitch, pcie, none"
 // GPUs behind each PCIe switch and two switches per CPU socket, in GPU
 // order: GPUs 0-3 on the first socket, 4-7 on the next, and so on), or
 // none (unknown, nil).
-func ParseTopology(name string, n int) (allocator.Topology, error) {
+func ParseTopology(name string, n int) (inventory.Topology, error) {
 	switch name {
 	case "nvswitch":
-		return allocator.NVSwitchTopology(n), nil
+		return inventory.NVSwitchTopology(n), nil
 	case "pcie":
-		return allocator.PCIeTopology(n, 2, 2), nil
+		return inventory.PCIeTopology(n, 2, 2), nil
 	case "none":
 		return nil, nil
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // readings are the per-GPU series that carry a measurement.
@@ -105,12 +106,12 @@ func TestBeforeLeasesAreKnown(t *testing.T) {
 func TestTopologies(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		pairs map[[2]int]allocator.Link
+		pairs map[[2]int]inventory.Link
 		known string
 	}{
-		{"nvswitch", map[[2]int]allocator.Link{{0, 1}: allocator.LinkNVLink, {0, 7}: allocator.LinkNVLink, {3, 4}: allocator.LinkNVLink}, "1"},
-		{"pcie", map[[2]int]allocator.Link{{0, 1}: allocator.LinkPCIeSwitch, {6, 7}: allocator.LinkPCIeSwitch, {1, 2}: allocator.LinkSocket,
-			{4, 7}: allocator.LinkSocket, {3, 4}: allocator.LinkAny, {0, 7}: allocator.LinkAny}, "1"},
+		{"nvswitch", map[[2]int]inventory.Link{{0, 1}: inventory.LinkNVLink, {0, 7}: inventory.LinkNVLink, {3, 4}: inventory.LinkNVLink}, "1"},
+		{"pcie", map[[2]int]inventory.Link{{0, 1}: inventory.LinkPCIeSwitch, {6, 7}: inventory.LinkPCIeSwitch, {1, 2}: inventory.LinkSocket,
+			{4, 7}: inventory.LinkSocket, {3, 4}: inventory.LinkAny, {0, 7}: inventory.LinkAny}, "1"},
 		{"none", nil, "0"},
 	} {
 		topo, err := ParseTopology(tc.name, 8)

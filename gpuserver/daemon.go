@@ -23,12 +23,13 @@ import (
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/collector"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // Config configures a Daemon.
 type Config struct {
 	// Inventory is the server as it registers: name, GPUs, CPU, memory, labels.
-	Inventory allocator.Server
+	Inventory inventory.Server
 	Client    *client.Client
 	// AllocatorURLs are the allocator's replicas, where a process report is
 	// checked with the reporter's own token.
@@ -263,7 +264,7 @@ func (d *Daemon) Run(ctx context.Context) {
 
 func (d *Daemon) register(ctx context.Context) bool {
 	inv := d.cfg.Inventory
-	inv.GPUs = append([]allocator.GPU(nil), inv.GPUs...)
+	inv.GPUs = append([]inventory.GPU(nil), inv.GPUs...)
 	health := d.health()
 	for i := range inv.GPUs {
 		if h, ok := health[inv.GPUs[i].UUID]; ok {

@@ -17,6 +17,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/fakegpu"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // leasesServer is an allocator that answers GET /v1/leases with leases.
@@ -163,7 +164,7 @@ func TestProcessesReadBeforeALeaseCannotShowItIdle(t *testing.T) {
 	src := &gatedSource{started: make(chan struct{}), release: make(chan struct{}),
 		procs: []collector.Process{{PID: 9000, MemoryUsedBytes: 1 << 30, SMUtilization: 0.1}}} // nobody's
 	sampler := collector.NewSampler(src, time.Second, 5, nil)
-	d := New(Config{Inventory: allocator.Server{Name: "gpu-a"}, Client: leasesServer(t, lease), Samplers: []*collector.Sampler{sampler}})
+	d := New(Config{Inventory: inventory.Server{Name: "gpu-a"}, Client: leasesServer(t, lease), Samplers: []*collector.Sampler{sampler}})
 	reg := Registry(d)
 	ctx := context.Background()
 
@@ -210,7 +211,7 @@ func TestLeaseWithoutAttributionHasNoData(t *testing.T) {
 	src := &fixedSource{gpus: []collector.GPU{{Index: 0, UUID: "GPU-0", Model: "H100", MemoryBytes: 80 << 30, Healthy: true,
 		Processes: []collector.Process{{PID: 7000, MemoryUsedBytes: 1 << 30, SMUtilization: 0.1}}}}}
 	sampler := collector.NewSampler(src, time.Second, 1, nil)
-	d := New(Config{Inventory: allocator.Server{Name: "gpu-a"}, Client: leasesServer(t, lease), Samplers: []*collector.Sampler{sampler}})
+	d := New(Config{Inventory: inventory.Server{Name: "gpu-a"}, Client: leasesServer(t, lease), Samplers: []*collector.Sampler{sampler}})
 	reg := Registry(d)
 	ctx := context.Background()
 	d.refreshLeases(ctx)

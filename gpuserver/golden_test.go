@@ -9,6 +9,7 @@ import (
 	"github.com/gpupool/gpupool/fakegpu"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 	"github.com/gpupool/gpupool/internal/metricstest"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // goldenHost is a daemon on two simulated GPUs with two leases, at a
@@ -18,7 +19,7 @@ func goldenHost(t testing.TB) *Host {
 	now := time.Unix(1.8e9, 0)
 	sim := &fakegpu.Source{Server: "gpu-a", Seed: 7,
 		GPUs:     []fakegpu.GPU{{Model: "H100", MemoryBytes: 80 << 30}, {Model: "H100", MemoryBytes: 80 << 30}},
-		Topology: allocator.NVSwitchTopology(2),
+		Topology: inventory.NVSwitchTopology(2),
 	}
 	h, err := NewHost(HostConfig{
 		Config: Config{Inventory: sim.Inventory(0, 0, nil), LabelAllowlist: []string{"app"}, Clock: func() time.Time { return now }},

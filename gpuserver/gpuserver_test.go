@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/collector"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 func TestPodUIDFromCgroup(t *testing.T) {
@@ -61,7 +62,7 @@ func TestLeaseAttribution(t *testing.T) {
 	sampler := collector.NewSampler(src, time.Second, 1, nil)
 	sampler.Round(context.Background())
 	d := New(Config{
-		Inventory: allocator.Server{Name: "gpu-a"}, Samplers: []*collector.Sampler{sampler},
+		Inventory: inventory.Server{Name: "gpu-a"}, Samplers: []*collector.Sampler{sampler},
 		LabelAllowlist: []string{"app"}, Parent: ProcParent("testdata/proc"),
 		PodOf: func(pid int) string { return PodUID("testdata/proc", pid) },
 	})

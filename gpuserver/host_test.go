@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/fakegpu"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // The simulated GPUs follow the daemon that samples them; NewHost knows
@@ -62,7 +62,7 @@ func TestHostRunsOnItsClock(t *testing.T) {
 func TestHostReadsProcAndSys(t *testing.T) {
 	var logged bytes.Buffer
 	h, err := NewHost(HostConfig{
-		Config: Config{Inventory: allocator.Server{Name: "gpu-a"}, Log: slog.New(slog.NewTextHandler(&logged, nil))},
+		Config: Config{Inventory: inventory.Server{Name: "gpu-a"}, Log: slog.New(slog.NewTextHandler(&logged, nil))},
 		Source: &fixedSource{}, Interval: time.Second, Proc: "testdata/proc", Sysfs: t.TempDir(),
 	})
 	if err != nil {
@@ -83,7 +83,7 @@ func TestHostReadsProcAndSys(t *testing.T) {
 // host, which returns the failure.
 func TestHostStopsWhenAServerFails(t *testing.T) {
 	h, err := NewHost(HostConfig{
-		Config: Config{Inventory: allocator.Server{Name: "gpu-a"}, Client: leasesServer(t), Heartbeat: time.Hour, Log: slog.New(slog.DiscardHandler)},
+		Config: Config{Inventory: inventory.Server{Name: "gpu-a"}, Client: leasesServer(t), Heartbeat: time.Hour, Log: slog.New(slog.DiscardHandler)},
 		Source: &fixedSource{}, Interval: time.Hour,
 	})
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/collector"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // TestProcStartTime reads field 22 of stat, counted after the command
@@ -73,7 +74,7 @@ func TestReusedPIDIsNotAttributed(t *testing.T) {
 	sampler := collector.NewSampler(src, time.Second, 1, nil)
 	sampler.Round(context.Background())
 	starts := &fakeStarts{starts: map[int]uint64{5000: 100}}
-	d := New(Config{Inventory: allocator.Server{Name: "gpu-a"}, Samplers: []*collector.Sampler{sampler}, StartTime: starts.get})
+	d := New(Config{Inventory: inventory.Server{Name: "gpu-a"}, Samplers: []*collector.Sampler{sampler}, StartTime: starts.get})
 	lease := allocator.Lease{ID: "lease-000001", Namespace: "ml", Server: "gpu-a", GPUs: []allocator.LeaseGPU{{Index: 0, Share: 1000, MemoryBytes: 80 << 30}}}
 	d.mu.Lock()
 	d.setLeases([]allocator.Lease{lease})
@@ -205,7 +206,7 @@ func TestNoUnattributedCountBeforeTheLeases(t *testing.T) {
 	}}}
 	sampler := collector.NewSampler(src, time.Second, 1, nil)
 	sampler.Round(context.Background())
-	d := New(Config{Inventory: allocator.Server{Name: "gpu-a"}, Samplers: []*collector.Sampler{sampler}})
+	d := New(Config{Inventory: inventory.Server{Name: "gpu-a"}, Samplers: []*collector.Sampler{sampler}})
 	reg := prometheus.NewRegistry()
 	leases := NewLeaseCollector(d)
 	reg.MustRegister(leases)

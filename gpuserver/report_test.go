@@ -27,6 +27,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // leaseAllocator answers GET /v1/leases/{id} and GET /v1/leases as the
@@ -104,7 +105,7 @@ func newReportRig(t testing.TB, alloc *leaseAllocator, edit func(*Config)) *repo
 		t.Fatal(err)
 	}
 	cfg := Config{
-		Inventory: allocator.Server{Name: "gpu-a"}, Client: cl, AllocatorURLs: []string{as.URL},
+		Inventory: inventory.Server{Name: "gpu-a"}, Client: cl, AllocatorURLs: []string{as.URL},
 		Parent: ProcParent("/proc"), StartTime: ProcStartTime("/proc"), Log: slog.New(slog.DiscardHandler),
 	}
 	if edit != nil {
@@ -356,7 +357,7 @@ func TestProcessReportErrors(t *testing.T) {
 // TestTCPHandlerTakesNoProcessReports: the TCP port, which any local or
 // remote process reaches without telling who it is, takes no reports.
 func TestTCPHandlerTakesNoProcessReports(t *testing.T) {
-	d := New(Config{Inventory: allocator.Server{Name: "gpu-a"}})
+	d := New(Config{Inventory: inventory.Server{Name: "gpu-a"}})
 	srv := httptest.NewServer(Handler(d, prometheus.NewRegistry()))
 	defer srv.Close()
 	resp, err := http.Post(srv.URL+"/v1/processes", "application/json", strings.NewReader(`{"pid":4242,"lease":"lease-000001"}`))

@@ -11,11 +11,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/allocator/service"
 	"github.com/gpupool/gpupool/allocator/store"
 	"github.com/gpupool/gpupool/fakegpu"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // TestDaemonRegistersTheGPULinks: the daemon registers its GPUs' links with
@@ -60,11 +60,11 @@ func TestDaemonRegistersTheGPULinks(t *testing.T) {
 	host.Sampler.Round(ctx) // the daemon vouches for GPUs it has read
 	go host.Daemon.Run(ctx)
 
-	want := allocator.Topology{
-		{allocator.LinkNVLink, allocator.LinkPCIeSwitch, allocator.LinkSocket, allocator.LinkSocket},
-		{allocator.LinkPCIeSwitch, allocator.LinkNVLink, allocator.LinkSocket, allocator.LinkSocket},
-		{allocator.LinkSocket, allocator.LinkSocket, allocator.LinkNVLink, allocator.LinkPCIeSwitch},
-		{allocator.LinkSocket, allocator.LinkSocket, allocator.LinkPCIeSwitch, allocator.LinkNVLink},
+	want := inventory.Topology{
+		{inventory.LinkNVLink, inventory.LinkPCIeSwitch, inventory.LinkSocket, inventory.LinkSocket},
+		{inventory.LinkPCIeSwitch, inventory.LinkNVLink, inventory.LinkSocket, inventory.LinkSocket},
+		{inventory.LinkSocket, inventory.LinkSocket, inventory.LinkNVLink, inventory.LinkPCIeSwitch},
+		{inventory.LinkSocket, inventory.LinkSocket, inventory.LinkPCIeSwitch, inventory.LinkNVLink},
 	}
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		state, err := st.Load(ctx)
@@ -72,7 +72,7 @@ func TestDaemonRegistersTheGPULinks(t *testing.T) {
 			t.Fatal(err)
 		}
 		if len(state.Servers) == 1 {
-			var got allocator.Topology
+			var got inventory.Topology
 			for _, g := range state.Servers[0].GPUs {
 				got = append(got, g.Links)
 			}

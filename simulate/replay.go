@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // Protocol constants of the FGD paper's experiments.
@@ -23,7 +24,7 @@ const (
 
 // Trace is a cluster and the pods that arrive on it.
 type Trace struct {
-	Servers []allocator.Server
+	Servers []inventory.Server
 	Pods    []Pod
 	// Exclusive gives every GPU pod whole GPUs, its ask rounded up, as a
 	// cluster that does not share GPUs (the device plugin's nvidia.com/gpu)
@@ -47,7 +48,7 @@ type Result struct {
 	// MultiGPU counts the multi-GPU pods placed by the link all their
 	// GPUs have on the servers' SimulatedTopology, whether placement saw
 	// it or not.
-	MultiGPU [allocator.LinkNVLink + 1]int
+	MultiGPU [inventory.LinkNVLink + 1]int
 	// AtFullArrival is the cluster after the first arrival that brings the
 	// GPU share asked to 100% of capacity; zero if none does.
 	AtFullArrival Occupancy
@@ -140,7 +141,7 @@ type replayer struct {
 	policy    allocator.Policy
 	// linked is each server with its SimulatedTopology, which the replay
 	// measures placements by.
-	linked []allocator.Server
+	linked []inventory.Server
 }
 
 // newReplayer builds tr's cluster and the policy, which expects the task
@@ -371,8 +372,8 @@ func Summarize(results []Result) []Summary {
 		s.UnallocatedAt130 += Value(r.UnallocatedPct[130])
 		s.FragmentationAt90 += Value(r.FragmentationPct[fragLevel])
 		s.DecisionsPerSec += Value(float64(r.Decisions) / r.PlaceTime.Seconds())
-		s.WellLinkedPct += Value(r.multiGPUPct(allocator.LinkPCIeSwitch))
-		s.OneSocketPct += Value(r.multiGPUPct(allocator.LinkSocket))
+		s.WellLinkedPct += Value(r.multiGPUPct(inventory.LinkPCIeSwitch))
+		s.OneSocketPct += Value(r.multiGPUPct(inventory.LinkSocket))
 		s.PodsArrivedAt100 += Value(r.AtFullArrival.Arrived)
 		s.PodsPlacedAt100 += Value(r.AtFullArrival.Placed)
 		s.BusyGPUsAt100 += Value(r.AtFullArrival.BusyGPUs)
@@ -392,11 +393,11 @@ func Summarize(results []Result) []Summary {
 
 // multiGPUPct is the share of the multi-GPU pods placed whose GPUs are
 // all linked by at or better.
-func (r *Result) multiGPUPct(at allocator.Link) float64 {
+func (r *Result) multiGPUPct(at inventory.Link) float64 {
 	placed, linked := 0, 0
 	for l, n := range r.MultiGPU {
 		placed += n
-		if allocator.Link(l) >= at {
+		if inventory.Link(l) >= at {
 			linked += n
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 func loadTrace(t testing.TB, pods string) *Trace {
@@ -67,7 +68,7 @@ func TestReadNodesRejectsBadRows(t *testing.T) {
 // the arrival limit; the replay must still end.
 func TestReplayEndsWithoutGPUPods(t *testing.T) {
 	tr := &Trace{
-		Servers: []allocator.Server{{Name: "n", CPUMilli: 8000, GPUs: []allocator.GPU{{Model: "T4", Healthy: true}}}},
+		Servers: []inventory.Server{{Name: "n", CPUMilli: 8000, GPUs: []inventory.GPU{{Model: "T4", Healthy: true}}}},
 		Pods:    []Pod{{Name: "cpu-only", CPUMilli: 1000}},
 	}
 	r, err := Replay(tr, "fgd", 1)
@@ -77,24 +78,24 @@ func TestReplayEndsWithoutGPUPods(t *testing.T) {
 }
 
 func TestSimulatedTopology(t *testing.T) {
-	server := func(model string, gpus int) *allocator.Server {
-		s := &allocator.Server{Name: "n"}
+	server := func(model string, gpus int) *inventory.Server {
+		s := &inventory.Server{Name: "n"}
 		for i := range gpus {
-			s.GPUs = append(s.GPUs, allocator.GPU{Index: i, Model: model})
+			s.GPUs = append(s.GPUs, inventory.GPU{Index: i, Model: model})
 		}
 		return s
 	}
 	v100 := server("V100M32", 8)
 	v100.SetTopology(SimulatedTopology(v100))
-	if got := v100.LinkOf([]int{0, 1, 2, 3, 4, 5, 6, 7}); got != allocator.LinkNVLink {
+	if got := v100.LinkOf([]int{0, 1, 2, 3, 4, 5, 6, 7}); got != inventory.LinkNVLink {
 		t.Errorf("an 8-GPU V100 server links all its GPUs by %s, want nvlink", got)
 	}
 	g2 := server("G2", 8)
 	g2.SetTopology(SimulatedTopology(g2))
 	for _, tc := range []struct {
 		gpus []int
-		want allocator.Link
-	}{{[]int{0, 1}, allocator.LinkPCIeSwitch}, {[]int{0, 1, 2, 3}, allocator.LinkSocket}, {[]int{3, 4}, allocator.LinkAny}} {
+		want inventory.Link
+	}{{[]int{0, 1}, inventory.LinkPCIeSwitch}, {[]int{0, 1, 2, 3}, inventory.LinkSocket}, {[]int{3, 4}, inventory.LinkAny}} {
 		if got := g2.LinkOf(tc.gpus); got != tc.want {
 			t.Errorf("G2 GPUs %v are linked by %s, want %s", tc.gpus, got, tc.want)
 		}
@@ -107,8 +108,8 @@ func TestSimulatedTopology(t *testing.T) {
 // pods arriving.
 func TestReplayExclusiveGivesWholeGPUs(t *testing.T) {
 	tr := &Trace{
-		Servers: []allocator.Server{{Name: "n", CPUMilli: 8000, MemoryBytes: 1 << 30,
-			GPUs: []allocator.GPU{{Model: "T4", Healthy: true}, {Index: 1, Model: "T4", Healthy: true}}}},
+		Servers: []inventory.Server{{Name: "n", CPUMilli: 8000, MemoryBytes: 1 << 30,
+			GPUs: []inventory.GPU{{Model: "T4", Healthy: true}, {Index: 1, Model: "T4", Healthy: true}}}},
 		Pods: []Pod{{Name: "a", GPUs: 1, PerGPU: allocator.WholeGPU / 2}, {Name: "b", GPUs: 1, PerGPU: allocator.WholeGPU / 2},
 			{Name: "h100", GPUs: 1, PerGPU: allocator.WholeGPU, Models: []string{"H100"}}},
 	}

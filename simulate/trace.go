@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // Traces holds the Alibaba OpenB traces (cluster-trace-gpu-v2023) so that
@@ -98,10 +99,10 @@ func readFile(name string, read func(io.Reader) error) error {
 }
 
 // ReadNodes reads an OpenB node list (sn,cpu_milli,memory_mib,gpu,model).
-func ReadNodes(r io.Reader) ([]allocator.Server, error) {
-	var servers []allocator.Server
+func ReadNodes(r io.Reader) ([]inventory.Server, error) {
+	var servers []inventory.Server
 	err := readCSV(r, []string{"sn", "cpu_milli", "memory_mib", "gpu", "model"}, func(row rowReader) error {
-		s := allocator.Server{Name: row.str("sn"), CPUMilli: row.int("cpu_milli"), MemoryBytes: row.int("memory_mib") * mib}
+		s := inventory.Server{Name: row.str("sn"), CPUMilli: row.int("cpu_milli"), MemoryBytes: row.int("memory_mib") * mib}
 		gpus, model := row.int("gpu"), row.str("model")
 		switch {
 		case row.err != nil:
@@ -114,7 +115,7 @@ func ReadNodes(r io.Reader) ([]allocator.Server, error) {
 			return fmt.Errorf("cpu_milli %d and memory_mib %d must be at least 0", s.CPUMilli, s.MemoryBytes/mib)
 		}
 		for i := range int(gpus) {
-			s.GPUs = append(s.GPUs, allocator.GPU{
+			s.GPUs = append(s.GPUs, inventory.GPU{
 				Index: i, UUID: fmt.Sprintf("%s-gpu%d", s.Name, i), Model: model, Healthy: true,
 			})
 		}

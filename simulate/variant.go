@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // Variant derives a workload from a pod list: it sets the share of the GPU
@@ -175,7 +176,7 @@ func classOf(p *Pod) podClass {
 //
 // The seed is the derivation's own: the replay's seeds order arrivals and
 // break ties, and a variant is the same pods for every one of them.
-func (v Variant) Derive(pods []Pod, nodes []allocator.Server, seed uint64) ([]Pod, error) {
+func (v Variant) Derive(pods []Pod, nodes []inventory.Server, seed uint64) ([]Pod, error) {
 	out := slices.Clone(pods)
 	rng := rand.New(rand.NewPCG(seed, variantStream))
 	var gpuPods []int
@@ -287,7 +288,7 @@ func readPods(name string) (pods []Pod, err error) {
 
 // setModels removes constraints from, or adds them to, GPU pods drawn at
 // random until pct% of them name GPU models.
-func setModels(pods []Pod, gpuPods []int, nodes []allocator.Server, pct float64, rng *rand.Rand) error {
+func setModels(pods []Pod, gpuPods []int, nodes []inventory.Server, pct float64, rng *rand.Rand) error {
 	var named, free []int
 	for _, i := range gpuPods {
 		if len(pods[i].Models) > 0 {
@@ -349,7 +350,7 @@ func (h host) holds(p *Pod) bool {
 
 // modelMix reads the gpu_spec mix of the embedded gpuspec10 list, each spec
 // with the distinct hosts nodes offer it.
-func modelMix(nodes []allocator.Server) (specMix, error) {
+func modelMix(nodes []inventory.Server) (specMix, error) {
 	pods, err := readPods(GPUSpec10Pods)
 	if err != nil {
 		return nil, err

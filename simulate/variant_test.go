@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 func pct(p float64) *float64 { return &p }
@@ -226,7 +227,7 @@ func TestVariantRefusesWhatItCannotDerive(t *testing.T) {
 		!strings.Contains(err.Error(), "3078 fractional and 4238 multi-GPU pods of 7064 GPU pods") {
 		t.Errorf("multi-gpu=60%% on the default list: %v", err)
 	}
-	noSpecModel := []allocator.Server{{Name: "h", CPUMilli: 64000, MemoryBytes: 1 << 40, GPUs: []allocator.GPU{{Model: "H100", Healthy: true}}}}
+	noSpecModel := []inventory.Server{{Name: "h", CPUMilli: 64000, MemoryBytes: 1 << 40, GPUs: []inventory.GPU{{Model: "H100", Healthy: true}}}}
 	if _, err := (Variant{ModelsPct: pct(10)}).Derive(tr.Pods, noSpecModel, 1); err == nil ||
 		!strings.Contains(err.Error(), "no gpu_spec of "+GPUSpec10Pods+" can be satisfied") {
 		t.Errorf("models=10%% on H100 servers only: %v", err)

@@ -33,6 +33,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/internal/jsonscan"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // AcquireRequest asks for a lease, in the units users write in pod specs.
@@ -141,7 +142,7 @@ func (a *AcquireRequest) Parse() (allocator.Request, time.Duration, error) {
 		}
 	}
 	if a.Topology != "" {
-		if r.Topology, err = allocator.ParseLink("topology", a.Topology); err != nil {
+		if r.Topology, err = inventory.ParseLink("topology", a.Topology); err != nil {
 			return r, 0, err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // FuzzRegisterServer registers arbitrary server bodies, as the allocator
@@ -37,7 +38,7 @@ func FuzzRegisterServer(f *testing.F) {
 		pol, _ := allocator.NewPolicy("best-fit", allocator.PolicyOptions{})
 		p, _ := allocator.NewPool(allocator.PoolConfig{Policy: pol, DefaultTTL: time.Minute, MaxTTL: time.Hour})
 		now := time.Unix(1e9, 0)
-		held := allocator.Server{Name: "held", GPUs: []allocator.GPU{{UUID: "GPU-h", Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}
+		held := inventory.Server{Name: "held", GPUs: []inventory.GPU{{UUID: "GPU-h", Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}
 		if err := p.RegisterServer(held); err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +70,7 @@ func FuzzRegisterServer(f *testing.F) {
 	})
 }
 
-func modelsOf(s *allocator.Server) []string {
+func modelsOf(s *inventory.Server) []string {
 	var out []string
 	for _, g := range s.GPUs {
 		out = append(out, g.Model)

@@ -3,7 +3,7 @@ package api
 import (
 	"maps"
 
-	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // Server is a GPU host as it registers (PUT /v1/servers/{name}).
@@ -26,11 +26,11 @@ type GPU struct {
 	Healthy     bool   `json:"healthy"`
 	// Links[j] is how this GPU reaches gpus[j]: any, socket, pcie-switch
 	// or nvlink; absent when the daemon does not know.
-	Links []allocator.Link `json:"links,omitempty"`
+	Links []inventory.Link `json:"links,omitempty"`
 }
 
 // NewServer is s on the wire.
-func NewServer(s allocator.Server) Server {
+func NewServer(s inventory.Server) Server {
 	w := Server{Name: s.Name, Labels: maps.Clone(s.Labels), CPUMilli: s.CPUMilli, MemoryBytes: s.MemoryBytes, GPUs: []GPU{}}
 	for _, g := range s.GPUs {
 		w.GPUs = append(w.GPUs, GPU(g))
@@ -39,10 +39,10 @@ func NewServer(s allocator.Server) Server {
 }
 
 // Core is the server as the allocator holds it.
-func (s Server) Core() allocator.Server {
-	c := allocator.Server{Name: s.Name, Labels: maps.Clone(s.Labels), CPUMilli: s.CPUMilli, MemoryBytes: s.MemoryBytes}
+func (s Server) Core() inventory.Server {
+	c := inventory.Server{Name: s.Name, Labels: maps.Clone(s.Labels), CPUMilli: s.CPUMilli, MemoryBytes: s.MemoryBytes}
 	for _, g := range s.GPUs {
-		c.GPUs = append(c.GPUs, allocator.GPU(g))
+		c.GPUs = append(c.GPUs, inventory.GPU(g))
 	}
 	return c
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/allocator/store"
 	"github.com/gpupool/gpupool/internal/httpserver"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // TestServerTokensReadTheirServersLeases: a daemon holding the servers
@@ -259,7 +260,7 @@ func TestStoredServerFromBeforeNameChecksStillStarts(t *testing.T) {
 	legacy := gpuServer("GPU_Node1", 1)
 	lease := allocator.Lease{ID: "lease-000001", Namespace: "team-a", Server: legacy.Name, TTL: time.Hour, ExpiresAt: clock.Now().Add(time.Hour),
 		GPUs: []allocator.LeaseGPU{{UUID: legacy.GPUs[0].UUID, Model: "A100", Share: 500, MemoryBytes: 40 << 30}}}
-	if err := st.Apply(context.Background(), []store.Change{{Servers: []allocator.Server{legacy.Core()}, Leases: []allocator.Lease{lease}, NextID: 1}}); err != nil {
+	if err := st.Apply(context.Background(), []store.Change{{Servers: []inventory.Server{legacy.Core()}, Leases: []allocator.Lease{lease}, NextID: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Close(); err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/internal/metricdef"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // The allocator's table: the service builds its series from these rows,
@@ -222,13 +223,13 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 // collectLinks counts the multi-GPU leases by namespace and the link all
 // their GPUs have on their server.
 func (c *poolCollector) collectLinks(ch chan<- prometheus.Metric, servers []allocator.ServerState, leases []allocator.Lease) {
-	byName := make(map[string]*allocator.Server, len(servers))
+	byName := make(map[string]*inventory.Server, len(servers))
 	for i := range servers {
 		byName[servers[i].Server.Name] = &servers[i].Server
 	}
 	type key struct {
 		namespace string
-		link      allocator.Link
+		link      inventory.Link
 	}
 	count := map[key]int{}
 	for _, l := range leases {

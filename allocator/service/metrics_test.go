@@ -11,6 +11,7 @@ import (
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/internal/metricstest"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // TestMetricsGolden exports a known pool and compares the exposition with
@@ -69,7 +70,7 @@ func TestMultiGPULeasesByLink(t *testing.T) {
 	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1.8e9, 0)}, nil)
 	ctx := context.Background()
 	admin := a.client(t, adminToken)
-	for _, s := range []api.Server{linkedServer("linked", allocator.PCIeTopology(4, 2, 1)), gpuServer("plain", 3)} {
+	for _, s := range []api.Server{linkedServer("linked", inventory.PCIeTopology(4, 2, 1)), gpuServer("plain", 3)} {
 		if err := admin.RegisterServer(ctx, s); err != nil {
 			t.Fatal(err)
 		}

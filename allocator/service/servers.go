@@ -9,10 +9,11 @@ import (
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/store"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // RegisterServer adds or updates a GPU server; it counts as a heartbeat.
-func (s *Service) RegisterServer(ctx context.Context, srv allocator.Server) error {
+func (s *Service) RegisterServer(ctx context.Context, srv inventory.Server) error {
 	return s.write(ctx, func(now time.Time) (store.Change, error) {
 		if err := s.pool.RegisterServer(srv); err != nil {
 			return store.Change{}, err
@@ -20,7 +21,7 @@ func (s *Service) RegisterServer(ctx context.Context, srv allocator.Server) erro
 		s.lastSeen[srv.Name] = now
 		_, _ = s.pool.SetSchedulable(srv.Name, true)
 		s.wakeLocked()
-		return store.Change{Servers: []allocator.Server{srv}}, nil
+		return store.Change{Servers: []inventory.Server{srv}}, nil
 	})
 }
 
@@ -57,7 +58,7 @@ func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) 
 			}
 		}
 		s.wakeLocked()
-		return store.Change{Servers: []allocator.Server{srv}}, nil
+		return store.Change{Servers: []inventory.Server{srv}}, nil
 	})
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/allocator/store"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 const (
@@ -108,7 +109,7 @@ func gpuServer(name string, gpus int) api.Server {
 }
 
 // linkedServer is gpuServer with a GPU per row of top, linked by it.
-func linkedServer(name string, top allocator.Topology) api.Server {
+func linkedServer(name string, top inventory.Topology) api.Server {
 	s := gpuServer(name, len(top))
 	for i, links := range top {
 		s.GPUs[i].Links = links
@@ -324,7 +325,7 @@ func TestRequiredLinkQueuesUntilLinkedGPUsFree(t *testing.T) {
 	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, nil)
 	ctx := context.Background()
 	admin := a.client(t, adminToken)
-	if err := admin.RegisterServer(ctx, linkedServer("s1", allocator.PCIeTopology(4, 2, 1))); err != nil {
+	if err := admin.RegisterServer(ctx, linkedServer("s1", inventory.PCIeTopology(4, 2, 1))); err != nil {
 		t.Fatal(err)
 	}
 	var singles []api.Lease

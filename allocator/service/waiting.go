@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // waiter is a request queued for capacity or quota.
@@ -27,7 +28,7 @@ type shape struct {
 	gpus, percent                int
 	gpuBytes, cpuMilli, memBytes int64
 	models                       string
-	link                         allocator.Link
+	link                         inventory.Link
 	own                          *allocator.Request
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // writeStore fills a store in dir with servers and leases, as an allocator
@@ -27,7 +28,7 @@ func writeStore(t *testing.T, dir string) State {
 	ctx := context.Background()
 	for i := range 300 {
 		name := fmt.Sprintf("gpu-%03d", i)
-		c := Change{Servers: []allocator.Server{{Name: name, GPUs: []allocator.GPU{{UUID: "GPU-" + name, Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}},
+		c := Change{Servers: []inventory.Server{{Name: name, GPUs: []inventory.GPU{{UUID: "GPU-" + name, Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}},
 			Leases: []allocator.Lease{{ID: fmt.Sprintf("lease-%06d", i), Namespace: "ml", Server: name,
 				GPUs: []allocator.LeaseGPU{{UUID: "GPU-" + name, Model: "A100", Share: 500}}}},
 			NextID: uint64(i + 1)}
@@ -175,20 +176,20 @@ func freelistPage(data []byte) int {
 // lease asked for survive a restart, so that the restored pool places by
 // the same links and a retry of the request is recognised.
 func TestLinksAndTopologyComeBack(t *testing.T) {
-	srv := allocator.Server{Name: "gpu-1", GPUs: []allocator.GPU{
+	srv := inventory.Server{Name: "gpu-1", GPUs: []inventory.GPU{
 		{Index: 0, UUID: "GPU-a", Model: "A100", Healthy: true},
 		{Index: 1, UUID: "GPU-b", Model: "A100", Healthy: true},
 	}}
-	srv.SetTopology(allocator.PCIeTopology(2, 2, 1))
+	srv.SetTopology(inventory.PCIeTopology(2, 2, 1))
 	lease := allocator.Lease{ID: "lease-000001", Namespace: "ml", Server: "gpu-1",
 		GPUs:    []allocator.LeaseGPU{{Index: 0, UUID: "GPU-a", Model: "A100", Share: allocator.WholeGPU}, {Index: 1, UUID: "GPU-b", Model: "A100", Share: allocator.WholeGPU}},
-		Request: allocator.Request{Namespace: "ml", GPUs: 2, Topology: allocator.LinkPCIeSwitch}}
+		Request: allocator.Request{Namespace: "ml", GPUs: 2, Topology: inventory.LinkPCIeSwitch}}
 	b, err := OpenBolt(t.TempDir(), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = b.Close() }()
-	if err := b.Apply(context.Background(), []Change{{Servers: []allocator.Server{srv}, Leases: []allocator.Lease{lease}}}); err != nil {
+	if err := b.Apply(context.Background(), []Change{{Servers: []inventory.Server{srv}, Leases: []allocator.Lease{lease}}}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := b.Load(context.Background())
@@ -198,7 +199,7 @@ func TestLinksAndTopologyComeBack(t *testing.T) {
 	if got := st.Servers[0].GPUs[1].Links; !reflect.DeepEqual(got, srv.GPUs[1].Links) {
 		t.Errorf("gpu1's links came back as %v, want %v", got, srv.GPUs[1].Links)
 	}
-	if got := st.Leases[0].Request.Topology; got != allocator.LinkPCIeSwitch {
+	if got := st.Leases[0].Request.Topology; got != inventory.LinkPCIeSwitch {
 		t.Errorf("the lease's topology came back as %s, want pcie-switch", got)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // The records below are how servers, leases and quotas are written in every store,
@@ -28,7 +29,7 @@ type gpuRecord struct {
 	Healthy     bool   `json:"healthy"`
 	// Links is the GPU's topology row; records written before servers
 	// carried topology have none.
-	Links []allocator.Link `json:"links,omitempty"`
+	Links []inventory.Link `json:"links,omitempty"`
 }
 
 type leaseRecord struct {
@@ -61,7 +62,7 @@ type requestRecord struct {
 	CPUMilli       int64          `json:"cpuMilli,omitempty"`
 	MemoryBytes    int64          `json:"memoryBytes,omitempty"`
 	Models         []string       `json:"models,omitempty"`
-	Topology       allocator.Link `json:"topology,omitempty"`
+	Topology       inventory.Link `json:"topology,omitempty"`
 	Owner          ownerRecord    `json:"owner"`
 	IdempotencyKey string         `json:"idempotencyKey,omitempty"`
 	TTL            time.Duration  `json:"ttl,omitempty"` // nanoseconds
@@ -105,11 +106,11 @@ func putRecords[T any](records []T, key func(*T) string, encode func(*T) ([]byte
 }
 
 // The keys of records within their kind.
-func serverKey(s *allocator.Server) string { return s.Name }
+func serverKey(s *inventory.Server) string { return s.Name }
 func leaseKey(l *allocator.Lease) string   { return l.ID }
 func quotaKey(q *Quota) string             { return q.Namespace }
 
-func encodeServer(s *allocator.Server) ([]byte, error) {
+func encodeServer(s *inventory.Server) ([]byte, error) {
 	r := serverRecord{Name: s.Name, Labels: s.Labels, CPUMilli: s.CPUMilli, MemoryBytes: s.MemoryBytes, GPUs: []gpuRecord{}}
 	for _, g := range s.GPUs {
 		r.GPUs = append(r.GPUs, gpuRecord(g))
@@ -117,14 +118,14 @@ func encodeServer(s *allocator.Server) ([]byte, error) {
 	return json.Marshal(r)
 }
 
-func decodeServer(data []byte) (allocator.Server, error) {
+func decodeServer(data []byte) (inventory.Server, error) {
 	var r serverRecord
 	if err := json.Unmarshal(data, &r); err != nil {
-		return allocator.Server{}, err
+		return inventory.Server{}, err
 	}
-	s := allocator.Server{Name: r.Name, Labels: r.Labels, CPUMilli: r.CPUMilli, MemoryBytes: r.MemoryBytes}
+	s := inventory.Server{Name: r.Name, Labels: r.Labels, CPUMilli: r.CPUMilli, MemoryBytes: r.MemoryBytes}
 	for _, g := range r.GPUs {
-		s.GPUs = append(s.GPUs, allocator.GPU(g))
+		s.GPUs = append(s.GPUs, inventory.GPU(g))
 	}
 	return s, nil
 }

@@ -14,11 +14,12 @@ import (
 	"errors"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // State is what an allocator recovers on start.
 type State struct {
-	Servers []allocator.Server
+	Servers []inventory.Server
 	Leases  []allocator.Lease
 	Quotas  []Quota
 	NextID  uint64
@@ -35,7 +36,7 @@ type Quota struct {
 
 // Change is one step of the pool to make durable.
 type Change struct {
-	Servers []allocator.Server // registered or changed
+	Servers []inventory.Server // registered or changed
 	Leases  []allocator.Lease  // granted or renewed
 	Ended   []string           // IDs of leases released or expired
 	Quotas  []Quota            // set or removed

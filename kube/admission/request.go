@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 	"github.com/gpupool/gpupool/kube"
 )
 
@@ -288,7 +289,7 @@ func (c Config) units(a ask) (int64, field.ErrorList) {
 		errs = append(errs, field.Invalid(a.modelsAt, a.modelsShown, fe.Error()))
 	}
 	if a.topology != "" {
-		if _, err := allocator.ParseLink("topology", a.topology); errors.As(err, &fe) {
+		if _, err := inventory.ParseLink("topology", a.topology); errors.As(err, &fe) {
 			errs = append(errs, field.Invalid(a.topologyAt, a.topology, fe.Limit))
 		}
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/procstat"
+	"github.com/gpupool/gpupool/inventory"
 	"github.com/gpupool/gpupool/kube"
 	"github.com/gpupool/gpupool/simulate"
 	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
@@ -330,7 +331,7 @@ func gpuArrivals(tr *simulate.Trace) ([]simulate.Pod, allocator.Share) {
 // memory, and registers them in the allocator one after another in the
 // trace's order, so that the allocator's servers are in the replay's
 // order (its policies break ties by it).
-func addTraceServers(b testing.TB, ctx context.Context, pool *kubePool, servers []allocator.Server) {
+func addTraceServers(b testing.TB, ctx context.Context, pool *kubePool, servers []inventory.Server) {
 	b.Helper()
 	nodes := traceNodes(servers)
 	var g errgroup.Group
@@ -349,7 +350,7 @@ func addTraceServers(b testing.TB, ctx context.Context, pool *kubePool, servers 
 }
 
 // traceNodes are kwok nodes of the servers' CPU and memory.
-func traceNodes(servers []allocator.Server) []e2ekube.Node {
+func traceNodes(servers []inventory.Server) []e2ekube.Node {
 	nodes := make([]e2ekube.Node, len(servers))
 	for i, s := range servers {
 		nodes[i] = e2ekube.Node{Name: s.Name, Capacity: map[string]string{

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/store"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // TestDamagedStoreIsRefused: the allocator never panics on, nor starts
@@ -30,7 +31,7 @@ func TestDamagedStoreIsRefused(t *testing.T) {
 	ctx := context.Background()
 	for i := range 300 {
 		name := fmt.Sprintf("gpu-%03d", i)
-		c := store.Change{Servers: []allocator.Server{{Name: name, GPUs: []allocator.GPU{{UUID: "GPU-" + name, Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}},
+		c := store.Change{Servers: []inventory.Server{{Name: name, GPUs: []inventory.GPU{{UUID: "GPU-" + name, Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}},
 			Leases: []allocator.Lease{{ID: fmt.Sprintf("lease-%06d", i+1), Namespace: "ml", Server: name, TTL: time.Hour, ExpiresAt: time.Now().Add(time.Hour),
 				GPUs: []allocator.LeaseGPU{{UUID: "GPU-" + name, Model: "A100", Share: 500, MemoryBytes: 40 << 30}}}},
 			NextID: uint64(i + 1)}

@@ -13,6 +13,7 @@ import (
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/store"
 	"github.com/gpupool/gpupool/internal/cli"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // boltStore writes a bolt store in a new directory: one server of one A100
@@ -24,7 +25,7 @@ func boltStore(t *testing.T, shares ...allocator.Share) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := store.Change{Servers: []allocator.Server{{Name: "gpu-1", GPUs: []allocator.GPU{{UUID: "GPU-1", Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}}}
+	c := store.Change{Servers: []inventory.Server{{Name: "gpu-1", GPUs: []inventory.GPU{{UUID: "GPU-1", Model: "A100", MemoryBytes: 80 << 30, Healthy: true}}}}}
 	for i, share := range shares {
 		c.Leases = append(c.Leases, allocator.Lease{ID: fmt.Sprintf("lease-%06d", i+1), Namespace: "ml", Server: "gpu-1", TTL: time.Hour, ExpiresAt: time.Now().Add(time.Hour),
 			GPUs: []allocator.LeaseGPU{{UUID: "GPU-1", Model: "A100", Share: share}}})

@@ -15,6 +15,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // gpuModel and gpuMemoryBytes are every simulated GPU's.
@@ -27,16 +28,16 @@ const (
 // registers, heart-beats and lists its leases each round as the daemon
 // does, and answers GET /v1/usage from those leases with made-up readings.
 type simServer struct {
-	inv allocator.Server
+	inv inventory.Server
 
 	mu     sync.Mutex
 	leases []api.Lease
 }
 
 func newSimServer(name string, gpus int, daemonURL string) *simServer {
-	inv := allocator.Server{Name: name, Labels: map[string]string{gpuapi.LabelDaemonURL: daemonURL}, CPUMilli: 128000, MemoryBytes: 1 << 40}
+	inv := inventory.Server{Name: name, Labels: map[string]string{gpuapi.LabelDaemonURL: daemonURL}, CPUMilli: 128000, MemoryBytes: 1 << 40}
 	for i := range gpus {
-		inv.GPUs = append(inv.GPUs, allocator.GPU{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", name, i), Model: gpuModel, MemoryBytes: gpuMemoryBytes, Healthy: true})
+		inv.GPUs = append(inv.GPUs, inventory.GPU{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", name, i), Model: gpuModel, MemoryBytes: gpuMemoryBytes, Healthy: true})
 	}
 	return &simServer{inv: inv}
 }

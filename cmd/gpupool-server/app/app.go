@@ -13,13 +13,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/fakegpu"
 	"github.com/gpupool/gpupool/gpuserver"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 	"github.com/gpupool/gpupool/internal/cli"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // Usage is what --help says above the flags.
@@ -119,7 +119,7 @@ func (o *Options) sourceConfig(log *slog.Logger) collector.SourceConfig {
 
 // openSimulated makes the simulated GPUs of the options (validated), and
 // their device files when asked for.
-func (o *Options) openSimulated() (collector.Source, allocator.Server, error) {
+func (o *Options) openSimulated() (collector.Source, inventory.Server, error) {
 	sim := &fakegpu.Source{Server: o.Name, Seed: o.Seed, GPUs: o.simulatedGPUs, Topology: o.simulatedTopology,
 		DeviceDir: o.SimulatedDeviceDir}
 	if o.SimulatedWorkload != "" {
@@ -127,7 +127,7 @@ func (o *Options) openSimulated() (collector.Source, allocator.Server, error) {
 	}
 	if sim.DeviceDir != "" {
 		if err := sim.CreateDeviceFiles(); err != nil {
-			return nil, allocator.Server{}, fmt.Errorf("creating the simulated GPUs: %w", err)
+			return nil, inventory.Server{}, fmt.Errorf("creating the simulated GPUs: %w", err)
 		}
 	}
 	return sim, sim.Inventory(0, 0, nil), nil

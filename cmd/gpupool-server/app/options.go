@@ -8,10 +8,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/fakegpu"
 	"github.com/gpupool/gpupool/internal/cli"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // Options are gpupool-server's flags.
@@ -39,7 +39,7 @@ type Options struct {
 	// simulatedGPUs and simulatedTopology are SimulateGPUs and
 	// SimulateTopology, parsed by Validate.
 	simulatedGPUs     []fakegpu.GPU
-	simulatedTopology allocator.Topology
+	simulatedTopology inventory.Topology
 	tokens            *cli.TokenFlags
 	// flags is where AddFlags registered the options, to tell a flag
 	// left at its default from one set to it.

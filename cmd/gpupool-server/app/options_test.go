@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // TestOptionsValidate: every flag Validate refuses is named with its
@@ -67,7 +67,7 @@ func TestOptionsParseTheSimulatedGPUs(t *testing.T) {
 	if len(o.simulatedGPUs) != 4 || o.simulatedGPUs[3].Model != "L40S" || o.simulatedGPUs[3].MemoryBytes != 48<<30 {
 		t.Errorf("GPUs = %+v, want 4 L40S of 48 GiB", o.simulatedGPUs)
 	}
-	if len(o.simulatedTopology) != 4 || o.simulatedTopology[0][1] != allocator.LinkPCIeSwitch || o.simulatedTopology[0][3] != allocator.LinkSocket {
+	if len(o.simulatedTopology) != 4 || o.simulatedTopology[0][1] != inventory.LinkPCIeSwitch || o.simulatedTopology[0][3] != inventory.LinkSocket {
 		t.Errorf("topology = %v, want pcie: 0-1 behind a switch, 0-3 on a socket", o.simulatedTopology)
 	}
 }
