@@ -1,18 +1,15 @@
 package app
 
 import (
-	"flag"
-	"strings"
 	"testing"
+
+	"github.com/gpupool/gpupool/internal/cli/clitest"
 )
 
 // TestOptionsValidate: every flag Validate refuses is named with its
 // value and what it may be, and the defaults pass.
 func TestOptionsValidate(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		want string // "" passes
-	}{
+	clitest.CheckValidate(t, NewOptions, []clitest.Case{
 		{nil, ""},
 		{[]string{"--store", "etcd", "--policy", "best-fit", "--max-waiting", "0"}, ""},
 		{[]string{"--store", "sqlite"}, `--store "sqlite" is not one of bolt, etcd`},
@@ -22,19 +19,5 @@ func TestOptionsValidate(t *testing.T) {
 		{[]string{"--tick", "0s"}, "--tick 0s: must be more than 0"},
 		{[]string{"--max-waiting", "-1"}, "--max-waiting -1: must be at least 0 (0 takes the default)"},
 		{[]string{"--max-waiting-per-namespace", "-1"}, "--max-waiting-per-namespace -1: must be at least 0 (0 takes the default)"},
-	} {
-		o := NewOptions()
-		fs := flag.NewFlagSet("test", flag.ContinueOnError)
-		o.AddFlags(fs)
-		if err := fs.Parse(tc.args); err != nil {
-			t.Fatal(err)
-		}
-		err := o.Validate()
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%q: %v", tc.args, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
-		}
-	}
+	})
 }

@@ -1,9 +1,10 @@
 package app
 
 import (
-	"flag"
 	"fmt"
 	"testing"
+
+	"github.com/gpupool/gpupool/internal/cli/clitest"
 
 	"github.com/gpupool/gpupool/kube"
 )
@@ -26,12 +27,7 @@ func TestOptionsValidate(t *testing.T) {
 	} {
 		t.Setenv("NODE_NAME", tc.nodeEnv)
 		o := NewOptions()
-		fs := flag.NewFlagSet("test", flag.ContinueOnError)
-		o.AddFlags(fs)
-		if err := fs.Parse(tc.args); err != nil {
-			t.Fatal(err)
-		}
-		if err := fmt.Sprint(o.Validate()); err != tc.want || o.Unit != tc.unit {
+		if err := fmt.Sprint(clitest.Parse(t, o, tc.args...)); err != tc.want || o.Unit != tc.unit {
 			t.Errorf("NODE_NAME=%s %q: %s, unit %q; want %s, %q", tc.nodeEnv, tc.args, err, o.Unit, tc.want, tc.unit)
 		}
 	}

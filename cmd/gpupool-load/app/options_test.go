@@ -1,21 +1,19 @@
 package app
 
 import (
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpupool/gpupool/internal/cli/clitest"
 )
 
 // TestOptionsValidate: a flag out of range is refused naming it, its value
 // and its limit, and the defaults pass.
 func TestOptionsValidate(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		want string // "" passes
-	}{
+	clitest.CheckValidate(t, NewOptions, []clitest.Case{
 		{nil, ""},
 		{[]string{"--servers", "0"}, "--servers 0 out of range 1..100000"},
 		{[]string{"--gpus-per-server", "65"}, "--gpus-per-server 65 out of range 1..64"},
@@ -24,21 +22,7 @@ func TestOptionsValidate(t *testing.T) {
 		{[]string{"--duration", "0s"}, "--duration 0s is below the minimum 1s"},
 		{[]string{"--servers", "2", "--gpus-per-server", "1", "--percent", "50", "--leases", "5"}, "--leases 5 over the 4 leases of 50% that --servers 2 × --gpus-per-server 1 hold"},
 		{[]string{"--pool-config", "/nonexistent/config.yaml"}, "--pool-config: open /nonexistent/config.yaml"},
-	} {
-		o := NewOptions()
-		fs := flag.NewFlagSet("test", flag.ContinueOnError)
-		o.AddFlags(fs)
-		if err := fs.Parse(tc.args); err != nil {
-			t.Fatal(err)
-		}
-		err := o.Validate()
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%q: %v", tc.args, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
-		}
-	}
+	})
 }
 
 // TestTokensFromThePoolConfig: the servers take the servers token, the

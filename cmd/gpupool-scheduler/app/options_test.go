@@ -1,18 +1,15 @@
 package app
 
 import (
-	"flag"
-	"strings"
 	"testing"
+
+	"github.com/gpupool/gpupool/internal/cli/clitest"
 )
 
 // TestOptionsValidate: every flag Validate refuses is named with its
 // value, and the defaults pass.
 func TestOptionsValidate(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		want string // "" passes
-	}{
+	clitest.CheckValidate(t, NewOptions, []clitest.Case{
 		{nil, ""},
 		{[]string{"--unit", "gpus"}, ""},
 		{[]string{"--unit", "GPU"}, `--unit: unit "GPU": must be one of percent, gpus`},
@@ -24,19 +21,5 @@ func TestOptionsValidate(t *testing.T) {
 		{[]string{"--kube-api-qps", "0"}, "--kube-api-qps 0: must be more than 0"},
 		{[]string{"--kube-api-burst", "0"}, "--kube-api-burst 0: must be at least 1"},
 		{[]string{"--allocator", " "}, "--allocator: no address"},
-	} {
-		o := NewOptions()
-		fs := flag.NewFlagSet("test", flag.ContinueOnError)
-		o.AddFlags(fs)
-		if err := fs.Parse(tc.args); err != nil {
-			t.Fatal(err)
-		}
-		err := o.Validate()
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%q: %v", tc.args, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
-		}
-	}
+	})
 }

@@ -1,11 +1,11 @@
 package app
 
 import (
-	"flag"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
+
+	"github.com/gpupool/gpupool/internal/cli/clitest"
 
 	"github.com/gpupool/gpupool/inventory"
 )
@@ -18,10 +18,7 @@ func TestOptionsValidate(t *testing.T) {
 	if err := os.WriteFile(workload, []byte("- {namespace: ml, selector: app=train, gpus: 1.5}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct {
-		args []string
-		want string // "" passes
-	}{
+	clitest.CheckValidate(t, NewOptions, []clitest.Case{
 		{nil, ""},
 		{[]string{"--source", "dcgm"}, ""},
 		{[]string{"--source", "nvidia-smi"}, `--source "nvidia-smi" is not one of simulated, nvml, dcgm`},
@@ -35,33 +32,14 @@ func TestOptionsValidate(t *testing.T) {
 		{[]string{"--simulate-topology", "ring"}, `--simulate-topology: simulated topology "ring" is not one of nvswitch, pcie, none`},
 		{[]string{"--simulated-workload", workload}, ""},
 		{[]string{"--simulated-workload", workload + ".missing"}, "--simulated-workload: open " + workload + ".missing: no such file or directory"},
-	} {
-		o := NewOptions()
-		fs := flag.NewFlagSet("test", flag.ContinueOnError)
-		o.AddFlags(fs)
-		if err := fs.Parse(tc.args); err != nil {
-			t.Fatal(err)
-		}
-		err := o.Validate()
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%q: %v", tc.args, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
-		}
-	}
+	})
 }
 
 // TestOptionsParseTheSimulatedGPUs: Validate gives the simulated GPUs and
 // their links as the flags say.
 func TestOptionsParseTheSimulatedGPUs(t *testing.T) {
 	o := NewOptions()
-	fs := flag.NewFlagSet("test", flag.ContinueOnError)
-	o.AddFlags(fs)
-	if err := fs.Parse([]string{"--simulate-gpus", "L40S:48Gi:4", "--simulate-topology", "pcie"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Validate(); err != nil {
+	if err := clitest.Parse(t, o, "--simulate-gpus", "L40S:48Gi:4", "--simulate-topology", "pcie"); err != nil {
 		t.Fatal(err)
 	}
 	if len(o.simulatedGPUs) != 4 || o.simulatedGPUs[3].Model != "L40S" || o.simulatedGPUs[3].MemoryBytes != 48<<30 {

@@ -1,9 +1,10 @@
 package app
 
 import (
-	"flag"
 	"strings"
 	"testing"
+
+	"github.com/gpupool/gpupool/internal/cli/clitest"
 
 	"github.com/gpupool/gpupool/internal/cli"
 )
@@ -11,12 +12,7 @@ import (
 // parsed is o with args parsed into it, and Validate's error.
 func parsed[O cli.Options](t *testing.T, o O, args ...string) (O, error) {
 	t.Helper()
-	fs := flag.NewFlagSet("test", flag.ContinueOnError)
-	o.AddFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		t.Fatal(err)
-	}
-	return o, o.Validate()
+	return o, clitest.Parse(t, o, args...)
 }
 
 // valid is o with args parsed into it and validated.

@@ -1,9 +1,9 @@
 package app
 
 import (
-	"flag"
-	"strings"
 	"testing"
+
+	"github.com/gpupool/gpupool/internal/cli/clitest"
 
 	"github.com/gpupool/gpupool/kube"
 )
@@ -12,30 +12,13 @@ import (
 // value, and what it parses is kept.
 func TestOptionsValidate(t *testing.T) {
 	tlsFlags := []string{"--tls-cert-file", "c.pem", "--tls-private-key-file", "k.pem"}
-	for _, tc := range []struct {
-		args []string
-		want string // "" passes
-	}{
+	clitest.CheckValidate(t, NewOptions, []clitest.Case{
 		{tlsFlags, ""},
 		{nil, "--tls-cert-file and --tls-private-key-file are required: kube-apiserver calls webhooks over HTTPS only"},
 		{[]string{"--tls-cert-file", "c.pem"}, "--tls-cert-file and --tls-private-key-file are required"},
 		{append([]string{"--unit", "GPU"}, tlsFlags...), `--unit: unit "GPU": must be one of percent, gpus`},
 		{append([]string{"--gpu-memory", "lots"}, tlsFlags...), `--gpu-memory: "lots" is not a quantity (e.g. 8000, 8000M or 16Gi)`},
-	} {
-		o := NewOptions()
-		fs := flag.NewFlagSet("test", flag.ContinueOnError)
-		o.AddFlags(fs)
-		if err := fs.Parse(tc.args); err != nil {
-			t.Fatal(err)
-		}
-		err := o.Validate()
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%q: %v", tc.args, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
-		}
-	}
+	})
 
 	o := NewOptions()
 	o.CertFile, o.KeyFile, o.UnitName, o.GPUMemory = "c.pem", "k.pem", "gpus", "80Gi"
