@@ -54,8 +54,8 @@ func NewServer(o *options.CustomMetricsAdapterServerOptions, kube *rest.Config, 
 			return nil, err
 		}
 	} else {
-		if err := o.SecureServing.MaybeDefaultWithSelfSignedCerts("localhost", nil, []net.IP{net.ParseIP("127.0.0.1")}); err != nil {
-			return nil, fmt.Errorf("self-signed serving certificate: %w", err)
+		if err := SelfSignedCert(o); err != nil {
+			return nil, err
 		}
 		if err := o.SecureServing.ApplyTo(&cfg.SecureServing, &cfg.LoopbackClientConfig); err != nil {
 			return nil, err
@@ -64,4 +64,16 @@ func NewServer(o *options.CustomMetricsAdapterServerOptions, kube *rest.Config, 
 	}
 	c := apiserver.Config{GenericConfig: &cfg.Config}
 	return c.Complete(cfg.SharedInformerFactory).New(Name, nil, p)
+}
+
+// SelfSignedCert has o serve a certificate for localhost and 127.0.0.1,
+// signed by a CA of its own, which it writes to o's certificate directory
+// and names in o, unless o names a certificate already. NewServer does so
+// without a cluster; a client on loopback calls it first, then trusts the
+// certificate file o names.
+func SelfSignedCert(o *options.CustomMetricsAdapterServerOptions) error {
+	if err := o.SecureServing.MaybeDefaultWithSelfSignedCerts("localhost", nil, []net.IP{net.ParseIP("127.0.0.1")}); err != nil {
+		return fmt.Errorf("self-signed serving certificate: %w", err)
+	}
+	return nil
 }

@@ -2,9 +2,10 @@
 // no GPU: the allocator, simulated GPU servers, the external-metrics
 // adapter and a workload, with a live view. `make demo` runs it.
 //
-// The files split it by concern: wiring.go starts the parts, workload.go
-// is the synthetic tenants, view.go draws the terminal frame, tokens.go
-// writes the allocator's config.
+// The files split it by concern: wiring.go starts the parts, each its
+// binary's app.Run; workload.go is the synthetic tenants; view.go draws
+// the terminal frame from the parts' HTTP APIs; tokens.go writes the
+// allocator's config and the parts' tokens.
 package main
 
 import (
@@ -21,19 +22,8 @@ import (
 	"github.com/gpupool/gpupool/internal/cli"
 )
 
-func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-}
-
-// run runs the demo and returns the process exit status: 0 when it ran
-// its time or was stopped, 1 when it failed, 2 on bad usage.
-func run(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("gpupool-demo", flag.ContinueOnError)
-	duration := fs.Duration("duration", 0, "how long to run; 0 runs until Ctrl-C")
-	refresh := fs.Duration("refresh", time.Second, "time between views")
-	seed := fs.Uint64("seed", 1, "seed of the simulated GPUs and the workload")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: gpupool-demo [flags]
+// usage is what --help says above the flags.
+const usage = `Usage: gpupool-demo [flags]
 
 Runs the whole pool on this machine, no cluster and no GPU: the allocator
 (embedded store in a temp dir), simulated GPU servers with mixed models
@@ -46,7 +36,21 @@ Prints where each /metrics is and how to use the tokens, then a live view
 every second.
 
 Flags:
-`)
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run runs the demo and returns the process exit status: 0 when it ran
+// its time or was stopped, 1 when it failed, 2 on bad usage.
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gpupool-demo", flag.ContinueOnError)
+	duration := fs.Duration("duration", 0, "how long to run; 0 runs until Ctrl-C")
+	refresh := fs.Duration("refresh", time.Second, "time between views")
+	seed := fs.Uint64("seed", 1, "seed of the simulated GPUs and the workload")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
 	}
 	if exit, ok := cli.Parse(fs, args, stdout, stderr); !ok {
@@ -68,29 +72,13 @@ Flags:
 		return 1
 	}
 	defer d.close()
-	w := newWorkload(d.tenants, *seed, d.log)
-	d.startWorkload(w, time.Second)
+	d.startWorkload(newWorkload(d.tenants, *seed, d.log), time.Second)
 	self, _ := os.Executable()
 	wd, _ := os.Getwd()
-	gpupool := clientCommand(self, wd)
-	d.header(stdout, gpupool)
-	// A terminal gets each view on a cleared screen, under the header, so
-	// that its URLs and lines to try stay in sight.
-	redraw := isTerminal(stdout)
-	t := time.NewTicker(*refresh)
-	defer t.Stop()
-	start := time.Now()
-	for {
-		select {
-		case <-ctx.Done():
-			fmt.Fprintf(stdout, "gpupool-demo: stopped; the log stays in %s\n", d.logFile)
-			return 0
-		case <-t.C:
-			if redraw {
-				fmt.Fprint(stdout, "\033[H\033[2J")
-				d.header(stdout, gpupool)
-			}
-			d.view(ctx, stdout, time.Since(start))
-		}
+	if err := d.show(ctx, stdout, clientCommand(self, wd), *refresh); err != nil {
+		fmt.Fprintln(stderr, "gpupool-demo:", err)
+		return 1
 	}
+	fmt.Fprintf(stdout, "gpupool-demo: stopped; the log stays in %s\n", d.logFile)
+	return 0
 }

@@ -21,15 +21,18 @@ type demoTokens struct {
 	admin, servers string
 	// tenant is each namespace's, what its pods' `gpupool run` holds.
 	tenant map[string]string
-	// configFile is where the allocator's config was written.
-	configFile string
+	// configFile is the allocator's config (--config); adminFile and
+	// serversFile hold the admin and the servers token, as a Secret's
+	// volume holds one (--allocator-token-file, --token-file).
+	configFile, adminFile, serversFile string
 }
 
-// writeDemoConfig writes the allocator's config, the demo's quotas and
-// random tokens, to dir/config.yaml and reads it back as the allocator
-// reads --config, so it is checked the same way.
-func writeDemoConfig(dir string) (*demoTokens, *service.FileConfig, error) {
-	tk := &demoTokens{admin: rand.Text(), servers: rand.Text(), tenant: map[string]string{}, configFile: filepath.Join(dir, "config.yaml")}
+// writeDemoTokens writes the allocator's config, the demo's quotas and
+// random tokens, to dir/config.yaml, and the tokens of the adapter and
+// the daemons to files beside it.
+func writeDemoTokens(dir string) (*demoTokens, error) {
+	tk := &demoTokens{admin: rand.Text(), servers: rand.Text(), tenant: map[string]string{},
+		configFile: filepath.Join(dir, "config.yaml"), adminFile: filepath.Join(dir, "admin.token"), serversFile: filepath.Join(dir, "servers.token")}
 	fc := service.FileConfig{
 		Admin:      service.TokenSet{Tokens: []string{tk.admin}},
 		Servers:    service.ServersConfig{Tokens: []string{tk.servers}},
@@ -40,16 +43,14 @@ func writeDemoConfig(dir string) (*demoTokens, *service.FileConfig, error) {
 		fc.Namespaces[ns] = service.NamespaceConfig{Tokens: []string{tk.tenant[ns]},
 			Hard: map[string]resource.Quantity{service.QuotaResource: *resource.NewQuantity(demoQuotas[ns], resource.DecimalSI)}}
 	}
-	b, err := yaml.Marshal(fc)
+	config, err := yaml.Marshal(fc)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	if err := os.WriteFile(tk.configFile, b, 0o600); err != nil {
-		return nil, nil, err
+	for path, content := range map[string][]byte{tk.configFile: config, tk.adminFile: []byte(tk.admin), tk.serversFile: []byte(tk.servers)} {
+		if err := os.WriteFile(path, content, 0o600); err != nil {
+			return nil, err
+		}
 	}
-	loaded, err := service.LoadConfig(tk.configFile)
-	if err != nil {
-		return nil, nil, err
-	}
-	return tk, loaded, nil
+	return tk, nil
 }

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
-	"maps"
 	"math"
+	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,17 +15,41 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"k8s.io/apimachinery/pkg/labels"
-	"sigs.k8s.io/custom-metrics-apiserver/pkg/provider"
+	"k8s.io/metrics/pkg/apis/external_metrics/v1beta1"
 
 	"github.com/gpupool/gpupool/adapter"
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
-	"github.com/gpupool/gpupool/collector"
-	"github.com/gpupool/gpupool/gpuserver"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 )
+
+// show prints the header, then a view every refresh until ctx ends (nil)
+// or a part of the demo fails (its error). A terminal gets each view on a
+// cleared screen, under the header, so that its URLs and lines to try
+// stay in sight.
+func (d *demo) show(ctx context.Context, w io.Writer, gpupool string, refresh time.Duration) error {
+	d.header(w, gpupool)
+	redraw := isTerminal(w)
+	t := time.NewTicker(refresh)
+	defer t.Stop()
+	start := time.Now()
+	for {
+		select {
+		case <-d.parts.Done(): // ctx's end stops the parts too
+			if ctx.Err() != nil {
+				return nil
+			}
+			return context.Cause(d.parts)
+		case <-t.C:
+			if redraw {
+				fmt.Fprint(w, "\033[H\033[2J")
+				d.header(w, gpupool)
+			}
+			d.view(ctx, w, time.Since(start))
+		}
+	}
+}
 
 // header prints where the demo's parts listen and what to try with them:
 // lines that run as printed (a shell comment says what each shows), with
@@ -34,7 +60,7 @@ func (d *demo) header(w io.Writer, gpupool string) {
 	for _, s := range d.servers {
 		fmt.Fprintf(w, "  metrics: %s/metrics (%s)\n", s.url, s.name)
 	}
-	fmt.Fprintf(w, "  external metrics: %s (no authentication: loopback only; its own metrics are on the allocator's)\n", d.adapterURL)
+	fmt.Fprintf(w, "  external metrics: %s (no authentication: loopback only; its own metrics on %s)\n", d.adapterURL, d.adapterMetrics)
 	fmt.Fprintf(w, "  try: curl -sk '%s/namespaces/ml/bitfusion_gpu_utilization?labelSelector=app%%3Dtf-training'\n", d.adapterURL)
 	fmt.Fprintf(w, "  try: GPUPOOL_ALLOCATOR=%s GPUPOOL_TOKEN=%s GPUPOOL_NAMESPACE=ml %s pool status   # namespace ml's token: leases, quota and run act in ml only\n",
 		d.allocatorURL, d.tokens.tenant["ml"], gpupool)
@@ -50,15 +76,7 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 	listed, _ := d.client.Leases(ctx, client.LeaseFilter{})
 	leases := api.CoreLeases(listed)
 	quotas, _ := d.client.Quotas(ctx)
-	gpuUse := map[string]collector.GPU{}
-	leaseUse := map[gpuapi.LeaseGPU]*gpuserver.LeaseUse{}
-	for _, s := range d.servers {
-		for _, g := range s.host.Sampler.Latest().GPUs {
-			gpuUse[s.name+"/"+fmt.Sprint(g.Index)] = g
-		}
-		use, _ := s.host.Daemon.Usage()
-		maps.Copy(leaseUse, use)
-	}
+	gpuUse, leaseUse := d.usage(ctx)
 	fmt.Fprintf(w, "gpupool-demo  t=%s  allocator %s\n\n", elapsed.Round(time.Second), d.allocatorURL)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVER\tGPU\tMODEL\tLEASED\tUTIL\tMEMORY")
@@ -66,7 +84,7 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 		for _, g := range s.GPUs {
 			u := gpuUse[s.Name+"/"+fmt.Sprint(g.Index)]
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", s.Name, g.Index, g.Model, bar(g.Allocated().GPUs()),
-				bar(u.Utilization), bar(u.MemoryPressure()))
+				bar(utilization(u)), bar(float64(u.MemoryUsedBytes)/float64(u.MemoryBytes)))
 		}
 	}
 	_ = tw.Flush()
@@ -79,8 +97,8 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 	for _, l := range leases {
 		for _, g := range l.GPUs {
 			use := "-"
-			if u := leaseUse[gpuapi.LeaseGPU{Lease: l.ID, GPU: g.Index}]; u != nil && u.SMKnown && g.Share > 0 {
-				use = fmt.Sprintf("%.0f%%", 100*u.ShareUtilization(g.Share))
+			if u, ok := leaseUse[gpuapi.LeaseGPU{Lease: l.ID, GPU: g.Index}]; ok && u.SMUtilization != nil && g.Share > 0 {
+				use = fmt.Sprintf("%.0f%%", 100**u.SMUtilization/g.Share.GPUs())
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%d\t%s\t%s\n", l.ID, l.Namespace, l.Owner.Pod, l.Owner.Labels["app"],
 				l.Server, g.Index, g.Share, use)
@@ -97,14 +115,64 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 		fmt.Fprintf(w, "quota %s: %s %s   ", q.Namespace, q.Used, hard)
 	}
 	fmt.Fprintln(w)
-	sel := labels.SelectorFromSet(labels.Set{"app": "tf-training"})
-	signal := "no value (the HPA would hold)"
-	if v, err := d.adapter.GetExternalMetric(ctx, "ml", sel, provider.ExternalMetricInfo{Metric: adapter.GPUUtilization}); err == nil && len(v.Items) > 0 {
-		// The HPA compares the quantity (934m); people read 0.934.
-		value := v.Items[0].Value
-		signal = fmt.Sprintf("%.3f (the HPA reads %s)", value.AsApproximateFloat64(), value.String())
+	fmt.Fprintf(w, "HPA signal: %s{namespace=ml, app=tf-training} = %s\n", adapter.GPUUtilization, d.hpaSignal(ctx))
+}
+
+// usage is the daemons' latest sampling rounds (GET /v1/usage): each
+// GPU's reading by server/index, and what each lease uses of each GPU.
+func (d *demo) usage(ctx context.Context) (map[string]gpuapi.GPUUsage, map[gpuapi.LeaseGPU]gpuapi.LeaseUsage) {
+	gpus, leases := map[string]gpuapi.GPUUsage{}, map[gpuapi.LeaseGPU]gpuapi.LeaseUsage{}
+	for _, s := range d.servers {
+		u, err := gpuapi.FetchUsage(ctx, d.http, s.url)
+		if err != nil {
+			continue
+		}
+		for _, g := range u.GPUs {
+			gpus[s.name+"/"+fmt.Sprint(g.Index)] = g
+		}
+		for _, l := range u.Leases {
+			leases[l.Key()] = l
+		}
 	}
-	fmt.Fprintf(w, "HPA signal: %s{namespace=ml, app=tf-training} = %s\n", adapter.GPUUtilization, signal)
+	return gpus, leases
+}
+
+// utilization is a GPU's reading, NaN when it has none.
+func utilization(g gpuapi.GPUUsage) float64 {
+	if g.Utilization == nil {
+		return math.NaN()
+	}
+	return *g.Utilization
+}
+
+// hpaSignal is the value the adapter serves the HPA for the training
+// group's utilization, as the HPA would read it.
+func (d *demo) hpaSignal(ctx context.Context) string {
+	query := "/namespaces/ml/" + adapter.GPUUtilization + "?labelSelector=" + url.QueryEscape("app=tf-training")
+	var list v1beta1.ExternalMetricValueList
+	if err := d.getJSON(ctx, d.adapterURL+query, &list); err != nil || len(list.Items) == 0 {
+		return "no value (the HPA would hold)"
+	}
+	// The HPA compares the quantity (934m); people read 0.934.
+	value := list.Items[0].Value
+	return fmt.Sprintf("%.3f (the HPA reads %s)", value.AsApproximateFloat64(), value.String())
+}
+
+// getJSON decodes what GET address answers with 200 into out.
+func (d *demo) getJSON(ctx context.Context, address string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, address, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := d.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", address, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
 }
 
 // bar draws a ratio as a 10-cell bar and a percent.

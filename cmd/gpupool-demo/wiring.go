@@ -2,8 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,57 +14,59 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/klog/v2"
-	"sigs.k8s.io/custom-metrics-apiserver/pkg/cmd/options"
 
 	"github.com/gpupool/gpupool/adapter"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
-	"github.com/gpupool/gpupool/allocator/service"
-	"github.com/gpupool/gpupool/allocator/store"
-	"github.com/gpupool/gpupool/fakegpu"
-	"github.com/gpupool/gpupool/gpuserver"
+	adapterapp "github.com/gpupool/gpupool/cmd/gpupool-adapter/app"
+	allocatorapp "github.com/gpupool/gpupool/cmd/gpupool-allocator/app"
+	serverapp "github.com/gpupool/gpupool/cmd/gpupool-server/app"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
-	"github.com/gpupool/gpupool/internal/httpserver"
+	"github.com/gpupool/gpupool/internal/cli"
 )
 
-// demoServers are the simulated GPU servers of the demo: mixed models.
-var demoServers = []struct{ name, gpus string }{
-	{"sim-h100-0", "H100:80Gi:8"},
-	{"sim-a100-0", "A100:40Gi:4"},
-	{"sim-t4-0", "T4:16Gi:4"},
+// demoServers are the simulated GPU servers of the demo: mixed models,
+// with 16 cores per GPU.
+var demoServers = []struct {
+	name, gpus string
+	cpuMilli   int64
+}{
+	{"sim-h100-0", "H100:80Gi:8", 8 * 16000},
+	{"sim-a100-0", "A100:40Gi:4", 4 * 16000},
+	{"sim-t4-0", "T4:16Gi:4", 4 * 16000},
 }
 
 // demoQuotas are the demo's namespace quotas, in percent of one GPU.
 var demoQuotas = map[string]int64{"ml": 400, "team-b": 300}
 
 // demoServer is one simulated GPU server: a gpupool-server daemon on the
-// simulated source.
-type demoServer struct {
-	name, url string
-	host      *gpuserver.Host
-}
+// simulated source, at the URL it registered with.
+type demoServer struct{ name, url string }
 
-// demo is the pool running on this machine.
+// demo is the pool running on this machine: each part is its binary's
+// app.Run, which the demo reaches over HTTP as the other parts do.
 type demo struct {
 	allocatorURL, adapterURL string
+	// adapterMetrics is the adapter's own /metrics, host and port.
+	adapterMetrics string
 	// logFile is where the parts log; it stays after the demo.
 	logFile string
 	tokens  *demoTokens
 	// client holds the admin token: the view is the operator's.
 	client *client.Client
 	// tenants is each namespace's client, with its token: the workload's.
-	tenants   map[string]*client.Client
-	servers   []*demoServer
-	adapter   *adapter.Provider
-	log       *slog.Logger
-	logWriter io.Writer
-	// stop ends the parts' loops, running on parts, which close waits
-	// for before it closes what they use.
+	tenants map[string]*client.Client
+	servers []demoServer
+	// http reads the daemons' usage and the adapter, whose certificate it
+	// trusts.
+	http *http.Client
+	log  *slog.Logger
+	// stop ends the parts, running on parts, which close waits for
+	// before it closes what they use; a part that fails stops them all,
+	// with its error as the cause.
 	parts   context.Context
-	stop    context.CancelFunc
+	stop    context.CancelCauseFunc
 	running sync.WaitGroup
 	closers []func()
 }
@@ -75,38 +78,21 @@ func (d *demo) startWorkload(w *workload, interval time.Duration) {
 
 // close stops the demo and removes its files, the log aside.
 func (d *demo) close() {
-	d.stop()
+	d.stop(nil)
 	d.running.Wait()
 	for i := len(d.closers) - 1; i >= 0; i-- {
 		d.closers[i]()
 	}
 }
 
-// serve serves h on a loopback port until the demo closes, and returns
-// its URL.
-func (d *demo) serve(h http.Handler) (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	srv := httpserver.New(h, httpserver.Default)
-	go func() { _ = srv.Serve(ln) }()
-	d.closers = append(d.closers, func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	})
-	return "http://" + ln.Addr().String(), nil
-}
-
 // startDemo starts the allocator, the GPU servers and the adapter, which
-// run until ctx ends or the demo closes; the workload is the caller's to
-// start (startWorkload). The servers register one after the other, so that the pool
-// orders them alike on every run: placement breaks ties by that order.
+// run until ctx ends, the demo closes or one of them fails; the workload
+// is the caller's to start (startWorkload). The servers register one
+// after the other, so that the pool orders them alike on every run:
+// placement breaks ties by that order.
 func startDemo(ctx context.Context, seed uint64) (_ *demo, err error) {
 	d := &demo{}
-	d.parts, d.stop = context.WithCancel(ctx)
-	ctx = d.parts
+	d.parts, d.stop = context.WithCancelCause(ctx)
 	defer func() {
 		if err != nil {
 			d.close()
@@ -123,147 +109,152 @@ func startDemo(ctx context.Context, seed uint64) (_ *demo, err error) {
 		return nil, err
 	}
 	d.closers = append(d.closers, func() { _ = logf.Close() })
-	d.logFile, d.logWriter = logf.Name(), logf
-	d.log = slog.New(slog.NewTextHandler(logf, nil))
-
-	tokens, config, err := writeDemoConfig(dir)
-	if err != nil {
+	d.logFile, d.log = logf.Name(), slog.New(slog.NewTextHandler(logf, nil))
+	// The adapter's API server logs through klog; keep it in the demo's log.
+	klog.LogToStderr(false)
+	klog.SetOutput(logf)
+	if d.tokens, err = writeDemoTokens(dir); err != nil {
 		return nil, err
 	}
-	d.tokens = tokens
-	st, err := store.OpenBolt(filepath.Join(dir, "allocator"), time.Second)
-	if err != nil {
-		return nil, err
+	if err := d.startAllocator(dir, seed); err != nil {
+		return nil, fmt.Errorf("starting the allocator: %w", err)
 	}
-	d.closers = append(d.closers, func() { _ = st.Close() })
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector())
-	svc, err := service.New(ctx, service.Config{
-		Store: st, Policy: "fgd-cpu", Seed: seed, DefaultTTL: 30 * time.Second, MaxTTL: time.Hour,
-		HeartbeatTimeout: 10 * time.Second, Quotas: config.Quotas(), Registry: reg, Logger: d.log,
-	})
-	if err != nil {
-		return nil, err
-	}
-	d.running.Go(func() { svc.Run(ctx, time.Second) })
-	if d.allocatorURL, err = d.serve(service.Handler(svc, service.NewAuthenticator(config), reg, d.log)); err != nil {
-		return nil, err
-	}
-	if d.client, err = client.New([]string{d.allocatorURL}, tokens.admin); err != nil {
-		return nil, err
-	}
-	// The daemons share the servers token; each namespace's workload holds
-	// its own.
-	servers, err := client.New([]string{d.allocatorURL}, tokens.servers)
-	if err != nil {
-		return nil, err
-	}
-	d.tenants = map[string]*client.Client{}
-	for ns, token := range tokens.tenant {
-		if d.tenants[ns], err = client.New([]string{d.allocatorURL}, token); err != nil {
-			return nil, err
+	for i, s := range demoServers {
+		if err := d.startServer(s.name, s.gpus, s.cpuMilli, seed+uint64(i)); err != nil {
+			return nil, fmt.Errorf("starting %s: %w", s.name, err)
 		}
 	}
-	for i, spec := range demoServers {
-		if err := d.startServer(ctx, spec.name, spec.gpus, seed+uint64(i), servers); err != nil {
-			return nil, fmt.Errorf("starting %s: %w", spec.name, err)
-		}
-	}
-	if err := d.startAdapter(ctx, dir, reg); err != nil {
+	if err := d.startAdapter(dir); err != nil {
 		return nil, fmt.Errorf("starting the adapter: %w", err)
 	}
 	return d, nil
 }
 
-// startServer starts a GPU server's daemon on simulated GPUs (gpus, as
-// --simulate-gpus) and waits until it registered. A client node probes its
-// data path, as `gpupool run` does, so that the latency series have data.
-func (d *demo) startServer(ctx context.Context, name, gpus string, seed uint64, servers *client.Client) error {
-	simulated, err := fakegpu.ParseGPUs(gpus)
-	if err != nil {
-		return err
-	}
-	httpLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	probeLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	s := &demoServer{name: name, url: "http://" + httpLn.Addr().String()}
-	sim := &fakegpu.Source{Server: name, Seed: seed, GPUs: simulated, Demand: demoDemand}
-	n := int64(len(simulated))
-	s.host, err = gpuserver.NewHost(gpuserver.HostConfig{
-		Config: gpuserver.Config{Inventory: sim.Inventory(n*16000, n*(64<<30), map[string]string{gpuapi.LabelDaemonURL: s.url}),
-			Client: servers, Heartbeat: 2 * time.Second, LabelAllowlist: []string{"app"}, Log: d.log},
-		Source: sim, Interval: time.Second, ProcessEvery: 2,
-	})
-	if err != nil {
+// startPart validates a part's options and runs it (its binary's app.Run)
+// until the demo closes; a part that fails stops the demo.
+func startPart[O interface{ Validate() error }](d *demo, name string, o O, run func(context.Context, O, *slog.Logger) error) error {
+	if err := o.Validate(); err != nil {
 		return err
 	}
 	d.running.Go(func() {
-		if err := s.host.Serve(ctx, gpuserver.Listeners{HTTP: httpLn, Probes: probeLn}); err != nil {
-			d.log.Error("serving", "server", name, "err", err)
+		if err := run(d.parts, o, d.log); err != nil {
+			d.log.Error("stopping", "part", name, "err", err)
+			d.stop(fmt.Errorf("%s: %w", name, err))
 		}
 	})
+	return nil
+}
+
+// startAllocator starts the allocator on a loopback port, with its store
+// and config in dir, and makes the clients of the view and the workload.
+func (d *demo) startAllocator(dir string, seed uint64) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	o := allocatorapp.NewOptions()
+	o.Listener, o.DataDir, o.ConfigFile, o.Seed = ln, filepath.Join(dir, "allocator"), d.tokens.configFile, seed
+	o.HeartbeatTimeout = 10 * time.Second
+	if err := startPart(d, "allocator", o, allocatorapp.Run); err != nil {
+		return err
+	}
+	d.allocatorURL = "http://" + ln.Addr().String()
+	if d.client, err = client.New([]string{d.allocatorURL}, d.tokens.admin); err != nil {
+		return err
+	}
+	d.tenants = map[string]*client.Client{}
+	for ns, token := range d.tokens.tenant {
+		if d.tenants[ns], err = client.New([]string{d.allocatorURL}, token); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startServer starts a GPU server's daemon on simulated GPUs (gpus, as
+// --simulate-gpus) on loopback ports, and waits until it registered,
+// saying where. A client node probes its data path, as `gpupool run`
+// does, so that the latency series have data.
+func (d *demo) startServer(name, gpus string, cpuMilli int64, seed uint64) error {
+	o := serverapp.NewOptions()
+	o.Name, o.Allocator, o.Tokens = name, d.allocatorURL, cli.TokenFile(d.tokens.serversFile)
+	o.Listen, o.ProbeListen, o.ProcessSocket = "127.0.0.1:0", "127.0.0.1:0", ""
+	o.SimulateGPUs, o.SimulateTopology, o.Seed, o.SimulatedDemand, o.CPUMilli = gpus, "none", seed, demoDemand, cpuMilli
+	o.Heartbeat, o.ProcessEvery = 2*time.Second, 2
+	if err := startPart(d, name, o, serverapp.Run); err != nil {
+		return err
+	}
+	registered, err := d.awaitRegistered(name)
+	if err != nil {
+		return err
+	}
+	d.servers = append(d.servers, demoServer{name: name, url: registered.Labels[gpuapi.LabelDaemonURL]})
 	d.running.Go(func() {
-		_ = gpuapi.DialProbe(ctx, probeLn.Addr().String(), "demo-client-0", time.Second, func(time.Duration) {})
+		_ = gpuapi.DialProbe(d.parts, registered.Labels[gpuapi.LabelProbeAddress], "demo-client-0", time.Second, func(time.Duration) {})
 	})
-	d.servers = append(d.servers, s)
-	return d.awaitRegistered(ctx, name)
+	return nil
 }
 
 // registerTimeout bounds the wait for a server to register.
 const registerTimeout = 30 * time.Second
 
 // awaitRegistered waits until the pool lists the server, at most
-// registerTimeout.
-func (d *demo) awaitRegistered(ctx context.Context, name string) error {
-	wait, cancel := context.WithTimeout(ctx, registerTimeout)
+// registerTimeout, and returns it as listed.
+func (d *demo) awaitRegistered(name string) (api.ServerStatus, error) {
+	wait, cancel := context.WithTimeout(d.parts, registerTimeout)
 	defer cancel()
 	for {
-		if pool, err := d.client.Pool(wait); err == nil && slices.ContainsFunc(pool.Servers, func(s api.ServerStatus) bool { return s.Name == name }) {
-			return nil
+		if pool, err := d.client.Pool(wait); err == nil {
+			if i := slices.IndexFunc(pool.Servers, func(s api.ServerStatus) bool { return s.Name == name }); i >= 0 {
+				return pool.Servers[i], nil
+			}
 		}
 		select {
 		case <-wait.Done():
-			if ctx.Err() != nil {
-				return ctx.Err()
+			if d.parts.Err() != nil {
+				return api.ServerStatus{}, context.Cause(d.parts)
 			}
-			return fmt.Errorf("not registered with the allocator after %s (%s says why)", registerTimeout, d.logFile)
+			return api.ServerStatus{}, fmt.Errorf("not registered with the allocator after %s (%s says why)", registerTimeout, d.logFile)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
 
-// startAdapter serves the external metrics API on loopback with the
-// direct backend, which reads the pool with the admin token. There is no
-// cluster to delegate authentication to, so it serves everyone: the demo
-// says so.
-func (d *demo) startAdapter(ctx context.Context, dir string, reg prometheus.Registerer) error {
-	// The API server logs through klog; keep it in the demo's log.
-	klog.LogToStderr(false)
-	klog.SetOutput(d.logWriter)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// startAdapter serves the external metrics API on a loopback port with
+// the direct backend, which reads the pool with the admin token. There is
+// no cluster to delegate authentication to, so it serves everyone: the
+// demo says so. Its certificate is made here, for the view to trust it.
+func (d *demo) startAdapter(dir string) error {
+	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	opts := options.NewCustomMetricsAdapterServerOptions()
-	opts.SecureServing.Listener = ln
-	opts.SecureServing.BindPort = ln.Addr().(*net.TCPAddr).Port
-	opts.SecureServing.ServerCert.CertDirectory = filepath.Join(dir, "adapter-certs")
-	d.adapter = adapter.NewProvider(adapter.NewDirect(d.client, 500*time.Millisecond, d.log), 30*time.Second,
-		adapter.NewMetrics(reg), nil, d.log)
-	srv, err := adapter.NewServer(opts, nil, d.adapter)
+	metricsLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	d.running.Go(func() {
-		if err := srv.GenericAPIServer.PrepareRun().RunWithContext(ctx); err != nil {
-			d.log.Error("adapter", "err", err)
-		}
-	})
-	d.adapterURL = "https://" + ln.Addr().String() + "/apis/external.metrics.k8s.io/v1beta1"
+	o := adapterapp.NewOptions()
+	o.Allocator, o.AllocatorTokenFile, o.NoDelegation, o.MetricsListener = d.allocatorURL, d.tokens.adminFile, true, metricsLn
+	serving := o.Serving.SecureServing
+	serving.Listener, serving.BindAddress, serving.BindPort = apiLn, net.IPv4(127, 0, 0, 1), apiLn.Addr().(*net.TCPAddr).Port
+	serving.ServerCert.CertDirectory = filepath.Join(dir, "adapter-certs")
+	if err := adapter.SelfSignedCert(o.Serving); err != nil {
+		return err
+	}
+	cert, err := os.ReadFile(serving.ServerCert.CertKey.CertFile)
+	if err != nil {
+		return err
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(cert) {
+		return fmt.Errorf("%s holds no certificate", serving.ServerCert.CertKey.CertFile)
+	}
+	d.http = &http.Client{Timeout: 2 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}}
+	if err := startPart(d, "adapter", o, adapterapp.Run); err != nil {
+		return err
+	}
+	d.adapterURL = "https://" + apiLn.Addr().String() + "/apis/external.metrics.k8s.io/v1beta1"
+	d.adapterMetrics = metricsLn.Addr().String()
 	return nil
 }

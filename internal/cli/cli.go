@@ -116,6 +116,10 @@ func AddTokenFlags(fs *flag.FlagSet, what string) *TokenFlags {
 	return t
 }
 
+// TokenFile is the token flags of a caller that sets a service's options in
+// code, not on a command line: --token-file path (gpupool-demo's daemons).
+func TokenFile(path string) *TokenFlags { return &TokenFlags{file: path} }
+
 // Token is the bearer token the flags name, and a warning to show when it
 // came from the command line.
 func (t *TokenFlags) Token() (token, warning string, err error) {

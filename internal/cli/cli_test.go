@@ -144,6 +144,19 @@ func TestTokenFlags(t *testing.T) {
 	}
 }
 
+// TestTokenFile: the flags set in code read the file, as --token-file
+// does, before the environment.
+func TestTokenFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("from-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(TokenEnv, "from-env")
+	if token, warning, err := TokenFile(file).Token(); token != "from-file" || warning != "" || err != nil {
+		t.Errorf("TokenFile(%s).Token() = %q, %q, %v; want from-file", file, token, warning, err)
+	}
+}
+
 // TestPrivateFileWarning: a file of secrets that others, or a group this
 // process is not in, may read is warned about; one only its owner (or
 // this process's group) reads is not.

@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"time"
 
@@ -59,7 +58,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		return fmt.Errorf("building the API server: %w", err)
 	}
 	metrics := httpserver.Endpoint{Name: "/metrics", Server: httpserver.New(httpserver.MetricsHandler(reg), httpserver.Default)}
-	if metrics.Listener, err = net.Listen("tcp", o.MetricsListen); err != nil {
+	if metrics.Listener, err = httpserver.Listen(o.MetricsListener, o.MetricsListen); err != nil {
 		return fmt.Errorf("listening for /metrics: %w", err)
 	}
 	log.Info("adapter serving", "backend", be.Name(), "max_age", o.MaxAge, "metrics", "http://"+metrics.Listener.Addr().String()+"/metrics",

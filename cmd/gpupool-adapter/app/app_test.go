@@ -45,11 +45,16 @@ func TestRunRefusesBadFlags(t *testing.T) {
 }
 
 // TestRunServesUntilTheContextEnds: on loopback without delegation, Run
-// serves the external metrics API and /metrics, and returns nil once its
-// context ends, both stopped.
+// serves the external metrics API and /metrics (on the MetricsListener
+// given), and returns nil once its context ends, both stopped.
 func TestRunServesUntilTheContextEnds(t *testing.T) {
 	o := NewOptions()
-	o.NoDelegation, o.MetricsListen = true, freeAddr(t)
+	metrics, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.NoDelegation, o.MetricsListener = true, metrics
+	metricsURL := "http://" + metrics.Addr().String() + "/metrics"
 	_, port, _ := net.SplitHostPort(freeAddr(t))
 	o.Serving.SecureServing.BindAddress = net.ParseIP("127.0.0.1")
 	o.Serving.SecureServing.BindPort, _ = strconv.Atoi(port)
@@ -60,7 +65,7 @@ func TestRunServesUntilTheContextEnds(t *testing.T) {
 
 	// The API server's certificate is the loopback one Run made itself.
 	insecure := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	for _, url := range []string{"http://" + o.MetricsListen + "/metrics", "https://127.0.0.1:" + port + "/readyz"} {
+	for _, url := range []string{metricsURL, "https://127.0.0.1:" + port + "/readyz"} {
 		if err := waitOK(insecure, url, done); err != nil {
 			cancel()
 			t.Fatalf("%s: %v", url, err)
@@ -75,7 +80,7 @@ func TestRunServesUntilTheContextEnds(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("Run did not return after its context ended")
 	}
-	for _, url := range []string{"http://" + o.MetricsListen + "/metrics", "https://127.0.0.1:" + port + "/readyz"} {
+	for _, url := range []string{metricsURL, "https://127.0.0.1:" + port + "/readyz"} {
 		if resp, err := insecure.Get(url); err == nil {
 			_ = resp.Body.Close()
 			t.Errorf("%s still answers after Run returned", url)

@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"time"
 
@@ -24,6 +25,10 @@ type Options struct {
 	Kubeconfig                                     string
 	NoDelegation                                   bool
 	MetricsListen                                  string
+	// MetricsListener, when set, serves /metrics in place of MetricsListen:
+	// no flag sets it, a caller that runs the adapter in its own process
+	// does (gpupool-demo), as Serving.SecureServing.Listener for the API.
+	MetricsListener net.Listener
 
 	Serving *options.CustomMetricsAdapterServerOptions
 }

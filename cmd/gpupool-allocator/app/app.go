@@ -45,14 +45,14 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}
-	tlsConfig, err := httpserver.ServingTLS(o.Listen, o.CertFile, o.KeyFile, o.InsecureHTTP, log)
+	tlsConfig, err := httpserver.ServingTLS(o.listenAddress(), o.CertFile, o.KeyFile, o.InsecureHTTP, log)
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}
 	reg := metricdef.NewProcessRegistry()
 	api := httpserver.Endpoint{Name: "the API", Server: httpserver.New(nil, httpserver.Default)}
 	term, err := service.NewLeadership(service.LeadershipConfig{
-		Service: service.Config{Policy: o.Policy, DefaultTTL: o.DefaultTTL, MaxTTL: o.MaxTTL,
+		Service: service.Config{Policy: o.Policy, Seed: o.Seed, DefaultTTL: o.DefaultTTL, MaxTTL: o.MaxTTL,
 			HeartbeatTimeout: o.HeartbeatTimeout, MaxWaiting: o.MaxWaiting, MaxWaitingPerNamespace: o.MaxWaitingPerNamespace,
 			Quotas: quotas, Registry: reg, Logger: log},
 		Auth: auth, Gatherer: reg, Tick: o.Tick, Drain: func() { drain(api.Server) }})
@@ -60,7 +60,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		return err
 	}
 	api.Server.Handler = term
-	if api.Listener, err = net.Listen("tcp", o.Listen); err != nil {
+	if api.Listener, err = httpserver.Listen(o.Listener, o.Listen); err != nil {
 		return fmt.Errorf("listening: %w", err)
 	}
 	r := &replica{o: o, term: term, log: log, addr: api.Listener.Addr(), scheme: "http"}

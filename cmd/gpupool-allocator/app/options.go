@@ -3,6 +3,7 @@ package app
 import (
 	"flag"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"time"
@@ -26,6 +27,14 @@ type Options struct {
 	MaxWaiting, MaxWaitingPerNamespace int
 	// Check verifies the store and exits (Check) instead of serving.
 	Check bool
+
+	// Listener and Seed have no flag: a caller that runs the allocator in
+	// its own process sets them (gpupool-demo). Listener, when set, is
+	// where Run serves in place of Listen, and its address is the one that
+	// must be loopback to serve plain HTTP; Seed breaks placement's ties
+	// (allocator.PolicyOptions), 0 for the command.
+	Listener net.Listener
+	Seed     uint64
 }
 
 // NewOptions returns the defaults.
@@ -90,6 +99,14 @@ func validStore(kind string) error {
 		return fmt.Errorf("--store %q is not one of bolt, etcd", kind)
 	}
 	return nil
+}
+
+// listenAddress is where Run serves: Listener's address, else Listen.
+func (o *Options) listenAddress() string {
+	if o.Listener != nil {
+		return o.Listener.Addr().String()
+	}
+	return o.Listen
 }
 
 // etcdEndpoints are --etcd-endpoints, split.

@@ -94,7 +94,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 // allocatorClient is the allocator's client with the token the flags
 // name; a token given on the command line is warned about.
 func (o *Options) allocatorClient(log *slog.Logger) (*client.Client, error) {
-	token, warning, err := o.tokens.Token()
+	token, warning, err := o.Tokens.Token()
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +121,7 @@ func (o *Options) sourceConfig(log *slog.Logger) collector.SourceConfig {
 // their device files when asked for.
 func (o *Options) openSimulated() (collector.Source, inventory.Server, error) {
 	sim := &fakegpu.Source{Server: o.Name, Seed: o.Seed, GPUs: o.simulatedGPUs, Topology: o.simulatedTopology,
-		DeviceDir: o.SimulatedDeviceDir}
+		DeviceDir: o.SimulatedDeviceDir, Demand: o.SimulatedDemand}
 	if o.SimulatedWorkload != "" {
 		sim.Demand = (&fakegpu.WorkloadFile{Path: o.SimulatedWorkload}).Demand
 	}

@@ -13,7 +13,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/fakegpu"
 	"github.com/gpupool/gpupool/internal/cli"
 )
 
@@ -127,6 +130,46 @@ func TestRunBadCAIsTheCommandLines(t *testing.T) {
 	var usage *cli.UsageError
 	if err := Run(context.Background(), o, slog.New(slog.DiscardHandler)); !errors.As(err, &usage) || !strings.HasPrefix(err.Error(), "--allocator-ca-file: ") {
 		t.Errorf("Run = %v, want a usage error naming --allocator-ca-file", err)
+	}
+}
+
+// TestRunReadsTheTokenFileGiven: options set in code name the token file
+// as --token-file does, and one that does not open is a bad flag.
+func TestRunReadsTheTokenFileGiven(t *testing.T) {
+	o := NewOptions()
+	o.Listen, o.Tokens = "256.0.0.1:0", cli.TokenFile(filepath.Join(t.TempDir(), "missing"))
+	var usage *cli.UsageError
+	if err := Run(context.Background(), o, slog.New(slog.DiscardHandler)); !errors.As(err, &usage) || !strings.HasPrefix(err.Error(), "--token-file: ") {
+		t.Errorf("Run = %v, want a usage error naming --token-file", err)
+	}
+}
+
+// TestOpenSimulatedDemand: the SimulatedDemand given drives the simulated
+// GPUs, and --simulated-workload's file takes its place.
+func TestOpenSimulatedDemand(t *testing.T) {
+	workload := filepath.Join(t.TempDir(), "workload.yaml")
+	if err := os.WriteFile(workload, []byte("[]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range []string{"", workload} {
+		o := NewOptions()
+		o.SimulatedWorkload = file
+		o.SimulatedDemand = func([]allocator.Lease, time.Time) map[string]float64 { return map[string]float64{"lease-a": 0.5} }
+		if err := o.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		src, _, err := o.openSimulated()
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases := []allocator.Lease{{ID: "lease-a"}}
+		got, want := src.(*fakegpu.Source).Demand(leases, time.Time{})["lease-a"], 0.5
+		if file != "" {
+			want = 0
+		}
+		if got != want {
+			t.Errorf("--simulated-workload %q: lease-a's demand %v, want %v", file, got, want)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/collector"
 	"github.com/gpupool/gpupool/fakegpu"
 	"github.com/gpupool/gpupool/internal/cli"
@@ -35,12 +36,19 @@ type Options struct {
 	LabelsAllowlist string
 	CPUMilli        int64
 	Sysfs           string
+	// Tokens are --token-file and --token; a caller that sets the options
+	// in code gives cli.TokenFile.
+	Tokens *cli.TokenFlags
+	// SimulatedDemand, which no flag sets, drives the simulated GPUs where
+	// no --simulated-workload does: how busy each lease keeps its share at
+	// a time (fakegpu.Source.Demand), for a caller that simulates its
+	// workload in code (gpupool-demo).
+	SimulatedDemand func(leases []allocator.Lease, t time.Time) map[string]float64
 
 	// simulatedGPUs and simulatedTopology are SimulateGPUs and
 	// SimulateTopology, parsed by Validate.
 	simulatedGPUs     []fakegpu.GPU
 	simulatedTopology inventory.Topology
-	tokens            *cli.TokenFlags
 	// flags is where AddFlags registered the options, to tell a flag
 	// left at its default from one set to it.
 	flags *flag.FlagSet
@@ -55,7 +63,7 @@ func NewOptions() *Options {
 		Source: collector.SourceSimulated, DCGMURL: "http://127.0.0.1:9400/metrics",
 		SimulateGPUs: "H100:80Gi:8", SimulateTopology: "nvswitch", Seed: 1,
 		Interval: time.Second, ProcessEvery: 5, Heartbeat: 5 * time.Second, LabelsAllowlist: "app", Sysfs: "/sys",
-		tokens: &cli.TokenFlags{},
+		Tokens: &cli.TokenFlags{},
 	}
 }
 
@@ -70,7 +78,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Name, "name", o.Name, "server name in the pool (default: the host name, lowercased, as the kubelet names nodes)")
 	fs.StringVar(&o.Allocator, "allocator", o.Allocator, "allocator URL; replicas comma-separated (env GPUPOOL_ALLOCATOR)")
 	cli.AllocatorCAFlagVar(fs, &o.AllocatorCAFile)
-	o.tokens = cli.AddTokenFlags(fs, "the servers group's bearer token, or this server's own")
+	o.Tokens = cli.AddTokenFlags(fs, "the servers group's bearer token, or this server's own")
 	fs.StringVar(&o.Listen, "listen", o.Listen, "address of /metrics, /healthz and /v1/usage")
 	fs.StringVar(&o.ProcessSocket, "process-socket", o.ProcessSocket, "Unix socket where `gpupool run` on this host reports the processes of its leases; <name> is --name; empty: take no reports (processes in pods are still attributed by their pod)")
 	fs.StringVar(&o.ProbeListen, "probe-listen", o.ProbeListen, "address where clients probe the data-path round trip (TCP)")
