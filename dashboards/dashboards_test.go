@@ -180,8 +180,8 @@ func TestQueriesHaveDataInDemo(t *testing.T) {
 }
 
 // startDemo runs `gpupool-demo` until the test ends and returns the base
-// URLs of its /metrics: the allocator's (which serves the adapter's own
-// metrics too), then the three GPU servers'.
+// URLs of its /metrics: the allocator's, the three GPU servers' and the
+// adapter's own.
 func startDemo(t *testing.T, bin string) []string {
 	t.Helper()
 	cmd := exec.Command(bin, "--duration", "90s")
@@ -215,8 +215,8 @@ func startDemo(t *testing.T, bin string) []string {
 		}
 	}
 	go func() { _, _ = io.Copy(io.Discard, stdout) }() // the live view, once a second
-	if len(urls) != 4 {
-		t.Fatalf("demo printed %d /metrics URLs, want the allocator's and 3 servers':\n%s", len(urls), out.String())
+	if len(urls) != 5 {
+		t.Fatalf("demo printed %d /metrics URLs, want the allocator's, 3 servers' and the adapter's:\n%s", len(urls), out.String())
 	}
 	return urls
 }

@@ -60,7 +60,8 @@ func (d *demo) header(w io.Writer, gpupool string) {
 	for _, s := range d.servers {
 		fmt.Fprintf(w, "  metrics: %s/metrics (%s)\n", s.url, s.name)
 	}
-	fmt.Fprintf(w, "  external metrics: %s (no authentication: loopback only; its own metrics on %s)\n", d.adapterURL, d.adapterMetrics)
+	fmt.Fprintf(w, "  metrics: http://%s/metrics (adapter)\n", d.adapterMetrics)
+	fmt.Fprintf(w, "  external metrics: %s (no authentication: loopback only)\n", d.adapterURL)
 	fmt.Fprintf(w, "  try: curl -sk '%s/namespaces/ml/bitfusion_gpu_utilization?labelSelector=app%%3Dtf-training'\n", d.adapterURL)
 	fmt.Fprintf(w, "  try: GPUPOOL_ALLOCATOR=%s GPUPOOL_TOKEN=%s GPUPOOL_NAMESPACE=ml %s pool status   # namespace ml's token: leases, quota and run act in ml only\n",
 		d.allocatorURL, d.tokens.tenant["ml"], gpupool)

@@ -70,8 +70,8 @@ func TestDemoInTerminal(t *testing.T) {
 			t.Errorf("a later frame lacks %q:\n%s", want, frame)
 		}
 	}
-	if n := strings.Count(frame, "/metrics"); n != 4 {
-		t.Errorf("a later frame shows %d /metrics URLs, want the allocator's and 3 servers':\n%s", n, frame)
+	if n := strings.Count(frame, "/metrics"); n != 5 {
+		t.Errorf("a later frame shows %d /metrics URLs, want the allocator's, 3 servers' and the adapter's:\n%s", n, frame)
 	}
 
 	if _, err := terminal.Write([]byte{3}); err != nil { // Ctrl-C, as typed

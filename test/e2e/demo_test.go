@@ -67,8 +67,8 @@ func TestDemo(t *testing.T) {
 			break
 		}
 	}
-	if len(urls) != 4 {
-		t.Fatalf("demo printed %d /metrics URLs, want the allocator's and 3 servers':\n%s", len(urls), out.String())
+	if len(urls) != 5 {
+		t.Fatalf("demo printed %d /metrics URLs, want the allocator's, 3 servers' and the adapter's:\n%s", len(urls), out.String())
 	}
 	if allocatorURL == "" || tenantLine == "" || adminToken == "" {
 		t.Fatalf("demo did not print its allocator, namespace ml's token and the admin token:\n%s", out.String())
