@@ -71,8 +71,8 @@ DEMO_FLAGS ?= --duration=60s
 .PHONY: demo
 demo: ## the whole pool on this machine for 60s (allocator, simulated GPU servers, workload; Ctrl-C stops early)
 	@echo "building the demo and the gpupool client into bin/ (about 12 minutes the first time on 2 cores, seconds after) ..."
-	$(BUILD_CLIENT)
-	$(GO) build $(RELEASE_FLAGS) -o bin/ ./cmd/gpupool-demo
+	@CGO_ENABLED=0 tools/build-progress.sh bin/ ./cmd/gpupool $(RELEASE_FLAGS)
+	@tools/build-progress.sh bin/ ./cmd/gpupool-demo $(RELEASE_FLAGS)
 	@set -m 2>/dev/null; bin/gpupool-demo $(DEMO_FLAGS)
 
 # The soak's settings, each overridable (SOAK_DURATION=5m make soak);
