@@ -62,6 +62,9 @@ type Config struct {
 	UnboundLeaseTimeout time.Duration
 	// Recorder writes Events on pods; nil records them through Client.
 	Recorder record.EventRecorder
+	// Election, when set, makes one replica of several reconcile; without
+	// it this one always does (a single replica).
+	Election *Election
 	Logger   *slog.Logger
 	Registry prometheus.Registerer
 }
@@ -103,6 +106,12 @@ type Controller struct {
 	synced  []cache.InformerSynced
 	queue   workqueue.TypedRateLimitingInterface[item]
 
+	election *Election
+	// reconciling is set while this replica reconciles: a standby queues
+	// nothing, and the resync its leadership starts with covers what it
+	// saw meanwhile.
+	reconciling atomic.Bool
+
 	// allocatorDown is set while the allocator does not answer, so that an
 	// outage is logged once, not once per item retried through it.
 	allocatorDown atomic.Bool
@@ -134,17 +143,28 @@ func NewController(cfg Config) (*Controller, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
+	if cfg.Election != nil {
+		election := *cfg.Election
+		if err := election.validate(); err != nil {
+			return nil, err
+		}
+		cfg.Election = &election
+	}
 	m, err := newMetrics(cfg.Registry)
 	if err != nil {
 		return nil, err
 	}
 	c := &Controller{
 		unit: cfg.Unit, resyncEvery: cfg.Resync, unboundTimeout: cfg.UnboundLeaseTimeout, log: cfg.Logger, alloc: cfg.Allocator, client: cfg.Client, record: cfg.Recorder, metrics: m,
-		factory: informers.NewSharedInformerFactory(cfg.Client, 0),
+		election: cfg.Election,
+		factory:  informers.NewSharedInformerFactory(cfg.Client, 0),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[item](retryBase, retryMax),
 			workqueue.TypedRateLimitingQueueConfig[item]{Name: "gpupool-leases"}),
 	}
+	// A single replica queues from its informers' first events on; a
+	// replica of several, once it leads.
+	c.reconciling.Store(cfg.Election == nil)
 	if c.record == nil {
 		c.events = record.NewBroadcaster()
 		c.record = c.events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: EventSource})
@@ -186,7 +206,7 @@ func (c *Controller) watch() error {
 	if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj any) {
 			if node, ok := tombstoned[*corev1.Node](obj); ok {
-				c.queue.Add(item{kind: kindNode, name: node.Name})
+				c.add(item{kind: kindNode, name: node.Name})
 			}
 		},
 	}); err != nil {
@@ -197,7 +217,7 @@ func (c *Controller) watch() error {
 	c.quotas = quotas.Lister()
 	enqueueNamespace := func(obj any) {
 		if q, ok := tombstoned[*corev1.ResourceQuota](obj); ok {
-			c.queue.Add(item{kind: kindQuota, namespace: q.Namespace})
+			c.add(item{kind: kindQuota, namespace: q.Namespace})
 		}
 	}
 	if _, err := quotas.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -227,8 +247,15 @@ func (c *Controller) Pods() corelisters.PodLister {
 // did not place hold none.
 func (c *Controller) enqueuePod(pod *corev1.Pod, reason string) {
 	if _, placed := pod.Annotations[kube.AnnotationRequest]; placed {
-		c.queue.Add(item{kind: kindPod, namespace: pod.Namespace, name: pod.Name, uid: pod.UID,
+		c.add(item{kind: kindPod, namespace: pod.Namespace, name: pod.Name, uid: pod.UID,
 			lease: pod.Annotations[kube.AnnotationLease], reason: reason})
+	}
+}
+
+// add queues an item while this replica reconciles.
+func (c *Controller) add(it item) {
+	if c.reconciling.Load() {
+		c.queue.Add(it)
 	}
 }
 
@@ -242,19 +269,35 @@ func tombstoned[T any](obj any) (T, bool) {
 	return v, ok
 }
 
-// Run starts the informers, resyncs once they are synced and every
-// Resync period after, and reconciles until ctx ends.
+// Run starts the informers and, once they are synced, reconciles until
+// ctx ends: at once with no Election, else while this replica leads.
 func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	if c.events != nil {
 		c.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
 		defer c.events.Shutdown()
 	}
-	c.factory.Start(ctx.Done())
+	// The informers stop with Run, a lost leadership included, before
+	// Shutdown waits for them.
+	ctx, stopInformers := context.WithCancel(ctx)
 	defer c.factory.Shutdown()
+	defer stopInformers()
+	c.factory.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		return fmt.Errorf("leases: informer caches did not sync: %w", context.Cause(ctx))
 	}
+	if c.election != nil {
+		return c.lead(ctx)
+	}
+	c.reconcileUntil(ctx)
+	return nil
+}
+
+// reconcileUntil resyncs at once and every Resync period after, and
+// reconciles the items queued, until ctx ends.
+func (c *Controller) reconcileUntil(ctx context.Context) {
+	c.reconciling.Store(true)
+	defer c.reconciling.Store(false)
 	// One worker: a resync then never races a pod's release (acquiring
 	// again the lease of a pod whose deletion is being handled), and one
 	// release costs a few milliseconds, hundreds a second.
@@ -273,7 +316,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			c.queue.ShutDown()
 			wg.Wait()
-			return nil
+			return
 		}
 	}
 }

@@ -15,10 +15,12 @@ var (
 		"Pod leases released, by reason (pod_deleted, pod_succeeded, pod_failed, node_deleted, pod_unbound: a lease the scheduler took for a pod never bound).")
 	reacquisitionsTotal = metricdef.Counter("bitfusion_lease_controller_reacquisitions_total", "leases", metricdef.Labels{"outcome"},
 		"Bound pods whose lease was gone, by outcome of acquiring it again on their node (granted, refused).")
+	leader = metricdef.Gauge("bitfusion_lease_controller_leader", "", nil,
+		"1 while this replica leads and reconciles, 0 while it stands by (--leader-elect): one replica of the controller's should say 1.")
 )
 
 // MetricFamilies is the table of the controller's metrics.
-var MetricFamilies = []*metricdef.Family{reconcilesTotal, releasesTotal, reacquisitionsTotal}
+var MetricFamilies = []*metricdef.Family{reconcilesTotal, releasesTotal, reacquisitionsTotal, leader}
 
 // Results and outcomes, as the metrics label them.
 const (
@@ -32,6 +34,7 @@ type metrics struct {
 	reconciles     *prometheus.CounterVec
 	releases       *prometheus.CounterVec
 	reacquisitions *prometheus.CounterVec
+	leader         prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -39,8 +42,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reconciles:     reconcilesTotal.NewCounterVec(),
 		releases:       releasesTotal.NewCounterVec(),
 		reacquisitions: reacquisitionsTotal.NewCounterVec(),
+		leader:         prometheus.NewGauge(prometheus.GaugeOpts{Name: leader.Name, Help: leader.Help}),
 	}
-	for _, c := range []prometheus.Collector{m.reconciles, m.releases, m.reacquisitions} {
+	for _, c := range []prometheus.Collector{m.reconciles, m.releases, m.reacquisitions, m.leader} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

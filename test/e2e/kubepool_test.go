@@ -118,6 +118,11 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 		waitForWebhook(t, cp.Client, ns)
 	}
 
+	// gpupool-scheduler's own namespace, where its replicas' election
+	// Lease lives, as deployed.
+	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "gpupool"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	p.extender = "127.0.0.1:" + freePort(t)
 	p.startScheduler(t)
 	if err := cp.StartScheduler(ctx, e2ekube.SchedulerOptions{ExtenderURL: "http://" + p.extender, ExtenderTimeout: o.ExtenderTimeout}); err != nil {

@@ -88,8 +88,12 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	}
 
 	reg := metricdef.NewProcessRegistry()
+	election, err := o.election()
+	if err != nil {
+		return err
+	}
 	controller, err := leases.NewController(leases.Config{Client: kubeClient, Allocator: alloc, Unit: o.Unit, Resync: o.Resync,
-		UnboundLeaseTimeout: o.UnboundLeaseTimeout, Logger: log, Registry: reg})
+		UnboundLeaseTimeout: o.UnboundLeaseTimeout, Election: election, Logger: log, Registry: reg})
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}

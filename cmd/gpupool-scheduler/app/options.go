@@ -1,9 +1,11 @@
 package app
 
 import (
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -25,6 +27,10 @@ type Options struct {
 	Resync, UnboundLeaseTimeout           time.Duration
 	KubeAPIQPS                            float64
 	KubeAPIBurst                          int
+	// LeaderElect runs the lease controller in the replica that holds the
+	// Lease leases.DefaultElectionName in LeaderElectNamespace only.
+	LeaderElect          bool
+	LeaderElectNamespace string
 
 	// Unit is UnitName, parsed by Validate.
 	Unit kube.Unit
@@ -35,7 +41,7 @@ func NewOptions() *Options {
 	return &Options{
 		Listen: "127.0.0.1:8474", MetricsListen: "127.0.0.1:9474", Allocator: "http://127.0.0.1:8470",
 		UnitName: string(kube.UnitPercent), Resync: leases.DefaultResync, UnboundLeaseTimeout: scheduler.DefaultUnboundLeaseTimeout,
-		KubeAPIQPS: 200, KubeAPIBurst: 400,
+		KubeAPIQPS: 200, KubeAPIBurst: 400, LeaderElect: true, LeaderElectNamespace: "gpupool",
 	}
 }
 
@@ -54,6 +60,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Resync, "resync", o.Resync, "how often every lease is compared with its pod and every quota with its ResourceQuotas (and once at start)")
 	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "requests per second to kube-apiserver (a bind reads the pod and creates its binding)")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "burst of requests to kube-apiserver above --kube-api-qps")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "reconcile leases and quotas in one replica at a time, the holder of the coordination.k8s.io Lease "+leases.DefaultElectionName+" (the others serve the extender and stand by, taking over within 15 s of the leader's loss); false only where one replica runs")
+	fs.StringVar(&o.LeaderElectNamespace, "leader-elect-namespace", o.LeaderElectNamespace, "namespace of the election's Lease, gpupool-scheduler's own")
 	fs.DurationVar(&o.UnboundLeaseTimeout, "unbound-lease-timeout", o.UnboundLeaseTimeout, "how long a lease a filter took waits for its pod's bind: then, the pod still unbound, it is released (kube-scheduler's cycle failed after the filter, which the extender protocol does not report); the resync releases such leases too, after a restart")
 }
 
@@ -79,6 +87,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("--kube-api-burst %d: must be at least 1", o.KubeAPIBurst)
 	case strings.TrimSpace(o.Allocator) == "":
 		return errors.New("--allocator: no address")
+	case o.LeaderElect && o.LeaderElectNamespace == "":
+		return errors.New("--leader-elect-namespace: empty, while --leader-elect is on")
 	}
 	return nil
 }
@@ -105,4 +115,18 @@ func servingMode(listen, certFile, keyFile, clientCAFile string) (tls bool, err 
 		return false, fmt.Errorf("--listen %s is not a loopback address: --client-ca-file must name the CA of kube-scheduler's client certificate", listen)
 	}
 	return true, nil
+}
+
+// election is the lease controller's election, nil without --leader-elect.
+// A replica is its pod's name (the hostname) and a random suffix, so that
+// a pod restarted under the same name is told from the one it replaces.
+func (o *Options) election() (*leases.Election, error) {
+	if !o.LeaderElect {
+		return nil, nil
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return nil, fmt.Errorf("--leader-elect: naming this replica: %w", err)
+	}
+	return &leases.Election{Namespace: o.LeaderElectNamespace, Name: leases.DefaultElectionName, Identity: host + "_" + rand.Text()[:8]}, nil
 }

@@ -21,5 +21,7 @@ func TestOptionsValidate(t *testing.T) {
 		{[]string{"--kube-api-qps", "0"}, "--kube-api-qps 0: must be more than 0"},
 		{[]string{"--kube-api-burst", "0"}, "--kube-api-burst 0: must be at least 1"},
 		{[]string{"--allocator", " "}, "--allocator: no address"},
+		{[]string{"--leader-elect-namespace", ""}, "--leader-elect-namespace: empty, while --leader-elect is on"},
+		{[]string{"--leader-elect=false", "--leader-elect-namespace", ""}, ""},
 	})
 }
