@@ -18,19 +18,33 @@ import (
 // bitfusion.io/gpu (limits. is not valid for an extended resource).
 const requestsGPU = corev1.ResourceName(corev1.DefaultResourceRequestsPrefix + kube.ResourceGPU)
 
-// eventQuotaRefused is the reason of the Event written on a ResourceQuota
-// whose hard limit the allocator refused.
-const eventQuotaRefused = "QuotaNotApplied"
+// bareGPU is bitfusion.io/gpu as a ResourceQuota's hard, as Bitfusion's
+// articles write it (kubectl create quota --hard=bitfusion.io/gpu=32).
+// kube-apiserver takes it and enforces nothing: an extended resource is
+// quota'd under requests. only. The pool enforces it all the same.
+const bareGPU = corev1.ResourceName(kube.ResourceGPU)
 
-// quota is a namespace's GPU quota and the ResourceQuota that sets it.
+// The reasons of the Events written on a ResourceQuota: its hard limit
+// refused by the allocator; its limit under bareGPU, enforced by the pool
+// alone.
+const (
+	eventQuotaRefused  = "QuotaNotApplied"
+	eventQuotaPoolOnly = "QuotaEnforcedByPoolOnly"
+)
+
+// quota is a namespace's GPU quota and the ResourceQuota, and its
+// resource, that set it.
 type quota struct {
-	share allocator.Share
-	from  *corev1.ResourceQuota
+	share    allocator.Share
+	from     *corev1.ResourceQuota
+	resource corev1.ResourceName
 }
 
 // namespaceQuota is a namespace's GPU quota: the least of its
-// ResourceQuotas' requests.bitfusion.io/gpu, since kube-apiserver admits
-// a pod only under all of them; nil when none limits it.
+// ResourceQuotas' requests.bitfusion.io/gpu and bitfusion.io/gpu, since a
+// pod is admitted only under all of them; nil when none limits it. A
+// ResourceQuota that says bitfusion.io/gpu gets an Event saying that the
+// pool alone enforces it, and which form kube-apiserver enforces.
 func (c *Controller) namespaceQuota(namespace string) (*quota, error) {
 	rqs, err := c.quotas.ResourceQuotas(namespace).List(labels.Everything())
 	if err != nil {
@@ -38,14 +52,21 @@ func (c *Controller) namespaceQuota(namespace string) (*quota, error) {
 	}
 	var least *quota
 	for _, rq := range rqs {
-		hard, ok := rq.Spec.Hard[requestsGPU]
-		if !ok {
-			continue
-		}
-		// Pods ask whole units, so a fractional hard admits its whole part.
-		q := &quota{share: c.unit.Share(hard.MilliValue() / 1000), from: rq}
-		if least == nil || q.share < least.share {
-			least = q
+		for _, name := range []corev1.ResourceName{requestsGPU, bareGPU} {
+			hard, ok := rq.Spec.Hard[name]
+			if !ok {
+				continue
+			}
+			if name == bareGPU {
+				c.record.Eventf(rq, corev1.EventTypeWarning, eventQuotaPoolOnly,
+					"%s=%s: kube-apiserver does not enforce it (it enforces %s for an extended resource) and admits pods past it; gpupool enforces it when it places them, as namespace %s's GPU quota",
+					bareGPU, hard.String(), requestsGPU, namespace)
+			}
+			// Pods ask whole units, so a fractional hard admits its whole part.
+			q := &quota{share: c.unit.Share(hard.MilliValue() / 1000), from: rq, resource: name}
+			if least == nil || q.share < least.share {
+				least = q
+			}
 		}
 	}
 	return least, nil
@@ -71,7 +92,7 @@ func (c *Controller) applyQuota(ctx context.Context, namespace string, q *quota)
 	if client.IsReason(c.reached(err), api.ReasonInvalid) && q != nil {
 		// Retrying cannot help; a change of the ResourceQuota queues it again.
 		c.record.Eventf(q.from, corev1.EventTypeWarning, eventQuotaRefused, "the allocator refused %s %s as namespace %s's GPU quota: %v",
-			requestsGPU, q.from.Spec.Hard.Name(requestsGPU, ""), namespace, err)
+			q.resource, q.from.Spec.Hard.Name(q.resource, ""), namespace, err)
 		return nil
 	}
 	if err != nil {

@@ -121,3 +121,28 @@ func TestQuotaRefusedIsTold(t *testing.T) {
 	})
 	wantEvents(t, e.events, "Warning QuotaNotApplied the allocator refused requests.bitfusion.io/gpu 2M as namespace team-a's GPU quota: hardPercent 200000000 out of range")
 }
+
+// TestQuotaWithoutRequestsPrefix: the articles' `kubectl create quota
+// bf-gpu --hard=bitfusion.io/gpu=32`, which kube-apiserver takes and
+// enforces nothing of, is the namespace's quota all the same, and its
+// ResourceQuota says which form kube-apiserver enforces. With both forms,
+// the least wins.
+func TestQuotaWithoutRequestsPrefix(t *testing.T) {
+	e := newEnv(t, kube.UnitPercent)
+	bare := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "bf-gpu", Namespace: namespace},
+		Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{bareGPU: resource.MustParse("32")}}}
+	e.create(bare)
+	e.run()
+	quotaIs := func(want allocator.Share) func() bool {
+		return func() bool { q, ok := e.quotaOf(); return ok && q == want }
+	}
+	eventually(t, "the quota is 32%", quotaIs(allocator.SharePercent(32)))
+	wantEvents(t, e.events, "Warning QuotaEnforcedByPoolOnly bitfusion.io/gpu=32: kube-apiserver does not enforce it (it enforces requests.bitfusion.io/gpu for an extended resource) and admits pods past it; gpupool enforces it when it places them, as namespace team-a's GPU quota")
+
+	e.create(resourceQuota("prefixed", "20"))
+	eventually(t, "the least of both forms, 20%", quotaIs(allocator.SharePercent(20)))
+	if err := e.kube.CoreV1().ResourceQuotas(namespace).Delete(e.ctx, "prefixed", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the bare form's 32% again", quotaIs(allocator.SharePercent(32)))
+}

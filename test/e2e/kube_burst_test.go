@@ -7,6 +7,9 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/simulate"
 )
@@ -111,6 +115,9 @@ func TestBurstsAndFaults(t *testing.T) {
 		t.Logf("500 pods deleted at once: every lease of theirs ended %v after the first delete", time.Since(start).Round(time.Millisecond))
 		auditLeases(t, ctx, pool)
 	})
+	t.Run("the leading lease controller killed while 50 pods are deleted", func(t *testing.T) {
+		leaderKilledWhilePodsDeleted(t, ctx, pool, 50)
+	})
 	t.Run("gpupool-scheduler killed mid-burst", func(t *testing.T) {
 		burst(t, 300, func() {
 			time.Sleep(time.Second)
@@ -131,6 +138,89 @@ func TestBurstsAndFaults(t *testing.T) {
 			proxy.delay.Store(0)
 		})
 	})
+}
+
+// leaderKilledWhilePodsDeleted runs two more replicas of gpupool-scheduler
+// beside the pool's, three as controller.replicas=3 deploys, deletes n
+// bound pods and kills the leading lease controller with SIGKILL at once.
+// Every lease of theirs ends, the allocator releases exactly n leases (no
+// other pod's, none counted twice), and the time until a standby leads is
+// reported. The pool's replica, killed or not, runs again after.
+func leaderKilledWhilePodsDeleted(t *testing.T, ctx context.Context, pool *kubePool, n int) {
+	// The pool's replica led alone before these two started.
+	var standbyMetrics []string
+	for range 2 {
+		metricsAddr := "127.0.0.1:" + freePort(t)
+		startBinary(t, pool.Logs, "gpupool-scheduler", regexp.MustCompile(`standing by`),
+			pool.schedulerFlags(t, "127.0.0.1:"+freePort(t), metricsAddr)...)
+		standbyMetrics = append(standbyMetrics, "http://"+metricsAddr)
+	}
+	pods, err := pool.CP.Client.CoreV1().Pods(scaleNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doomed []corev1.Pod
+	for _, p := range pods.Items {
+		if p.Spec.NodeName != "" && len(doomed) < n {
+			doomed = append(doomed, p)
+		}
+	}
+	if len(doomed) < n {
+		t.Fatalf("%d bound pods, want %d to delete", len(doomed), n)
+	}
+	releasedBefore := counter(t, metrics(t, pool.Allocator.URL), "bitfusion_lease_releases_total")
+
+	var g errgroup.Group
+	for _, p := range doomed {
+		g.Go(func() error {
+			return pool.CP.Client.CoreV1().Pods(scaleNamespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+		})
+	}
+	pool.killScheduler()
+	killed := time.Now()
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	waitForUpTo(t, time.Minute, func() bool {
+		return slices.ContainsFunc(standbyMetrics, func(url string) bool {
+			return strings.Contains(metrics(t, url), "\nbitfusion_lease_controller_leader 1\n")
+		})
+	})
+	t.Logf("a standby led %v after the leading lease controller was killed", time.Since(killed).Round(time.Millisecond))
+
+	gone := map[string]bool{}
+	for _, p := range doomed {
+		gone[string(p.UID)] = true
+	}
+	waitForUpTo(t, time.Minute, func() bool {
+		leases, err := pool.Admin.Leases(ctx, client.LeaseFilter{Namespace: scaleNamespace})
+		if err != nil {
+			return false
+		}
+		return !slices.ContainsFunc(leases, func(l api.Lease) bool { return gone[l.Owner.UID] })
+	})
+	t.Logf("the %d deleted pods' leases all ended %v after the leader was killed", n, time.Since(killed).Round(time.Millisecond))
+	if released := counter(t, metrics(t, pool.Allocator.URL), "bitfusion_lease_releases_total") - releasedBefore; released != float64(n) {
+		t.Errorf("the allocator released %v leases, want the %d deleted pods'", released, n)
+	}
+	pool.startScheduler(t)
+	auditLeases(t, ctx, pool)
+}
+
+// counter is the value of the unlabelled series name in an exposition.
+func counter(t *testing.T, exposition, name string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(exposition, "\n") {
+		if value, ok := strings.CutPrefix(line, name+" "); ok {
+			v, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("no series %s", name)
+	return 0
 }
 
 // waitSettled waits until each named pod is bound or unschedulable with

@@ -137,13 +137,19 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 // t ends, hence no subtest restarts it for the tests after it.
 func (p *kubePool) startScheduler(t testing.TB) {
 	t.Helper()
+	p.scheduler = startBinary(t, p.Logs, "gpupool-scheduler", regexp.MustCompile(`extender serving`), p.schedulerFlags(t, p.extender, "127.0.0.1:0")...)
+}
+
+// schedulerFlags are the flags of a gpupool-scheduler replica serving the
+// extender on listen and /metrics on metricsListen.
+func (p *kubePool) schedulerFlags(t testing.TB, listen, metricsListen string) []string {
 	allocatorURL := p.Allocator.URL
 	if p.AllocatorForScheduler != "" {
 		allocatorURL = p.AllocatorForScheduler
 	}
-	args := []string{"--listen", p.extender, "--metrics-listen", "127.0.0.1:0", "--allocator", allocatorURL,
+	args := []string{"--listen", listen, "--metrics-listen", metricsListen, "--allocator", allocatorURL,
 		"--token-file", p.config.adminTokenFile(t), "--kubeconfig", p.CP.Kubeconfig, "--unit", string(p.unit)}
-	p.scheduler = startBinary(t, p.Logs, "gpupool-scheduler", regexp.MustCompile(`extender serving`), append(args, p.schedulerArgs...)...)
+	return append(args, p.schedulerArgs...)
 }
 
 // killScheduler kills gpupool-scheduler: kube-scheduler's calls to the
