@@ -123,8 +123,10 @@ func checkNodeDeleted(t *testing.T, ctx context.Context, pool *kubePool, node st
 		t.Fatal(err)
 	}
 	// Before kube-controller-manager deletes the node's pods (40 s
-	// later): the lease controller releases their leases itself.
-	waitFor(t, func() bool {
+	// later): the lease controller releases their leases itself, once the
+	// replica started again leads, when the killed one's election Lease
+	// has run out (15 s).
+	waitForUpTo(t, 30*time.Second, func() bool {
 		held, err := pool.Admin.Leases(ctx, client.LeaseFilter{Server: node})
 		return err == nil && len(held) == 0
 	})
