@@ -141,7 +141,7 @@ e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the 
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -count=1 -timeout 30m ./test/e2e/...
 
 .PHONY: bench
-bench: deps build ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, a tenant's latency beside a full wait queue, daemon scrape and sampling cost, the simulated GPUs' /proc pass, a scheduler-extender filter at 1,213 nodes, adapter latency, HPA reaction time, kwok at 1,213 nodes, the OpenB workload placed through Kubernetes at 100 pods/s beside the stock kube-scheduler
+bench: deps ## placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, a tenant's latency beside a full wait queue, daemon scrape and sampling cost, the simulated GPUs' /proc pass, a scheduler-extender filter at 1,213 nodes, adapter latency, HPA reaction time, kwok at 1,213 nodes, the OpenB workload placed through Kubernetes at 100 pods/s beside the stock kube-scheduler
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./simulate
 	$(GO) test -run '^$$' -bench AcquireRelease -benchtime 4000x ./test/e2e
 	$(GO) test -run '^$$' -bench TenantBesideAFullQueue -benchtime 1x ./allocator/service
@@ -151,12 +151,12 @@ bench: deps build ## placement decisions/s per policy, a whole replay timed, dur
 	$(GO) test -run '^$$' -bench DeviceHoldersScan -benchtime 200x ./collector
 	$(GO) test -run '^$$' -bench Filter1213Nodes -benchtime 1000x ./kube/scheduler
 	@echo "whole replay, all policies x seeds 42-51, default trace:"
-	bin/gpupool-simulate --seeds 42-51 --policies all
+	$(GO) run ./cmd/gpupool-simulate --seeds 42-51 --policies all
 
 # Not in CI, which runs one rate in make bench: three rates, each placed
 # through the pool and through the stock kube-scheduler (about 35 minutes).
 .PHONY: bench-kube
-bench-kube: deps build ## the OpenB workload through Kubernetes at 40, 100 and 200 pods/s asked, the pool beside the stock kube-scheduler: throughput, latency, CPU and memory by component, GPU share unallocated against the replay
+bench-kube: deps ## the OpenB workload through Kubernetes at 40, 100 and 200 pods/s asked, the pool beside the stock kube-scheduler: throughput, latency, CPU and memory by component, GPU share unallocated against the replay
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench KubeScale -benchtime 1x -timeout 60m ./test/e2e -kubescale.rates 40,100,200
 
 .PHONY: scale
