@@ -38,21 +38,25 @@ var reviewVersion = admissionv1.SchemeGroupVersion.WithKind("AdmissionReview")
 func NewHandler(c Config) http.Handler {
 	room := semaphore.NewWeighted(maxBytesInFlight)
 	mux := http.NewServeMux()
-	mux.Handle("POST /mutate", reviewer(room, func(op admissionv1.Operation, pod *corev1.Pod) (Patch, field.ErrorList) {
+	mux.Handle("POST /mutate", reviewer(room, func(op admissionv1.Operation, pod *corev1.Pod) (Patch, []string, field.ErrorList) {
 		// Only a new pod's resources can change: an update is the
 		// gpupool-pod-annotations policy's, in kube-apiserver itself.
 		if op != admissionv1.Create {
-			return nil, nil
+			return nil, nil, nil
 		}
-		return c.Mutate(pod)
+		patch, errs := c.Mutate(pod)
+		if len(errs) > 0 {
+			return nil, nil, errs
+		}
+		return patch, c.Warnings(pod), nil
 	}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	return mux
 }
 
-// decision is what the webhook decides on a pod: a patch, or why the pod
-// is refused.
-type decision func(op admissionv1.Operation, pod *corev1.Pod) (Patch, field.ErrorList)
+// decision is what the webhook decides on a pod: a patch and warnings
+// for its author, or why the pod is refused.
+type decision func(op admissionv1.Operation, pod *corev1.Pod) (Patch, []string, field.ErrorList)
 
 // reviewer reads an AdmissionReview, has decide decide, and answers the
 // review. A body that is no AdmissionReview v1 is answered 400, or 413 when
@@ -132,14 +136,14 @@ func answer(req *reviewRequest, decide decision) *admissionv1.AdmissionResponse 
 		return failure(http.StatusBadRequest, "the review has no pod in object")
 	}
 	pod := req.Object.pod()
-	patch, errs := decide(req.Operation, pod)
+	patch, warnings, errs := decide(req.Operation, pod)
 	if len(errs) > 0 {
 		st := apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Pod").GroupKind(), pod.Name, errs).ErrStatus
 		// kube-apiserver says which webhook denied what; the causes say why.
 		st.Message = errs.ToAggregate().Error()
 		return &admissionv1.AdmissionResponse{Result: &st}
 	}
-	resp := &admissionv1.AdmissionResponse{Allowed: true}
+	resp := &admissionv1.AdmissionResponse{Allowed: true, Warnings: warnings}
 	if len(patch) > 0 {
 		b, err := json.Marshal(patch)
 		if err != nil {
