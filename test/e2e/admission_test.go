@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
@@ -95,6 +97,7 @@ func TestAdmission(t *testing.T) {
 	})
 	t.Run("refusals", func(t *testing.T) { checkRefusals(t, c) })
 	t.Run("update", func(t *testing.T) { checkUpdateRefused(t, c) })
+	t.Run("warning", func(t *testing.T) { checkWarning(t, cp.Config) })
 	t.Run("quota", func(t *testing.T) { checkQuota(t, c, quotaNamespace) })
 	t.Run("largest reviews", func(t *testing.T) {
 		checkLargestReviews(t, webhooks[kube.UnitPercent], addrs[kube.UnitPercent], cp.CA)
@@ -330,6 +333,47 @@ func checkUpdateRefused(t *testing.T, c kubernetes.Interface) {
 	if _, err := pods.Update(ctx, p, metav1.UpdateOptions{}); err != nil {
 		t.Errorf("updating a label: %v", err)
 	}
+}
+
+// checkWarning: the articles' bitfusion.io/gpu: 2, two GPUs, under the
+// percent unit is admitted as 2% of one GPU, with the webhook's warning,
+// which kube-apiserver passes to the client as kubectl prints it.
+func checkWarning(t *testing.T, cfg *rest.Config) {
+	cfg = rest.CopyConfig(cfg)
+	warnings := &warningRecorder{}
+	cfg.WarningHandler = warnings
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := unitNamespace(kube.UnitPercent)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "articles-two-gpus", Namespace: ns}, Spec: corev1.PodSpec{Containers: []corev1.Container{{
+		Name: "trainer", Image: "trainer:1", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{kube.ResourceGPU: resource.MustParse("2")}}}}}}
+	if _, err := c.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Fatal(err)
+	}
+	want := "spec.containers[0].resources.limits[bitfusion.io/gpu]: 2 is 2% of one GPU: this cluster counts bitfusion.io/gpu in percent (100 is one GPU); for 2 whole GPUs ask 200, or bitfusion.io/gpu-amount: 2"
+	if got := warnings.all(); !slices.Contains(got, want) {
+		t.Errorf("warnings %q, want %q", got, want)
+	}
+}
+
+// warningRecorder keeps the warnings kube-apiserver sends a client.
+type warningRecorder struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (w *warningRecorder) HandleWarningHeader(_ int, _, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seen = append(w.seen, text)
+}
+
+func (w *warningRecorder) all() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.seen)
 }
 
 // checkQuota: under requests.bitfusion.io/gpu: 100 in ns (in percent), two
