@@ -358,12 +358,14 @@ func checkWarning(t *testing.T, cfg *rest.Config) {
 	}
 }
 
-// warningRecorder keeps the warnings kube-apiserver sends a client.
+// warningRecorder keeps the warnings kube-apiserver sends a client: its
+// rest.Config's WarningHandler.
 type warningRecorder struct {
 	mu   sync.Mutex
 	seen []string
 }
 
+// HandleWarningHeader implements rest.WarningHandler.
 func (w *warningRecorder) HandleWarningHeader(_ int, _, text string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

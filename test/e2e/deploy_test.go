@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -107,7 +106,7 @@ func TestDeployManifestsValidate(t *testing.T) {
 		}
 		t.Logf("%s: %d of %d objects validated", dir, n, len(objs))
 	}
-	if w := v.warnings(); len(w) > 0 {
+	if w := v.warnings.all(); len(w) > 0 {
 		t.Errorf("the apiserver warned:\n%s", strings.Join(w, "\n"))
 	}
 }
@@ -159,17 +158,16 @@ func readObjects(t *testing.T, path string) []*unstructured.Unstructured {
 // validator creates objects of any kind through the dynamic client, finding
 // their resources by discovery, and keeps the apiserver's warnings.
 type validator struct {
-	dynamic dynamic.Interface
-	mapper  *restmapper.DeferredDiscoveryRESTMapper
-	mu      sync.Mutex
-	warned  []string
+	dynamic  dynamic.Interface
+	mapper   *restmapper.DeferredDiscoveryRESTMapper
+	warnings warningRecorder
 }
 
 func newValidator(t *testing.T, config *rest.Config) *validator {
 	t.Helper()
 	v := &validator{}
 	config = rest.CopyConfig(config)
-	config.WarningHandler = v
+	config.WarningHandler = &v.warnings
 	dc, err := discovery.NewDiscoveryClientForConfig(config)
 	if err != nil {
 		t.Fatal(err)
@@ -179,19 +177,6 @@ func newValidator(t *testing.T, config *rest.Config) *validator {
 	}
 	v.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
 	return v
-}
-
-// HandleWarningHeader implements rest.WarningHandler.
-func (v *validator) HandleWarningHeader(_ int, _ string, text string) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	v.warned = append(v.warned, text)
-}
-
-func (v *validator) warnings() []string {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.warned
 }
 
 // resource finds the object's resource, reading discovery again while the
