@@ -54,7 +54,7 @@ func (e *Election) validate() error {
 	if e.RetryPeriod == 0 {
 		e.RetryPeriod = 2 * time.Second
 	}
-	if !(e.LeaseDuration > e.RenewDeadline && e.RenewDeadline > e.RetryPeriod && e.RetryPeriod > 0) {
+	if e.LeaseDuration <= e.RenewDeadline || e.RenewDeadline <= e.RetryPeriod || e.RetryPeriod <= 0 {
 		return fmt.Errorf("leases: election timings lease %v > renew deadline %v > retry period %v > 0 do not hold",
 			e.LeaseDuration, e.RenewDeadline, e.RetryPeriod)
 	}
