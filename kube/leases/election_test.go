@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,11 +130,18 @@ func TestElectionValidates(t *testing.T) {
 // again as a standby.
 func TestLostLeadershipEndsRun(t *testing.T) {
 	e := newEnv(t, kube.UnitPercent)
+	// The fake's reactors are not safe to add while it serves: this one is
+	// there from the start, and refuses once cut off.
+	var cutOff atomic.Bool
+	e.kube.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if cutOff.Load() {
+			return true, nil, errors.New("connection refused")
+		}
+		return false, nil, nil
+	})
 	a := e.startReplica("a")
 	eventually(t, "a leads", a.leads)
-	e.kube.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
-		return true, nil, errors.New("connection refused")
-	})
+	cutOff.Store(true)
 	select {
 	case err := <-a.done:
 		a.once.Do(func() {}) // ended: nothing to stop
