@@ -297,7 +297,11 @@ func (c *Controller) Run(ctx context.Context) error {
 // reconciles the items queued, until ctx ends.
 func (c *Controller) reconcileUntil(ctx context.Context) {
 	c.reconciling.Store(true)
-	defer c.reconciling.Store(false)
+	c.metrics.leader.Set(1)
+	defer func() {
+		c.reconciling.Store(false)
+		c.metrics.leader.Set(0)
+	}()
 	// One worker: a resync then never races a pod's release (acquiring
 	// again the lease of a pod whose deletion is being handled), and one
 	// release costs a few milliseconds, hundreds a second.

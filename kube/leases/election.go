@@ -81,7 +81,9 @@ func (c *Controller) lead(ctx context.Context) error {
 		Callbacks: leaderelection.LeaderCallbacks{
 			// Its context ends when the leadership does.
 			OnStartedLeading: func(ctx context.Context) { leading <- ctx },
-			OnStoppedLeading: func() { c.metrics.leader.Set(0) },
+			// Required by client-go; reconcileUntil, ending with the
+			// leadership's context, already says it stopped.
+			OnStoppedLeading: func() {},
 			OnNewLeader: func(identity string) {
 				if identity != e.Identity {
 					c.log.Info("standing by", "leader", identity)
@@ -100,7 +102,6 @@ func (c *Controller) lead(ctx context.Context) error {
 	select {
 	case leadership := <-leading:
 		c.log.Info("leading: reconciling leases and quotas", "lease", e.Namespace+"/"+e.Name, "identity", e.Identity)
-		c.metrics.leader.Set(1)
 		c.reconcileUntil(leadership)
 		<-stopped
 	case <-stopped:

@@ -16,7 +16,7 @@ var (
 	reacquisitionsTotal = metricdef.Counter("bitfusion_lease_controller_reacquisitions_total", "leases", metricdef.Labels{"outcome"},
 		"Bound pods whose lease was gone, by outcome of acquiring it again on their node (granted, refused).")
 	leader = metricdef.Gauge("bitfusion_lease_controller_leader", "", nil,
-		"1 while this replica leads and reconciles, 0 while it stands by (--leader-elect): one replica of the controller's should say 1.")
+		"1 while this replica reconciles (the leader, or the only replica without --leader-elect), 0 while it stands by: one replica of the controller's should say 1.")
 )
 
 // MetricFamilies is the table of the controller's metrics.
