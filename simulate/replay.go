@@ -113,19 +113,66 @@ func Arrivals(tr *Trace, seed uint64) []Pod {
 	return pods
 }
 
+// GPUArrivals are the pods asking for GPUs among Arrivals, up to the last
+// that keeps the GPU share asked within the servers' capacity, which it
+// returns too: what a Kubernetes cluster places through the pool (a pod
+// asking no GPU is not the pool's).
+func GPUArrivals(tr *Trace, seed uint64) ([]Pod, allocator.Share) {
+	var capacity, asked allocator.Share
+	for i := range tr.Servers {
+		capacity += allocator.ShareGPUs(len(tr.Servers[i].GPUs))
+	}
+	var pods []Pod
+	for _, p := range Arrivals(tr, seed) {
+		if p.GPUs == 0 {
+			continue
+		}
+		if asked+p.GPUShare() > capacity {
+			break
+		}
+		asked += p.GPUShare()
+		pods = append(pods, p)
+	}
+	return pods, capacity
+}
+
 // PlaceInOrder places pods on tr's servers in the order given, with the
 // policy Replay would use for seed, and returns the GPU share left
 // unallocated at the end, in % of capacity.
 func PlaceInOrder(tr *Trace, pods []Pod, policy string, seed uint64) (float64, error) {
+	return placeInOrder(tr, pods, policy, seed, false)
+}
+
+// PlaceAsLearnt is PlaceInOrder as a fresh allocator places: its policy
+// knows nothing of the trace's task types and measures against what it
+// granted so far (allocator.WorkloadEstimate), each grant counted as a
+// lease records it.
+func PlaceAsLearnt(tr *Trace, pods []Pod, policy string, seed uint64) (float64, error) {
+	return placeInOrder(tr, pods, policy, seed, true)
+}
+
+func placeInOrder(tr *Trace, pods []Pod, policy string, seed uint64, learn bool) (float64, error) {
 	r, err := newReplayer(tr, policy, seed)
 	if err != nil {
 		return 0, err
 	}
+	var estimate allocator.WorkloadEstimate
+	if learn {
+		if r.policy, err = allocator.NewPolicy(policy, allocator.PolicyOptions{Seed: seed}); err != nil {
+			return 0, err
+		}
+	}
 	allocated := allocator.Share(0)
 	for i := range pods {
 		d := r.demandOf(&pods[i])
-		if _, ok := r.place(&d); ok {
-			allocated += granted(&d)
+		if _, ok := r.place(&d); !ok {
+			continue
+		}
+		allocated += granted(&d)
+		if learn && estimate.Add(allocator.Demand{GPUs: d.GPUs, PerGPU: d.PerGPU, CPUMilli: d.CPUMilli}) {
+			if r.policy, err = allocator.NewPolicy(policy, allocator.PolicyOptions{Seed: seed, Workload: estimate.Current()}); err != nil {
+				return 0, err
+			}
 		}
 	}
 	return 100 * float64(r.capacity-allocated) / float64(r.capacity), nil

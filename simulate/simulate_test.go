@@ -310,3 +310,27 @@ func TestPlaceInOrderFollowsReplay(t *testing.T) {
 		t.Errorf("PlaceInOrder = %.2f%% unallocated, Replay at 130%% = %.2f%%", got, want)
 	}
 }
+
+// A fresh allocator learns the workload from its grants; on the OpenB
+// pods it must place nearly as well as a policy told the trace's task
+// types up front. Learning only every 1,024 grants ended 0.14-0.27
+// points above on these seeds.
+func TestLearntWorkloadPlacesAsTheTraces(t *testing.T) {
+	tr := loadTrace(t, DefaultPods)
+	for _, seed := range []uint64{42, 1, 2, 3, 4} {
+		pods, _ := GPUArrivals(tr, seed)
+		told, err := PlaceInOrder(tr, pods, "fgd-cpu", seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		learnt, err := PlaceAsLearnt(tr, pods, "fgd-cpu", seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("seed %d: %.3f%% unallocated told the task types, %.3f%% learning them", seed, told, learnt)
+		if learnt-told > 0.1 {
+			t.Errorf("seed %d: learning the workload left %.3f%% unallocated, %.3f points above the %.3f%% of a policy told it (at most 0.1)",
+				seed, learnt, learnt-told, told)
+		}
+	}
+}

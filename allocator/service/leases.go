@@ -49,31 +49,16 @@ func (s *Service) Acquire(ctx context.Context, r allocator.Request, wait time.Du
 	}
 }
 
-// remember records a granted lease's shape for the expected workload (a
-// memory request by the share it got); every recentDemands grants the
-// frag-based policies are rebuilt on it.
+// remember learns a granted lease's shape for the expected workload, and
+// rebuilds the frag-based policies when the estimate moved.
 func (s *Service) remember(l *allocator.Lease) {
-	d := allocator.Demand{GPUs: len(l.GPUs), CPUMilli: l.CPUMilli}
-	if len(l.GPUs) > 0 {
-		d.PerGPU = l.GPUs[0].Share
-	}
-	if len(s.recent) < recentDemands {
-		s.recent = append(s.recent, d)
-	} else {
-		s.recent[s.next] = d
-	}
-	s.next = (s.next + 1) % recentDemands
-	if s.next == 0 {
+	if s.estimate.Add(allocator.GrantedShape(l)) {
 		s.refreshPolicyLocked()
 	}
 }
 
-func (s *Service) workloadLocked() allocator.Workload {
-	return allocator.TypicalWorkload(s.recent, 0.95)
-}
-
 func (s *Service) refreshPolicyLocked() {
-	pol, err := allocator.NewPolicy(s.cfg.Policy, allocator.PolicyOptions{Seed: s.cfg.Seed, Workload: s.workloadLocked()})
+	pol, err := allocator.NewPolicy(s.cfg.Policy, allocator.PolicyOptions{Seed: s.cfg.Seed, Workload: s.estimate.Current()})
 	if err == nil {
 		s.pool.SetPolicy(pol)
 	}

@@ -158,7 +158,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	for k, v := range s.lastSeen {
 		lastSeen[k] = v
 	}
-	work := s.workloadLocked()
+	work := s.estimate.Current()
 	pending := map[string]int{}
 	for r := range s.waiting {
 		pending[r.Namespace]++

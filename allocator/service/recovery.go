@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
@@ -30,6 +31,11 @@ func (s *Service) recover(ctx context.Context) error {
 	for _, srv := range st.Servers {
 		s.lastSeen[srv.Name] = now
 	}
+	// The leases still held are the workload so far: a replica that takes
+	// over, or an allocator restarted, places against it from the start.
+	if s.estimate.Seed(grantedShapes(s.pool.Leases(now))) {
+		s.refreshPolicyLocked()
+	}
 	if len(dropped) > 0 {
 		if err := s.cfg.Store.Apply(ctx, []store.Change{{Ended: dropped}}); err != nil {
 			return fmt.Errorf("recording leases expired while down: %w", err)
@@ -38,6 +44,16 @@ func (s *Service) recover(ctx context.Context) error {
 	s.log.Info("recovered state", "store", s.cfg.Store.Name(), "servers", len(st.Servers),
 		"leases", len(st.Leases)-len(dropped), "expired_or_dropped", len(dropped))
 	return nil
+}
+
+// grantedShapes are the leases' shapes, oldest grant first.
+func grantedShapes(leases []allocator.Lease) []allocator.Demand {
+	slices.SortStableFunc(leases, func(a, b allocator.Lease) int { return a.GrantedAt.Compare(b.GrantedAt) })
+	shapes := make([]allocator.Demand, len(leases))
+	for i := range leases {
+		shapes[i] = allocator.GrantedShape(&leases[i])
+	}
+	return shapes
 }
 
 // Misfit is a stored lease that could not be put back on its GPUs.

@@ -72,8 +72,7 @@ type Service struct {
 	// counts them by namespace.
 	waiting   map[*allocator.Request]*waiter
 	waitingIn map[string]int
-	recent    []allocator.Demand // ring of recent demands, the expected workload
-	next      int
+	estimate  allocator.WorkloadEstimate // the expected workload, learnt from grants
 
 	// queued holds the changes the committer has yet to write, in the
 	// order they were made; kick wakes the committer. The queue is
@@ -109,10 +108,6 @@ const (
 	DefaultMaxWaiting             = 1000
 	DefaultMaxWaitingPerNamespace = 100
 )
-
-// recentDemands is how many granted demands make up the workload that
-// fragmentation (and the FGD-based policies) are measured against.
-const recentDemands = 1024
 
 // New recovers the pool from the store: servers are registered again (and
 // given a heartbeat timeout from now to check in), leases restored on their

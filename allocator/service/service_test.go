@@ -409,6 +409,33 @@ func TestRecoveryRestoresLeasesAndExpiresThoseThatRanOut(t *testing.T) {
 	}
 }
 
+// An allocator that starts on leases already granted (restarted, or a
+// replica taking over) places against them from its first grant, not
+// against an empty workload.
+func TestRecoveryLearnsTheWorkloadFromTheLeases(t *testing.T) {
+	dir, clock := t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}
+	a := startAllocator(t, dir, clock, nil)
+	ctx := context.Background()
+	admin := a.client(t, adminToken)
+	if err := admin.RegisterServer(ctx, gpuServer("s1", 4)); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, GPUPercent: 25, TTL: "10m"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.close()
+
+	b := startAllocator(t, dir, clock, nil)
+	b.svc.mu.Lock()
+	w := b.svc.estimate.Current()
+	b.svc.mu.Unlock()
+	if len(w) != 1 || w[0].GPUs != 1 || w[0].PerGPU != 250 {
+		t.Errorf("after a restart the expected workload is %+v, want the leases' quarter GPUs", w)
+	}
+}
+
 func TestSilentServerTakesNoNewLeases(t *testing.T) {
 	clock := &fakeClock{now: time.Unix(1e9, 0)}
 	a := startAllocator(t, t.TempDir(), clock, nil)

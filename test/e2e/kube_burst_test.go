@@ -40,7 +40,7 @@ func TestBurstsAndFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	arrivals, _ := gpuArrivals(tr)
+	arrivals, _ := simulate.GPUArrivals(tr, scaleSeed)
 	proxy := newSlowProxy(t)
 	pool := startKubePool(t, ctx, kubePoolOptions{Namespaces: []string{scaleNamespace}, AllocatorArgs: []string{"--policy", scalePolicy},
 		SchedulerArgs: []string{"--unbound-lease-timeout", scaleUnboundTimeout.String()}})

@@ -128,7 +128,7 @@ func loadScaleWorkload(b *testing.B) *scaleWorkload {
 		b.Fatal(err)
 	}
 	w := &scaleWorkload{trace: tr}
-	w.pods, w.capacity = gpuArrivals(tr)
+	w.pods, w.capacity = simulate.GPUArrivals(tr, scaleSeed)
 	if w.replayed, err = simulate.PlaceInOrder(tr, w.pods, scalePolicy, scaleSeed); err != nil {
 		b.Fatal(err)
 	}
@@ -303,28 +303,6 @@ func recordOf(b testing.TB, ctx context.Context, pool *kubePool) *scaleRecord {
 		b.Fatal(err)
 	}
 	return r
-}
-
-// gpuArrivals are the GPU pods of the replay's arrivals with scaleSeed, up
-// to the last one that keeps the GPU share asked within capacity, which it
-// returns too.
-func gpuArrivals(tr *simulate.Trace) ([]simulate.Pod, allocator.Share) {
-	var capacity, asked allocator.Share
-	for _, s := range tr.Servers {
-		capacity += allocator.ShareGPUs(len(s.GPUs))
-	}
-	var pods []simulate.Pod
-	for _, p := range simulate.Arrivals(tr, scaleSeed) {
-		if p.GPUs == 0 {
-			continue
-		}
-		if asked+p.GPUShare() > capacity {
-			break
-		}
-		asked += p.GPUShare()
-		pods = append(pods, p)
-	}
-	return pods, capacity
 }
 
 // addTraceServers adds the trace's servers as kwok nodes of their CPU and

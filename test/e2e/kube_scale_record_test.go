@@ -186,7 +186,8 @@ func (a leaseAudit) String() string {
 }
 
 // report logs the record: the calls by verb and answer, their times, the
-// unbound pods by cause, the lease audit, and the live order replayed.
+// unbound pods by cause, the lease audit, and the live order replayed,
+// told the trace's task types and learning them as the allocator does.
 func (r *scaleRecord) report(b *testing.B, tr *simulate.Trace, arrivals []simulate.Pod) {
 	b.Helper()
 	answers := map[string]int{}
@@ -242,8 +243,14 @@ func (r *scaleRecord) report(b *testing.B, tr *simulate.Trace, arrivals []simula
 	if err != nil {
 		b.Fatal(err)
 	}
-	fmt.Printf("the allocator's live order replayed in-process: %.2f%% unallocated; %d grants came after a later pod's\n", live, outOfOrder)
+	learnt, err := simulate.PlaceAsLearnt(tr, order, scalePolicy, scaleSeed)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fmt.Printf("the allocator's live order replayed in-process: %.2f%% unallocated told the trace's task types, %.2f%% learning them as the allocator does; %d grants came after a later pod's\n",
+		live, learnt, outOfOrder)
 	b.ReportMetric(live, "live-order-replay-unallocated-%")
+	b.ReportMetric(learnt, "live-order-learnt-unallocated-%")
 	b.ReportMetric(float64(retried), "pods-filtered-again")
 }
 
