@@ -632,9 +632,12 @@ func TestOneImage(t *testing.T) {
 images:
   - {name: gpupool/gpupool, newName: registry.example.com/team/gpupool, newTag: v1.2.3}
 `, map[string]string{})
+	ours := "gpupool/gpupool:" + strings.TrimSpace(string(version))
 	for dir, want := range map[string]string{
-		"overlays/full": "gpupool/gpupool:" + strings.TrimSpace(string(version)),
-		dir:             "registry.example.com/team/gpupool:v1.2.3",
+		"overlays/embedded": ours,
+		"overlays/etcd":     ours,
+		"overlays/full":     ours,
+		dir:                 "registry.example.com/team/gpupool:v1.2.3",
 	} {
 		n := 0
 		for _, o := range build(t, dir) {

@@ -20,6 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 
@@ -57,28 +58,86 @@ spec:
 func main() {
 	check := flag.Bool("check", false, "write nothing; exit 1 if a file is not what it would write")
 	flag.Parse()
-	failed := false
-	for _, g := range generated {
-		b, err := g.render()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "gen: %s: %v (run from the repository root)\n", g.path, err)
-			os.Exit(1)
-		}
-		if *check {
-			if have, err := os.ReadFile(g.path); err != nil || !bytes.Equal(have, b) {
-				fmt.Fprintf(os.Stderr, "gen: %s is not up to date: run `go run ./deploy/gen`\n", g.path)
+	files, err := renderAll()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gen: %v (run from the repository root)\n", err)
+		os.Exit(1)
+	}
+	stale, err := staleTemplates(files)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gen: %v\n", err)
+		os.Exit(1)
+	}
+	if *check {
+		failed := false
+		for path, b := range files {
+			if have, err := os.ReadFile(path); err != nil || !bytes.Equal(have, b) { //nolint:gosec // paths gen itself writes, in the repository
+				fmt.Fprintf(os.Stderr, "gen: %s is not up to date: run `go run ./deploy/gen`\n", path)
 				failed = true
 			}
-			continue
 		}
-		if err := os.WriteFile(g.path, b, 0o644); err != nil { //nolint:gosec // a manifest in the repository, world-readable like the rest
+		for _, path := range stale {
+			fmt.Fprintf(os.Stderr, "gen: %s is generated no more: run `go run ./deploy/gen`\n", path)
+			failed = true
+		}
+		if failed {
+			os.Exit(1)
+		}
+		return
+	}
+	for path, b := range files {
+		if err := os.WriteFile(path, b, 0o644); err != nil { //nolint:gosec // a manifest in the repository, world-readable like the rest
 			fmt.Fprintf(os.Stderr, "gen: %v\n", err)
 			os.Exit(1)
 		}
 	}
-	if failed {
-		os.Exit(1)
+	for _, path := range stale {
+		if err := os.Remove(path); err != nil {
+			fmt.Fprintf(os.Stderr, "gen: %v\n", err)
+			os.Exit(1)
+		}
 	}
+}
+
+// renderAll renders every file gen writes, by path.
+func renderAll() (map[string][]byte, error) {
+	files, err := RenderChart()
+	if err != nil {
+		return nil, fmt.Errorf("the Helm chart: %w", err)
+	}
+	for _, g := range generated {
+		b, err := g.render()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", g.path, err)
+		}
+		files[g.path] = b
+	}
+	return files, nil
+}
+
+// staleTemplates are the chart's generated templates that gen would not
+// write now (a piece that went).
+func staleTemplates(files map[string][]byte) ([]string, error) {
+	dir := filepath.Join(chartDir, "templates")
+	entries, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	var stale []string
+	for _, e := range entries {
+		path := filepath.Join(dir, e.Name())
+		if _, ok := files[path]; ok || e.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(path) //nolint:gosec // a file of the chart's templates directory
+		if err != nil {
+			return nil, err
+		}
+		if bytes.HasPrefix(b, []byte(generatedMark)) {
+			stale = append(stale, path)
+		}
+	}
+	return stale, nil
 }
 
 // Render wraps a Prometheus rules file (a document with the one key

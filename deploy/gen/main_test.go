@@ -11,18 +11,22 @@ import (
 // is, the webhook configurations are kube/admission's.
 func TestGeneratedUpToDate(t *testing.T) {
 	t.Chdir("../..")
-	for _, g := range generated {
-		want, err := g.render()
-		if err != nil {
-			t.Fatalf("%s: %v", g.path, err)
-		}
-		have, err := os.ReadFile(g.path)
+	files, err := renderAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range files {
+		have, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if string(have) != string(want) {
-			t.Errorf("%s is not up to date: run `go run ./deploy/gen`", g.path)
+			t.Errorf("%s is not up to date: run `go run ./deploy/gen`", path)
 		}
+	}
+	stale, err := staleTemplates(files)
+	if err != nil || len(stale) > 0 {
+		t.Errorf("templates generated no more: %v (%v)", stale, err)
 	}
 }
 

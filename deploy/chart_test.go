@@ -1,0 +1,304 @@
+package deploy_test
+
+import (
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"fmt"
+	"maps"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+)
+
+// The chart is rendered here with Helm's own engine and values checks, as
+// `helm template` does; test/e2e installs it with the helm CLI.
+
+// renderChart renders deploy/helm/gpupool with vals, on a cluster that
+// serves the extra API versions.
+func renderChart(t *testing.T, vals map[string]any, apis ...string) ([]*unstructured.Unstructured, error) {
+	t.Helper()
+	ch, err := loader.Load("helm/gpupool")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.KubeVersion = chartutil.KubeVersion{Version: "v1.37.2", Major: "1", Minor: "37"}
+	caps.APIVersions = append(caps.APIVersions, apis...)
+	values, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "bf-cluster", Namespace: "default", IsInstall: true}, caps)
+	if err != nil {
+		return nil, err
+	}
+	files, err := engine.Render(ch, values)
+	if err != nil {
+		return nil, err
+	}
+	var objs []*unstructured.Unstructured
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		if strings.HasSuffix(name, "NOTES.txt") || strings.Contains(name, "/tests/") {
+			continue
+		}
+		for _, doc := range strings.Split(files[name], "\n---\n") {
+			if strings.TrimSpace(strings.TrimPrefix(doc, "---")) == "" {
+				continue
+			}
+			u := &unstructured.Unstructured{}
+			if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+				t.Fatalf("%s does not parse: %v\n%s", name, err, doc)
+			}
+			if u.Object != nil {
+				objs = append(objs, u)
+			}
+		}
+	}
+	return objs, nil
+}
+
+func mustRenderChart(t *testing.T, vals map[string]any, apis ...string) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := renderChart(t, vals, apis...)
+	if err != nil {
+		t.Fatalf("rendering the chart with %v: %v", vals, err)
+	}
+	return objs
+}
+
+var kustomizeHash = regexp.MustCompile(`(gpupool-(?:endpoints|kubernetes|kube-scheduler-config|allocator-config|tokens))-[a-z0-9]{10}\b`)
+
+// byID indexes objects by kind/namespace/name, with kustomize's hash
+// suffixes dropped, without the chart's checksum annotations (the chart
+// rolls pods by them where kustomize rolls them by the hashed names), and
+// without the objects only one side makes.
+func byID(t *testing.T, objs []*unstructured.Unstructured, skip func(id string) bool) map[string]map[string]any {
+	t.Helper()
+	out := map[string]map[string]any{}
+	for _, o := range objs {
+		b, err := o.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var obj map[string]any
+		if err := yaml.Unmarshal(kustomizeHash.ReplaceAll(b, []byte("$1")), &obj); err != nil {
+			t.Fatal(err)
+		}
+		u := unstructured.Unstructured{Object: obj}
+		id := u.GetKind() + "/" + u.GetNamespace() + "/" + u.GetName()
+		if skip(id) {
+			continue
+		}
+		if ann, ok, _ := unstructured.NestedStringMap(obj, "spec", "template", "metadata", "annotations"); ok {
+			for k := range ann {
+				if strings.HasPrefix(k, "checksum/") {
+					unstructured.RemoveNestedField(obj, "spec", "template", "metadata", "annotations", k)
+				}
+			}
+			if ann, _, _ := unstructured.NestedMap(obj, "spec", "template", "metadata", "annotations"); len(ann) == 0 {
+				unstructured.RemoveNestedField(obj, "spec", "template", "metadata", "annotations")
+			}
+		}
+		if _, dup := out[id]; dup {
+			t.Errorf("%s twice", id)
+		}
+		out[id] = obj
+	}
+	return out
+}
+
+// chartMade are the objects only the chart makes: the Secrets kustomize
+// leaves to the user (tokens, certificates; deploy/README.md).
+func chartMade(id string) bool {
+	return strings.HasPrefix(id, "Secret/")
+}
+
+// TestChartIsTheOverlays renders the chart as each overlay installs
+// gpupool and compares the two object by object: the chart's templates are
+// generated from the manifests, and this is what keeps them one.
+func TestChartIsTheOverlays(t *testing.T) {
+	const monitoring, certManager = "monitoring.coreos.com/v1", "cert-manager.io/v1"
+	example := func(id string) bool { return strings.Contains(id, "/ml/") || id == "Namespace//ml" }
+	for _, tc := range []struct {
+		overlay string
+		vals    map[string]any
+		apis    []string
+		// differs are the objects whose fields values set, where the
+		// overlay keeps its own (the etcd overlay's two replicas).
+		differs []string
+	}{
+		{overlay: "overlays/embedded", vals: map[string]any{"dashboards": map[string]any{"enabled": false}}},
+		{
+			overlay: "overlays/etcd",
+			vals:    map[string]any{"controller": map[string]any{"replicas": 2}, "dashboards": map[string]any{"enabled": false}},
+		},
+		{
+			overlay: "overlays/full",
+			vals: map[string]any{"scheduler": map[string]any{"enabled": true}, "adapter": map[string]any{"apiService": true},
+				"certs": map[string]any{"certManager": true}},
+			apis: []string{monitoring, certManager},
+		},
+	} {
+		t.Run(tc.overlay, func(t *testing.T) {
+			chart := byID(t, mustRenderChart(t, tc.vals, tc.apis...), chartMade)
+			kustomized := byID(t, build(t, tc.overlay), func(id string) bool { return chartMade(id) || example(id) })
+			for id, want := range kustomized {
+				have, ok := chart[id]
+				if !ok {
+					t.Errorf("%s: in the overlay, not in the chart", id)
+					continue
+				}
+				if !reflect.DeepEqual(have, want) {
+					hb, _ := yaml.Marshal(have)
+					wb, _ := yaml.Marshal(want)
+					t.Errorf("%s differs:\nchart:\n%s\noverlay:\n%s", id, hb, wb)
+				}
+			}
+			for id := range chart {
+				if _, ok := kustomized[id]; !ok {
+					t.Errorf("%s: in the chart, not in the overlay", id)
+				}
+			}
+		})
+	}
+}
+
+func find1(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o
+		}
+	}
+	t.Fatalf("no %s %s", kind, name)
+	return nil
+}
+
+// TestChartTakesTheSeedsFlags: the articles' `helm install ... --set
+// controller.replicas=3 --set scheduler.enabled=true --set
+// devicePlugin.nodeSelector.gpu=true`.
+func TestChartTakesTheSeedsFlags(t *testing.T) {
+	objs := mustRenderChart(t, map[string]any{
+		"controller":   map[string]any{"replicas": 3},
+		"scheduler":    map[string]any{"enabled": true},
+		"devicePlugin": map[string]any{"nodeSelector": map[string]any{"gpu": true}},
+	})
+	for _, name := range []string{"gpupool-allocator", "gpupool-etcd"} {
+		if n, _, _ := unstructured.NestedFieldNoCopy(find1(t, objs, "StatefulSet", name).Object, "spec", "replicas"); n != 3.0 {
+			t.Errorf("StatefulSet %s: %v replicas, want 3", name, n)
+		}
+	}
+	for _, name := range []string{"gpupool-webhook", "gpupool-scheduler", "gpupool-kube-scheduler"} {
+		if n, _, _ := unstructured.NestedFieldNoCopy(find1(t, objs, "Deployment", name).Object, "spec", "replicas"); n != 3.0 {
+			t.Errorf("Deployment %s: %v replicas, want 3", name, n)
+		}
+	}
+	endpoints, _, _ := unstructured.NestedStringMap(find1(t, objs, "ConfigMap", "gpupool-endpoints").Object, "data")
+	if got := strings.Split(endpoints["allocator"], ","); len(got) != 3 || got[2] != "https://gpupool-allocator-2.gpupool-allocator-peers.gpupool.svc:8470" {
+		t.Errorf("the allocator's endpoints are %q, want its 3 replicas", got)
+	}
+	if endpoints["etcd"] != "http://gpupool-etcd.gpupool.svc:2379" {
+		t.Errorf("etcd at %q, want the chart's", endpoints["etcd"])
+	}
+	for _, name := range []string{"gpupool-server", "gpupool-device-plugin"} {
+		sel, _, _ := unstructured.NestedStringMap(find1(t, objs, "DaemonSet", name).Object, "spec", "template", "spec", "nodeSelector")
+		if !maps.Equal(sel, map[string]string{"gpu": "true"}) {
+			t.Errorf("DaemonSet %s on nodes %v, want gpu=true alone", name, sel)
+		}
+	}
+	if _, err := renderChart(t, map[string]any{"controller": map[string]any{"replicas": 3}, "etcd": map[string]any{"endpoints": []any{"http://etcd.example:2379"}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestChartRefusesWhatItCannotHonour: a key the chart does not know, or a
+// value of the wrong type, is refused naming the key (as a path, for the
+// schema's refusals); never ignored.
+func TestChartRefusesWhatItCannotHonour(t *testing.T) {
+	for _, tc := range []struct {
+		vals map[string]any
+		want string
+	}{
+		{map[string]any{"controller": map[string]any{"replica": 3}}, "replica"},
+		{map[string]any{"controller": map[string]any{"replicas": "three"}}, "/controller/replicas"},
+		{map[string]any{"controller": map[string]any{"replicas": 0}}, "/controller/replicas"},
+		{map[string]any{"schedulr": map[string]any{"enabled": true}}, "schedulr"},
+		{map[string]any{"resources": map[string]any{"gpu": map[string]any{"unit": "slices"}}}, "/resources/gpu/unit"},
+		{map[string]any{"etcd": map[string]any{"endpoints": []any{"etcd:2379"}}}, "/etcd/endpoints/0"},
+		{map[string]any{"tokens": map[string]any{"admin": "short"}}, "tokens.admin: 5 characters is shorter than the 16"},
+	} {
+		_, err := renderChart(t, tc.vals)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("values %v: %v, want an error naming %q", tc.vals, err, tc.want)
+		}
+	}
+}
+
+// TestChartCertificates: without cert-manager, every serving certificate
+// verifies for its Service's name against the CA its callers trust, and
+// kube-scheduler's client certificate is the only one the extender
+// accepts: no serving certificate passes as a client.
+func TestChartCertificates(t *testing.T) {
+	objs := mustRenderChart(t, map[string]any{"scheduler": map[string]any{"enabled": true}, "adapter": map[string]any{"apiService": true}})
+	secret := func(name string) map[string]string {
+		data, _, _ := unstructured.NestedStringMap(find1(t, objs, "Secret", name).Object, "data")
+		out := map[string]string{}
+		for k, v := range data {
+			b, err := base64.StdEncoding.DecodeString(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[k] = string(b)
+		}
+		return out
+	}
+	pool := func(pemText string) *x509.CertPool {
+		p := x509.NewCertPool()
+		if !p.AppendCertsFromPEM([]byte(pemText)) {
+			t.Fatalf("no certificate in %q", pemText)
+		}
+		return p
+	}
+	leaf := func(pemText string) *x509.Certificate {
+		block, _ := pem.Decode([]byte(pemText))
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	webhookCA, _, _ := unstructured.NestedSlice(find1(t, objs, "MutatingWebhookConfiguration", "gpupool").Object, "webhooks")
+	bundle, _ := base64.StdEncoding.DecodeString(webhookCA[0].(map[string]any)["clientConfig"].(map[string]any)["caBundle"].(string))
+	apiBundle, _, _ := unstructured.NestedString(find1(t, objs, "APIService", "v1beta1.external.metrics.k8s.io").Object, "spec", "caBundle")
+	apiCA, _ := base64.StdEncoding.DecodeString(apiBundle)
+	kubeScheduler := secret("gpupool-kube-scheduler-client")
+	for _, tc := range []struct{ secret, dns, trusted string }{
+		{"gpupool-allocator-tls", "gpupool-allocator.gpupool.svc", secret("gpupool-allocator-tls")["ca.crt"]},
+		{"gpupool-allocator-tls", "gpupool-allocator-2.gpupool-allocator-peers.gpupool.svc", secret("gpupool-allocator-tls")["ca.crt"]},
+		{"gpupool-webhook-tls", "gpupool-webhook.gpupool.svc", string(bundle)},
+		{"gpupool-adapter-tls", "gpupool-adapter.gpupool.svc", string(apiCA)},
+		{"gpupool-scheduler-tls", "gpupool-scheduler.gpupool.svc", kubeScheduler["ca.crt"]},
+	} {
+		_, err := leaf(secret(tc.secret)["tls.crt"]).Verify(x509.VerifyOptions{DNSName: tc.dns, Roots: pool(tc.trusted)})
+		if err != nil {
+			t.Errorf("%s for %s: %v", tc.secret, tc.dns, err)
+		}
+	}
+	clients := x509.VerifyOptions{Roots: pool(secret("gpupool-scheduler-tls")["ca.crt"]), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	if _, err := leaf(kubeScheduler["tls.crt"]).Verify(clients); err != nil {
+		t.Errorf("the extender refuses kube-scheduler's client certificate: %v", err)
+	}
+	for _, name := range []string{"gpupool-allocator-tls", "gpupool-adapter-tls", "gpupool-webhook-tls", "gpupool-scheduler-tls"} {
+		if _, err := leaf(secret(name)["tls.crt"]).Verify(clients); err == nil {
+			t.Errorf("the extender takes %s's serving certificate as a client's", name)
+		}
+	}
+	if ca := secret("gpupool-ca"); ca["ca.key"] == "" || fmt.Sprint(len(ca)) != "4" {
+		t.Errorf("the Secret gpupool-ca holds %d keys, want both CAs' certificates and keys", len(ca))
+	}
+}

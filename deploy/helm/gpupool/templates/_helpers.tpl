@@ -1,0 +1,136 @@
+{{- /*
+The chart's own logic: what the values mean in the manifests' terms. The
+generated templates (the kustomize manifests) call these where a value
+sets a field.
+*/ -}}
+
+{{- /* The image of every gpupool container. */ -}}
+{{- define "gpupool.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{- /* "true" when the allocator runs on etcd: more than one replica, or an etcd named. */ -}}
+{{- define "gpupool.etcd" -}}
+{{- if or (gt (int .Values.controller.replicas) 1) .Values.etcd.endpoints }}true{{ end }}
+{{- end }}
+
+{{- /* "true" when the chart runs etcd itself. */ -}}
+{{- define "gpupool.bundledEtcd" -}}
+{{- if and (include "gpupool.etcd" .) (not .Values.etcd.endpoints) }}true{{ end }}
+{{- end }}
+
+{{- /* The stateless controllers' replicas: as many as the allocator's, at least 2. */ -}}
+{{- define "gpupool.controllerReplicas" -}}
+{{ max 2 (int .Values.controller.replicas) }}
+{{- end }}
+
+{{- /* gpupool-endpoints' data: every allocator replica's address, in order (a
+standby answers 503 and clients try the next), and etcd's. */ -}}
+{{- define "gpupool.endpoints" -}}
+{{- $data := dict }}
+{{- if include "gpupool.etcd" . }}
+{{- $replicas := list }}
+{{- range $i := until (int .Values.controller.replicas) }}
+{{- $replicas = append $replicas (printf "https://gpupool-allocator-%d.gpupool-allocator-peers.gpupool.svc:8470" $i) }}
+{{- end }}
+{{- $_ := set $data "allocator" (join "," $replicas) }}
+{{- $_ := set $data "etcd" (join "," (.Values.etcd.endpoints | default (list "http://gpupool-etcd.gpupool.svc:2379"))) }}
+{{- else }}
+{{- $_ := set $data "allocator" "https://gpupool-allocator.gpupool.svc:8470" }}
+{{- end }}
+{{- toJson $data }}
+{{- end }}
+
+{{- /* The GPU nodes' labels, values as strings (`--set ...gpu=true` is a bool). */ -}}
+{{- define "gpupool.gpuNodeSelector" -}}
+{{- $selector := dict }}
+{{- range $k, $v := .Values.devicePlugin.nodeSelector | default (dict "nvidia.com/gpu.present" "true") }}
+{{- $_ := set $selector $k (toString $v) }}
+{{- end }}
+{{- toJson $selector }}
+{{- end }}
+
+{{- /* gpupool-kubernetes' data: the unit the webhook, gpupool-scheduler and the
+device plugin share. */ -}}
+{{- define "gpupool.kubernetesSettings" -}}
+{{- toJson (dict "unit" .Values.resources.gpu.unit "gpu-memory" .Values.resources.gpu.gpuMemory) }}
+{{- end }}
+
+{{- /* The placement policy. */ -}}
+{{- define "gpupool.policy" -}}
+{{- if .Values.scheduling.binPacking }}fgd-cpu{{ else }}spread{{ end }}
+{{- end }}
+
+{{- /* "true" when cert-manager issues the certificates. */ -}}
+{{- define "gpupool.certManager" -}}
+{{- $mode := toString .Values.certs.certManager }}
+{{- if or (eq $mode "true") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) }}true{{ end }}
+{{- end }}
+
+{{- /* The chart's own CAs and certificates, made once a render and kept across
+upgrades: the CA from the Secret gpupool-ca when it exists, each leaf from
+its Secret when that one was signed by the same CA. Two CAs, so that no
+serving certificate passes as kube-scheduler's client certificate to the
+extender: helm's genSignedCert makes certificates for both uses. */ -}}
+{{- define "gpupool.pki" -}}
+{{- if not (hasKey .Values "__gpupoolPKI") }}
+{{- $pki := dict }}
+{{- $stored := lookup "v1" "Secret" "gpupool" "gpupool-ca" }}
+{{- $ca := dict }}
+{{- $client := dict }}
+{{- if $stored }}
+{{- $ca = buildCustomCert (index $stored.data "ca.crt") (index $stored.data "ca.key") }}
+{{- $client = buildCustomCert (index $stored.data "client-ca.crt") (index $stored.data "client-ca.key") }}
+{{- else }}
+{{- $ca = genCA "gpupool-ca" 3650 }}
+{{- $client = genCA "gpupool-client-ca" 3650 }}
+{{- end }}
+{{- $_ := set $pki "ca" $ca }}
+{{- $_ := set $pki "client" $client }}
+{{- $leaves := dict }}
+{{- range $name, $spec := dict
+    "gpupool-allocator-tls" (dict "cn" "gpupool-allocator.gpupool.svc" "dns" (list "gpupool-allocator.gpupool.svc" "gpupool-allocator.gpupool.svc.cluster.local" "*.gpupool-allocator-peers.gpupool.svc" "*.gpupool-allocator-peers.gpupool.svc.cluster.local") "signer" $ca "ca" $ca)
+    "gpupool-adapter-tls" (dict "cn" "gpupool-adapter.gpupool.svc" "dns" (list "gpupool-adapter.gpupool.svc" "gpupool-adapter.gpupool.svc.cluster.local") "signer" $ca "ca" $ca)
+    "gpupool-webhook-tls" (dict "cn" "gpupool-webhook.gpupool.svc" "dns" (list "gpupool-webhook.gpupool.svc" "gpupool-webhook.gpupool.svc.cluster.local") "signer" $ca "ca" $ca)
+    "gpupool-scheduler-tls" (dict "cn" "gpupool-scheduler.gpupool.svc" "dns" (list "gpupool-scheduler.gpupool.svc" "gpupool-scheduler.gpupool.svc.cluster.local") "signer" $ca "ca" $client)
+    "gpupool-kube-scheduler-client" (dict "cn" "gpupool-kube-scheduler" "dns" (list) "signer" $client "ca" $ca) }}
+{{- $old := lookup "v1" "Secret" "gpupool" $name }}
+{{- $leaf := dict "ca.crt" $spec.ca.Cert }}
+{{- if and $old (eq (index $old.data "ca.crt" | default "" | b64dec) $spec.ca.Cert) (hasKey $old.data "tls.crt") }}
+{{- $_ := set $leaf "tls.crt" (index $old.data "tls.crt" | b64dec) }}
+{{- $_ := set $leaf "tls.key" (index $old.data "tls.key" | b64dec) }}
+{{- else }}
+{{- $cert := genSignedCert $spec.cn nil $spec.dns 365 $spec.signer }}
+{{- $_ := set $leaf "tls.crt" $cert.Cert }}
+{{- $_ := set $leaf "tls.key" $cert.Key }}
+{{- end }}
+{{- $_ := set $leaves $name $leaf }}
+{{- end }}
+{{- $_ := set $pki "leaves" $leaves }}
+{{- $_ := set .Values "__gpupoolPKI" $pki }}
+{{- end }}
+{{- end }}
+
+{{- /* The caBundle field where the chart's CA is the one to trust; nothing
+where cert-manager's CA injector fills it. */ -}}
+{{- define "gpupool.caBundleField" -}}
+{{- if not (include "gpupool.certManager" .) }}
+{{- include "gpupool.pki" . }}caBundle: {{ .Values.__gpupoolPKI.ca.Cert | b64enc }}
+{{- end }}
+{{- end }}
+
+{{- /* The allocator's tokens: as set, else as stored, else new. */ -}}
+{{- define "gpupool.tokens" -}}
+{{- if not (hasKey .Values "__gpupoolTokens") }}
+{{- $stored := (lookup "v1" "Secret" "gpupool" "gpupool-tokens").data | default dict }}
+{{- $tokens := dict }}
+{{- range $key, $value := dict "admin" .Values.tokens.admin "server" .Values.tokens.server }}
+{{- $token := $value | default (index $stored (printf "%s-token" $key) | default "" | b64dec) | default (randAlphaNum 48) }}
+{{- if lt (len $token) 16 }}
+{{- fail (printf "tokens.%s: %d characters is shorter than the 16 the allocator requires" $key (len $token)) }}
+{{- end }}
+{{- $_ := set $tokens $key $token }}
+{{- end }}
+{{- $_ := set .Values "__gpupoolTokens" $tokens }}
+{{- end }}
+{{- end }}
