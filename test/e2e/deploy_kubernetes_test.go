@@ -439,6 +439,14 @@ func podOf(t *testing.T, objs []*unstructured.Unstructured, name string) corev1.
 	return d.Spec.Template
 }
 
+// statefulPodOf is the pod template of the StatefulSet name of objs.
+func statefulPodOf(t *testing.T, objs []*unstructured.Unstructured, name string) corev1.PodTemplateSpec {
+	t.Helper()
+	var s appsv1.StatefulSet
+	decode(t, find(t, objs, "StatefulSet", name), &s)
+	return s.Spec.Template
+}
+
 // startPod does for the first container of pod what a kubelet does: it
 // writes the Secrets and ConfigMaps the container mounts into directories
 // of the test, reads its environment from the cluster, and runs its command

@@ -306,6 +306,13 @@ func createAllocatorVolume(ctx context.Context, t *testing.T, c kubernetes.Inter
 	t.Helper()
 	var pvc corev1.PersistentVolumeClaim
 	decode(t, claim, &pvc)
+	createVolumeFor(ctx, t, c, &pvc)
+}
+
+// createVolumeFor creates the volume pvc binds to, as createAllocatorVolume
+// does, before or after the claim exists.
+func createVolumeFor(ctx context.Context, t *testing.T, c kubernetes.Interface, pvc *corev1.PersistentVolumeClaim) {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.Chown(dir, imageUser, imageUser); err != nil {
 		t.Fatal(err)
@@ -325,8 +332,9 @@ func createAllocatorVolume(ctx context.Context, t *testing.T, c kubernetes.Inter
 	}
 }
 
-// workloadsReady says which of the Deployments and DaemonSets of objs do
-// not yet have all their pods, of their current template, Ready.
+// workloadsReady says which of the Deployments, StatefulSets and
+// DaemonSets of objs do not yet have all their pods, of their current
+// template, Ready.
 func workloadsReady(ctx context.Context, c kubernetes.Interface, objs []*unstructured.Unstructured) error {
 	var errs []error
 	for _, o := range objs {
@@ -338,6 +346,14 @@ func workloadsReady(ctx context.Context, c kubernetes.Interface, objs []*unstruc
 			}
 			if want := *d.Spec.Replicas; d.Status.UpdatedReplicas != want || d.Status.ReadyReplicas != want || d.Status.Replicas != want {
 				errs = append(errs, fmt.Errorf("deployment %s: %d of %d replicas Ready", d.Name, d.Status.ReadyReplicas, want))
+			}
+		case "StatefulSet":
+			s, err := c.AppsV1().StatefulSets(o.GetNamespace()).Get(ctx, o.GetName(), metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if want := *s.Spec.Replicas; s.Status.UpdatedReplicas != want || s.Status.ReadyReplicas != want || s.Status.CurrentRevision != s.Status.UpdateRevision {
+				errs = append(errs, fmt.Errorf("statefulset %s: %d of %d replicas Ready, %d updated", s.Name, s.Status.ReadyReplicas, want, s.Status.UpdatedReplicas))
 			}
 		case "DaemonSet":
 			d, err := c.AppsV1().DaemonSets(o.GetNamespace()).Get(ctx, o.GetName(), metav1.GetOptions{})

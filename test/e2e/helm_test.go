@@ -1,0 +1,470 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/ociimage"
+	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
+)
+
+// seedFlags are the articles' `helm install` flags, as they print them.
+var seedFlags = []string{"--set", "controller.replicas=3", "--set", "scheduler.enabled=true", "--set", "devicePlugin.nodeSelector.gpu=true"}
+
+// TestHelmChart installs deploy/helm/gpupool with the helm CLI and the
+// articles' three --set flags on the one-node cluster of
+// TestOverlayRunsAsPods, and waits until every component is Ready, run
+// from the image built here: 3 allocators on the chart's 3-member etcd, 3
+// of each controller, the daemon and the device plugin on the node
+// labelled gpu=true, certificates and tokens made by the chart. A BFK pod
+// is placed and gets its lease; `helm upgrade` changes the policy, which
+// rolls the allocators, and no lease is lost, nor a token or the CA;
+// `helm rollback` goes back; `helm test` asks the pool for its status;
+// `helm uninstall` leaves no cluster-wide object of the pool behind.
+//
+// What differs from a GPU cluster is what differs for TestOverlayRunsAsPods
+// (simulated GPUs, applied as a kustomize post-renderer, as platform teams
+// patch a chart; images imported; volumes on this host), and etcd's image:
+// registry.k8s.io's name for this machine's etcd binary.
+func TestHelmChart(t *testing.T) {
+	skipWithoutNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	cp, bins := startControlPlaneWith(ctx, t, nil, e2ekube.Options{PodNetwork: true})
+	h := newHelm(t, bins, cp.Kubeconfig)
+	if out, err := h.run(ctx, "lint", "--strict", chartPath, "--kube-version", "v1.37.2"); err != nil {
+		t.Fatalf("helm lint --strict: %v\n%s", err, out)
+	}
+	if err := cp.StartScheduler(ctx, e2ekube.SchedulerOptions{DefaultOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	node := startNode(ctx, t, cp, e2ekube.NodeOptions{Name: "gpu-0", Services: true})
+	if _, err := cp.Client.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"gpu":"true"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	hostDir(t, simulatedGPUDir)
+	renderer := h.postRenderer(t, node.PodResourcesSocket())
+
+	objs := h.template(ctx, t, append(seedFlags, renderer...)...)
+	gpuload, err := e2ekube.BuildProgramImage(ctx, t.TempDir(), gpuloadImage, gpuloadPackage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, images := range []string{buildImages(ctx, t), buildKubeSchedulerImage(t, bins, objs), buildEtcdImage(t, objs), gpuload} {
+		if err := node.ImportImages(ctx, images); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, claim := range volumeClaims(t, objs) {
+		createVolumeFor(ctx, t, cp.Client, claim)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the pods of namespace gpupool:\n%s", describePods(cp.Client, "gpupool"))
+		}
+	})
+
+	start := time.Now()
+	install := append([]string{"install", "bf-cluster", chartPath}, seedFlags...)
+	if out, err := h.run(ctx, append(install, append(renderer, "--wait", "--timeout", "6m")...)...); err != nil {
+		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+	if err := workloadsReady(ctx, cp.Client, objs); err != nil {
+		t.Fatalf("helm install returned, but: %v", err)
+	}
+	t.Logf("helm install with the seed's flags: every component Ready in %v", time.Since(start).Round(100*time.Millisecond))
+	checkSeedReplicas(t, ctx, cp.Client)
+
+	// A BFK pod placed through the chart's components gets its lease.
+	waitNodeAllocatable(t, ctx, cp.Client, node.Name, 2*100)
+	const ns = "ml"
+	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := bfkPod("bfk", 1, 50)
+	pod.Spec.Tolerations = nil
+	pod.Spec.Containers[0].Image, pod.Spec.Containers[0].ImagePullPolicy = gpuloadImage, corev1.PullIfNotPresent
+	pod.Spec.Containers[0].Resources.Requests = nil
+	waitForWebhook(t, cp.Client, ns)
+	if err := retry(ctx, 30*time.Second, func() error {
+		_, err := cp.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	running := waitPodRunning(t, ctx, cp.Client, ns, pod.Name)
+	admin := chartAdmin(t, ctx, cp.Client)
+	lease := checkPodLeaseEnv(t, ctx, cp, admin, node.Name, running, 50)
+	kept := chartSecrets(t, ctx, cp.Client)
+
+	// An upgrade that changes a value rolls the allocators; the lease, the
+	// tokens and the CA stay.
+	start = time.Now()
+	before := podUIDs(t, ctx, cp.Client, "app.kubernetes.io/name=gpupool-allocator")
+	upgrade := append([]string{"upgrade", "bf-cluster", chartPath, "--reuse-values", "--set", "scheduling.binPacking=false"}, renderer...)
+	if out, err := h.run(ctx, append(upgrade, "--wait", "--timeout", "5m")...); err != nil {
+		t.Fatalf("helm upgrade: %v\n%s", err, out)
+	}
+	if err := retry(ctx, 3*time.Minute, func() error { return workloadsReady(ctx, cp.Client, objs) }); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("helm upgrade (the policy): the allocators rolled and Ready in %v", time.Since(start).Round(100*time.Millisecond))
+	after := podUIDs(t, ctx, cp.Client, "app.kubernetes.io/name=gpupool-allocator")
+	for name, uid := range after {
+		if before[name] == uid {
+			t.Errorf("allocator %s did not roll on the upgrade", name)
+		}
+	}
+	checkAllocatorArg(t, ctx, cp.Client, "--policy=spread")
+	checkLeaseKept(t, ctx, cp.Client, lease.ID)
+	if now := chartSecrets(t, ctx, cp.Client); !maps.EqualFunc(now, kept, bytes.Equal) {
+		t.Error("helm upgrade changed the chart's tokens or certificates: clients of the old ones are cut off")
+	}
+
+	start = time.Now()
+	if out, err := h.run(ctx, "rollback", "bf-cluster", "1", "--wait", "--timeout", "5m"); err != nil {
+		t.Fatalf("helm rollback: %v\n%s", err, out)
+	}
+	if err := retry(ctx, 3*time.Minute, func() error { return workloadsReady(ctx, cp.Client, objs) }); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("helm rollback to the install: Ready in %v", time.Since(start).Round(100*time.Millisecond))
+	checkAllocatorArg(t, ctx, cp.Client, "--policy=fgd-cpu")
+	checkLeaseKept(t, ctx, cp.Client, lease.ID)
+
+	// The test's pod is in gpupool, beside the token it reads, where
+	// `helm test --logs` (which looks in the release's namespace) does not
+	// find it: its log is read as NOTES.txt says.
+	if out, err := h.run(ctx, "test", "bf-cluster", "--timeout", "2m"); err != nil {
+		t.Fatalf("helm test: %v\n%s", err, out)
+	}
+	status, err := cp.Client.CoreV1().Pods("gpupool").GetLogs("gpupool-test-pool-status", &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil || !strings.Contains(string(status), "gpu-0") {
+		t.Errorf("helm test passed without listing the server gpu-0 (%v):\n%s", err, status)
+	}
+
+	if out, err := h.run(ctx, "uninstall", "bf-cluster", "--wait", "--timeout", "3m"); err != nil {
+		t.Fatalf("helm uninstall: %v\n%s", err, out)
+	}
+	if left := clusterWideLeftovers(t, ctx, cp.Client); len(left) > 0 {
+		t.Errorf("helm uninstall left %v", left)
+	}
+}
+
+// chartPath is the chart, from test/e2e.
+const chartPath = "../../deploy/helm/gpupool"
+
+// helmCLI runs the helm CLI against one cluster, with its own config,
+// cache and data directories.
+type helmCLI struct {
+	bin, kubeconfig string
+	env             []string
+}
+
+func newHelm(t *testing.T, bins, kubeconfig string) *helmCLI {
+	t.Helper()
+	bin := filepath.Join(bins, "helm")
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("no helm CLI in %s: test/e2e/kube/build.sh builds it (%v)", bins, err)
+	}
+	home := t.TempDir()
+	return &helmCLI{bin: bin, kubeconfig: kubeconfig, env: append(os.Environ(),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_DATA_HOME="+filepath.Join(home, "data"))}
+}
+
+func (h *helmCLI) run(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, h.bin, append(args, "--kubeconfig", h.kubeconfig)...)
+	cmd.Env = h.env
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// template is `helm template` of the chart with args, as objects.
+func (h *helmCLI) template(ctx context.Context, t *testing.T, args ...string) []*unstructured.Unstructured {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, h.bin, append([]string{"template", "bf-cluster", chartPath, "--kube-version", "v1.37.2"}, args...)...)
+	cmd.Env = h.env
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, stderr.String())
+	}
+	var objs []*unstructured.Unstructured
+	for _, doc := range strings.Split(string(out), "\n---\n") {
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+			t.Fatal(err)
+		}
+		if u.Object != nil && u.GetKind() != "" {
+			objs = append(objs, u)
+		}
+	}
+	return objs
+}
+
+// postRenderer builds test/e2e/postrender and a kustomization that applies
+// testdata/simulated-gpus and this node's pod-resources directory to the
+// chart's manifests; it returns helm's flags for it.
+func (h *helmCLI) postRenderer(t *testing.T, podResourcesSocket string) []string {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "postrender")
+	if out, err := exec.Command("go", "build", "-o", bin, "./postrender").CombinedOutput(); err != nil {
+		t.Fatalf("building the post-renderer: %v\n%s", err, out)
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	component, err := filepath.Rel(dir, filepath.Join(wd, "testdata", "simulated-gpus"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := fmt.Sprintf(`resources: [helm.yaml]
+components: [%s]
+patches:
+  - patch: |-
+      apiVersion: apps/v1
+      kind: DaemonSet
+      metadata: {name: gpupool-device-plugin, namespace: gpupool}
+      spec:
+        template:
+          spec:
+            volumes:
+              - {name: pod-resources, hostPath: {path: %s}}
+`, component, filepath.Dir(podResourcesSocket))
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--post-renderer", bin, "--post-renderer-args", dir}
+}
+
+// buildEtcdImage writes the image of the etcd StatefulSet of objs, this
+// machine's etcd under the name the chart gives it, into a tarball.
+func buildEtcdImage(t *testing.T, objs []*unstructured.Unstructured) string {
+	t.Helper()
+	c := statefulPodOf(t, objs, "gpupool-etcd").Spec.Containers[0]
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	libc, err := ociimage.GlibcOf([]string{bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	image, err := ociimage.Build(ociimage.Image{
+		Ref:    c.Image,
+		Layers: [][]ociimage.File{libc.Files, {{Path: "usr/local/bin/" + c.Command[0], Mode: 0o755, Source: bin}}},
+		Env:    []string{"PATH=/usr/local/bin:/usr/bin:/bin"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tarball := filepath.Join(t.TempDir(), "etcd-image.tar")
+	if err := ociimage.WriteTarball(tarball, image); err != nil {
+		t.Fatal(err)
+	}
+	return tarball
+}
+
+// volumeClaims are the claims of objs' StatefulSets' pods.
+func volumeClaims(t *testing.T, objs []*unstructured.Unstructured) []*corev1.PersistentVolumeClaim {
+	t.Helper()
+	var claims []*corev1.PersistentVolumeClaim
+	for _, o := range objs {
+		if o.GetKind() != "StatefulSet" {
+			continue
+		}
+		replicas, _, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "replicas")
+		templates, _, _ := unstructured.NestedSlice(o.Object, "spec", "volumeClaimTemplates")
+		for _, tmpl := range templates {
+			var pvc corev1.PersistentVolumeClaim
+			decode(t, &unstructured.Unstructured{Object: tmpl.(map[string]any)}, &pvc)
+			for i := range int(replicas.(float64)) {
+				c := pvc.DeepCopy()
+				c.Namespace, c.Name = o.GetNamespace(), fmt.Sprintf("%s-%s-%d", pvc.Name, o.GetName(), i)
+				claims = append(claims, c)
+			}
+		}
+		if replicas == nil {
+			t.Fatalf("StatefulSet %s has no replicas", o.GetName())
+		}
+	}
+	return claims
+}
+
+// checkSeedReplicas: controller.replicas=3 is 3 allocators on 3 etcd
+// members, and 3 of each controller.
+func checkSeedReplicas(t *testing.T, ctx context.Context, c kubernetes.Interface) {
+	t.Helper()
+	for _, name := range []string{"gpupool-allocator", "gpupool-etcd"} {
+		s, err := c.AppsV1().StatefulSets("gpupool").Get(ctx, name, metav1.GetOptions{})
+		if err != nil || s.Status.ReadyReplicas != 3 {
+			t.Errorf("StatefulSet %s: %v Ready (%v), want 3", name, s.Status.ReadyReplicas, err)
+		}
+	}
+	for _, name := range []string{"gpupool-webhook", "gpupool-scheduler", "gpupool-kube-scheduler"} {
+		d, err := c.AppsV1().Deployments("gpupool").Get(ctx, name, metav1.GetOptions{})
+		if err != nil || d.Status.ReadyReplicas != 3 {
+			t.Errorf("Deployment %s: %v Ready (%v), want 3", name, d.Status.ReadyReplicas, err)
+		}
+	}
+}
+
+// chartAdmin is an admin client of the chart's allocators, each replica
+// by its pod's address (a standby answers 503 and the client tries the
+// next), with the chart's token, checking the chart's CA.
+func chartAdmin(t *testing.T, ctx context.Context, c kubernetes.Interface) *client.Client {
+	t.Helper()
+	pods, err := c.CoreV1().Pods("gpupool").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=gpupool-allocator"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var urls []string
+	for _, p := range pods.Items {
+		urls = append(urls, fmt.Sprintf("https://%s:8470", p.Status.PodIP))
+	}
+	secrets := chartSecrets(t, ctx, c)
+	admin, err := client.New(urls, string(secrets["gpupool-tokens/admin-token"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(secrets["gpupool-allocator-tls/ca.crt"]) {
+		t.Fatal("no CA in the Secret gpupool-allocator-tls")
+	}
+	admin.SetTLS(&tls.Config{RootCAs: roots, ServerName: "gpupool-allocator.gpupool.svc"})
+	return admin
+}
+
+// chartSecrets are the tokens and certificates the chart made, by
+// secret/key.
+func chartSecrets(t *testing.T, ctx context.Context, c kubernetes.Interface) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	for _, name := range []string{"gpupool-tokens", "gpupool-ca", "gpupool-allocator-tls", "gpupool-webhook-tls", "gpupool-scheduler-tls", "gpupool-kube-scheduler-client"} {
+		s, err := c.CoreV1().Secrets("gpupool").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range s.Data {
+			out[name+"/"+k] = v
+		}
+	}
+	return out
+}
+
+func podUIDs(t *testing.T, ctx context.Context, c kubernetes.Interface, selector string) map[string]types.UID {
+	t.Helper()
+	pods, err := c.CoreV1().Pods("gpupool").List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]types.UID{}
+	for _, p := range pods.Items {
+		out[p.Name] = p.UID
+	}
+	return out
+}
+
+// checkAllocatorArg: every allocator pod runs with arg.
+func checkAllocatorArg(t *testing.T, ctx context.Context, c kubernetes.Interface, arg string) {
+	t.Helper()
+	pods, err := c.CoreV1().Pods("gpupool").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=gpupool-allocator"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if !strings.Contains(strings.Join(p.Spec.Containers[0].Args, " "), arg) {
+			t.Errorf("allocator %s runs %v, want %s", p.Name, p.Spec.Containers[0].Args, arg)
+		}
+	}
+}
+
+// checkLeaseKept: the allocators (whichever leads now) still hold lease id.
+func checkLeaseKept(t *testing.T, ctx context.Context, c kubernetes.Interface, id string) {
+	t.Helper()
+	admin := chartAdmin(t, ctx, c)
+	var leases []string
+	if err := retry(ctx, time.Minute, func() error {
+		ls, err := admin.Leases(ctx, client.LeaseFilter{})
+		if err != nil {
+			return err
+		}
+		leases = leases[:0]
+		for _, l := range ls {
+			leases = append(leases, l.ID)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(leases) != 1 || leases[0] != id {
+		t.Errorf("the allocators hold %v, want the pod's lease %s alone", leases, id)
+	}
+}
+
+// clusterWideLeftovers are the pool's cluster-scoped objects (named
+// gpupool...) still there: a stale webhook configuration blocks every new
+// pod that asks for GPUs.
+func clusterWideLeftovers(t *testing.T, ctx context.Context, c kubernetes.Interface) []string {
+	t.Helper()
+	var left []string
+	add := func(kind string, names ...string) {
+		for _, n := range names {
+			if strings.HasPrefix(n, "gpupool") {
+				left = append(left, kind+"/"+n)
+			}
+		}
+	}
+	all := metav1.ListOptions{}
+	webhooks, err := c.AdmissionregistrationV1().MutatingWebhookConfigurations().List(ctx, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range webhooks.Items {
+		add("MutatingWebhookConfiguration", o.Name)
+	}
+	policies, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(ctx, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range policies.Items {
+		add("ValidatingAdmissionPolicy", o.Name)
+	}
+	roles, err := c.RbacV1().ClusterRoles().List(ctx, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range roles.Items {
+		add("ClusterRole", o.Name)
+	}
+	bindings, err := c.RbacV1().ClusterRoleBindings().List(ctx, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range bindings.Items {
+		add("ClusterRoleBinding", o.Name)
+	}
+	return left
+}
