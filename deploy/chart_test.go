@@ -216,6 +216,23 @@ func TestChartTakesTheSeedsFlags(t *testing.T) {
 	}
 }
 
+// TestChartTakesTheSeedsScheduling: the articles' scheduling values, in
+// the pool's terms.
+func TestChartTakesTheSeedsScheduling(t *testing.T) {
+	objs := mustRenderChart(t, map[string]any{
+		"scheduler":  map[string]any{"enabled": true},
+		"scheduling": map[string]any{"binPacking": false, "affinityRules": []any{map[string]any{"topologyKey": "gpu.socket"}}},
+	})
+	settings, _, _ := unstructured.NestedStringMap(find1(t, objs, "ConfigMap", "gpupool-kubernetes").Object, "data")
+	if settings["default-topology"] != "socket" {
+		t.Errorf("affinityRules on gpu.socket: default-topology %q, want socket", settings["default-topology"])
+	}
+	args, _, _ := unstructured.NestedSlice(find1(t, objs, "Deployment", "gpupool-allocator").Object, "spec", "template", "spec", "containers")
+	if !strings.Contains(fmt.Sprint(args[0].(map[string]any)["args"]), "--policy=spread") {
+		t.Errorf("binPacking false: the allocator runs %v, want --policy=spread", args[0].(map[string]any)["args"])
+	}
+}
+
 // TestChartRefusesWhatItCannotHonour: a key the chart does not know, or a
 // value of the wrong type, is refused naming the key (as a path, for the
 // schema's refusals); never ignored.
@@ -231,6 +248,10 @@ func TestChartRefusesWhatItCannotHonour(t *testing.T) {
 		{map[string]any{"resources": map[string]any{"gpu": map[string]any{"unit": "slices"}}}, "/resources/gpu/unit"},
 		{map[string]any{"etcd": map[string]any{"endpoints": []any{"etcd:2379"}}}, "/etcd/endpoints/0"},
 		{map[string]any{"tokens": map[string]any{"admin": "short"}}, "tokens.admin: 5 characters is shorter than the 16"},
+		{map[string]any{"resources": map[string]any{"gpu": map[string]any{"memoryPerUnit": "8Gi"}}}, "resources.gpu.memoryPerUnit: gpupool counts"},
+		{map[string]any{"resources": map[string]any{"gpu": map[string]any{"allocatable": 16}}}, "resources.gpu.allocatable: gpupool counts"},
+		{map[string]any{"scheduling": map[string]any{"affinityRules": []any{map[string]any{"topologyKey": "gpu.rack"}}}}, "/scheduling/affinityRules/0/topologyKey"},
+		{map[string]any{"scheduling": map[string]any{"affinityRules": []any{map[string]any{"topologyKey": "gpu.socket"}, map[string]any{"topologyKey": "gpu.nvlink"}}}}, "/scheduling/affinityRules"},
 	} {
 		_, err := renderChart(t, tc.vals)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -62,6 +62,10 @@ type Config struct {
 	// SchedulerName is written into the spec.schedulerName of each pod the
 	// webhook normalises; empty leaves the pod's own.
 	SchedulerName string
+	// DefaultTopology is the least link between the GPUs of a pod that
+	// asks for more than one and names none (gpupool.io/topology): the
+	// cluster's rule, as BFK's affinityRules set it. Empty or "any": none.
+	DefaultTopology string
 }
 
 // autoManagement lists the values of BFK's auto-management/bitfusion, in

@@ -135,6 +135,31 @@ func TestMutateNormalisesEachForm(t *testing.T) {
 	}
 }
 
+// TestMutateDefaultTopology: the cluster's rule (BFK's affinityRules on
+// gpu.socket) reaches the request of a pod of several GPUs that names no
+// link of its own; a pod's own, and a one-GPU pod, are left as they are.
+func TestMutateDefaultTopology(t *testing.T) {
+	c := config(kube.UnitPercent)
+	c.DefaultTopology = "socket"
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		want string
+	}{
+		{"several GPUs, no link named", podOf(asking("bitfusion.io/gpu-amount=2")), `{"gpuAmount":2,"topology":"socket"}`},
+		{"several GPUs, a link of its own", annotated(podOf(asking("bitfusion.io/gpu-amount=2")), kube.AnnotationTopology, "nvlink"), `{"gpuAmount":2,"topology":"nvlink"}`},
+		{"one GPU", podOf(asking("bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50")), `{"gpuAmount":1,"gpuPercent":50}`},
+	} {
+		if got := mutate(t, c, tc.pod).Annotations[kube.AnnotationRequest]; got != tc.want {
+			t.Errorf("%s: request %s, want %s", tc.name, got, tc.want)
+		}
+	}
+	c.DefaultTopology = "any"
+	if got := mutate(t, c, podOf(asking("bitfusion.io/gpu-amount=2"))).Annotations[kube.AnnotationRequest]; got != `{"gpuAmount":2}` {
+		t.Errorf("default any: request %s, want no topology", got)
+	}
+}
+
 func TestMutateWhereTheRequestIs(t *testing.T) {
 	c := config(kube.UnitPercent)
 	t.Run("requests only", func(t *testing.T) {

@@ -161,6 +161,9 @@ func (c Config) plan(pod *corev1.Pod) (*plan, field.ErrorList) {
 		}
 	}
 	a.topology, a.topologyAt = pod.Annotations[kube.AnnotationTopology], atTopology
+	if a.topology == "" && a.amount != nil && a.amount.value > 1 && c.DefaultTopology != inventory.LinkAny.String() {
+		a.topology = c.DefaultTopology
+	}
 	units, errs := c.units(a)
 	if len(errs) > 0 {
 		return nil, errs

@@ -27,7 +27,8 @@ import (
 // TestBurstsAndFaults: what users of GPU schedulers report (bind
 // timeouts, many minutes to place pods submitted at once, GPUs held by
 // pods deleted long ago) on the OpenB cluster's 1,213 kwok nodes, through
-// gpupool as deployed, tokens on. After each step the allocator's leases
+// gpupool as deployed with controller.replicas=3, tokens on: three
+// allocators on etcd, one leading. After each step the allocator's leases
 // are exactly the bound pods' leases: none held by an unbound or deleted
 // pod, none doubled, each on its pod's node under the ID the pod names.
 func TestBurstsAndFaults(t *testing.T) {
@@ -42,8 +43,9 @@ func TestBurstsAndFaults(t *testing.T) {
 	}
 	arrivals, _ := simulate.GPUArrivals(tr, scaleSeed)
 	proxy := newSlowProxy(t)
+	// Three allocators on etcd, as controller.replicas=3 deploys them.
 	pool := startKubePool(t, ctx, kubePoolOptions{Namespaces: []string{scaleNamespace}, AllocatorArgs: []string{"--policy", scalePolicy},
-		SchedulerArgs: []string{"--unbound-lease-timeout", scaleUnboundTimeout.String()}})
+		AllocatorReplicas: 3, SchedulerArgs: []string{"--unbound-lease-timeout", scaleUnboundTimeout.String()}})
 	addTraceServers(t, ctx, pool, tr.Servers)
 	proxy.to(pool.Allocator.URL)
 	next := 0
@@ -141,7 +143,8 @@ func TestBurstsAndFaults(t *testing.T) {
 }
 
 // leaderKilledWhilePodsDeleted runs two more replicas of gpupool-scheduler
-// beside the pool's, three as controller.replicas=3 deploys, deletes n
+// beside the pool's, three as controller.replicas=3 deploys (with the
+// pool's three allocators), deletes n
 // bound pods and kills the leading lease controller with SIGKILL at once.
 // Every lease of theirs ends, the allocator releases exactly n leases (no
 // other pod's, none counted twice), and the time until a standby leads is

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/internal/etcdtest"
 	"github.com/gpupool/gpupool/kube"
 	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
 )
@@ -32,6 +33,10 @@ type kubePoolOptions struct {
 	Namespaces []string
 	// AllocatorArgs are more flags for the allocator, such as --policy.
 	AllocatorArgs []string
+	// AllocatorReplicas above 1 runs that many allocators on a 3-member
+	// etcd, as controller.replicas deploys them: one leads, the others
+	// stand by, and gpupool-scheduler and Admin are given every address.
+	AllocatorReplicas int
 	// SchedulerArgs are more flags for gpupool-scheduler, such as
 	// --log-level.
 	SchedulerArgs []string
@@ -52,8 +57,11 @@ type kubePool struct {
 	// Admin is an operator's allocator client; Servers registers GPU
 	// servers, as their daemons do.
 	Admin, Servers *client.Client
-	// Allocator is the running allocator; restartAllocator replaces it.
+	// Allocator is the running allocator, the leading one of replicas;
+	// restartAllocator replaces it.
 	Allocator *allocatorProcess
+	// Replicas are every allocator replica, Allocator among them.
+	Replicas []*allocatorProcess
 	// Logs gather gpupool-webhook's and gpupool-scheduler's output.
 	Logs *syncBuffer
 	// AllocatorForScheduler, when set, is where gpupool-scheduler started
@@ -103,8 +111,13 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 	// gpupool-scheduler looks for it.
 	p.allocatorArgs = []string{"--listen", "127.0.0.1:" + freePort(t), "--data-dir", t.TempDir(), "--config", p.config.Path, "--heartbeat-timeout", "1h"}
 	p.allocatorArgs = append(p.allocatorArgs, o.AllocatorArgs...)
-	p.Allocator = startAllocator(t, p.allocatorArgs...)
-	p.Admin, p.Servers = newClient(t, p.Allocator.URL, p.config.Admin), newClient(t, p.Allocator.URL, p.config.Servers)
+	if o.AllocatorReplicas > 1 {
+		p.startReplicas(t, o.AllocatorReplicas, o.AllocatorArgs)
+	} else {
+		p.Allocator = startAllocator(t, p.allocatorArgs...)
+		p.Replicas = []*allocatorProcess{p.Allocator}
+	}
+	p.Admin, p.Servers = p.allocatorClient(t, p.config.Admin), p.allocatorClient(t, p.config.Servers)
 
 	certFile, keyFile := writeServingCert(t, cp, dir)
 	webhook := "127.0.0.1:" + freePort(t)
@@ -131,6 +144,47 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 	return p
 }
 
+// startReplicas starts n allocators on a 3-member etcd and waits until
+// one leads: it is p.Allocator.
+func (p *kubePool) startReplicas(t testing.TB, n int, args []string) {
+	t.Helper()
+	endpoints := etcdtest.Endpoints(etcdtest.StartCluster(t, 3))
+	for range n {
+		p.Replicas = append(p.Replicas, startAllocator(t, append([]string{"--listen", "127.0.0.1:" + freePort(t), "--store", "etcd",
+			"--etcd-endpoints", endpoints, "--etcd-session-ttl", "2s", "--config", p.config.Path, "--heartbeat-timeout", "1h"}, args...)...))
+	}
+	for deadline := time.Now().Add(servedAgainWithin); p.Allocator == nil; time.Sleep(50 * time.Millisecond) {
+		for _, r := range p.Replicas {
+			if isServing(r.URL) {
+				p.Allocator = r
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no allocator replica leads")
+		}
+	}
+}
+
+// allocatorURLs are every replica's address, as the deployment's clients
+// have them: a standby answers 503 and the client tries the next.
+func (p *kubePool) allocatorURLs() []string {
+	urls := make([]string, len(p.Replicas))
+	for i, r := range p.Replicas {
+		urls[i] = r.URL
+	}
+	return urls
+}
+
+func (p *kubePool) allocatorClient(t testing.TB, token string) *client.Client {
+	t.Helper()
+	c, err := client.New(p.allocatorURLs(), token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // startScheduler starts gpupool-scheduler as deployed beside kube-scheduler
 // (the extender in plain HTTP on loopback, the allocator's admin token),
 // or starts it again, where it served, after killScheduler. It runs until
@@ -143,7 +197,7 @@ func (p *kubePool) startScheduler(t testing.TB) {
 // schedulerFlags are the flags of a gpupool-scheduler replica serving the
 // extender on listen and /metrics on metricsListen.
 func (p *kubePool) schedulerFlags(t testing.TB, listen, metricsListen string) []string {
-	allocatorURL := p.Allocator.URL
+	allocatorURL := strings.Join(p.allocatorURLs(), ",")
 	if p.AllocatorForScheduler != "" {
 		allocatorURL = p.AllocatorForScheduler
 	}
@@ -164,6 +218,7 @@ func (p *kubePool) killScheduler() {
 func (p *kubePool) restartAllocator(t *testing.T) {
 	t.Helper()
 	p.Allocator = startAllocator(t, p.allocatorArgs...)
+	p.Replicas = []*allocatorProcess{p.Allocator}
 }
 
 // addNodes adds a kwok node for each name, with labels, and registers each

@@ -67,12 +67,12 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}
-	cfg := admission.Config{Unit: o.Unit, GPUMemoryBytes: o.GPUMemoryBytes, SchedulerName: o.SchedulerName}
+	cfg := admission.Config{Unit: o.Unit, GPUMemoryBytes: o.GPUMemoryBytes, SchedulerName: o.SchedulerName, DefaultTopology: o.DefaultTopology}
 	webhook := httpserver.Endpoint{Name: "the webhook", Server: httpserver.New(admission.NewHandler(cfg), httpserver.Default)}
 	webhook.Server.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: pair.GetCertificate}
 	if webhook.Listener, err = net.Listen("tcp", o.Listen); err != nil {
 		return fmt.Errorf("listening: %w", err)
 	}
-	log.Info("webhook serving", "address", "https://"+webhook.Listener.Addr().String(), "unit", o.Unit, "gpu_memory", o.GPUMemory, "scheduler_name", o.SchedulerName)
+	log.Info("webhook serving", "address", "https://"+webhook.Listener.Addr().String(), "unit", o.Unit, "gpu_memory", o.GPUMemory, "scheduler_name", o.SchedulerName, "default_topology", o.DefaultTopology)
 	return httpserver.Serve(ctx, []httpserver.Endpoint{webhook})
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 
+	"github.com/gpupool/gpupool/inventory"
 	"github.com/gpupool/gpupool/kube"
 	"github.com/gpupool/gpupool/kube/admission"
 )
@@ -14,6 +15,7 @@ type Options struct {
 	Listen, CertFile, KeyFile string
 	UnitName, GPUMemory       string
 	SchedulerName             string
+	DefaultTopology           string
 
 	// Unit and GPUMemoryBytes are UnitName and GPUMemory, parsed by
 	// Validate.
@@ -23,7 +25,8 @@ type Options struct {
 
 // NewOptions returns the defaults.
 func NewOptions() *Options {
-	return &Options{Listen: ":8443", UnitName: string(kube.UnitPercent), GPUMemory: admission.DefaultGPUMemory, SchedulerName: kube.SchedulerName}
+	return &Options{Listen: ":8443", UnitName: string(kube.UnitPercent), GPUMemory: admission.DefaultGPUMemory, SchedulerName: kube.SchedulerName,
+		DefaultTopology: inventory.LinkAny.String()}
 }
 
 // AddFlags registers the options on fs.
@@ -33,6 +36,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.KeyFile, "tls-private-key-file", o.KeyFile, "the certificate's private key (PEM)")
 	fs.StringVar(&o.UnitName, "unit", o.UnitName, "what one bitfusion.io/gpu stands for, the same for the whole cluster: percent (100 is one GPU, as BFK) or gpus (1 is one GPU, as the articles)")
 	fs.StringVar(&o.GPUMemory, "gpu-memory", o.GPUMemory, "one GPU's memory, which a bitfusion.io/gpu-memory request is a share of: a quantity (80Gi) or megabytes (16000); the default is BFK's")
+	fs.StringVar(&o.DefaultTopology, "default-topology", o.DefaultTopology, "the least link between the GPUs of a pod that asks for several and names none in gpupool.io/topology: any, socket, pcie-switch or nvlink (BFK's affinityRules, topologyKey gpu.socket, is socket)")
 	fs.StringVar(&o.SchedulerName, "scheduler-name", o.SchedulerName, "the spec.schedulerName written into the pods the webhook normalises (the kube-scheduler profile that places them through the pool); empty leaves a pod's own")
 }
 
@@ -48,6 +52,9 @@ func (o *Options) Validate() error {
 	memory, err := admission.ParseGPUMemory(o.GPUMemory)
 	if err != nil {
 		return fmt.Errorf("--gpu-memory: %w", err)
+	}
+	if _, err := inventory.ParseLink("--default-topology", o.DefaultTopology); err != nil {
+		return err
 	}
 	o.Unit, o.GPUMemoryBytes = unit, memory
 	return nil

@@ -53,7 +53,15 @@ standby answers 503 and clients try the next), and etcd's. */ -}}
 {{- /* gpupool-kubernetes' data: the unit the webhook, gpupool-scheduler and the
 device plugin share. */ -}}
 {{- define "gpupool.kubernetesSettings" -}}
-{{- toJson (dict "unit" .Values.resources.gpu.unit "gpu-memory" .Values.resources.gpu.gpuMemory) }}
+{{- toJson (dict "unit" .Values.resources.gpu.unit "gpu-memory" .Values.resources.gpu.gpuMemory "default-topology" (include "gpupool.defaultTopology" .)) }}
+{{- end }}
+
+{{- /* BFK's affinityRules as the pool's default topology: the least link
+between the GPUs of a pod of several that names none. gpu.socket is the
+GPUs of one CPU socket; the schema allows one rule, of the keys below. */ -}}
+{{- define "gpupool.defaultTopology" -}}
+{{- $links := dict "gpu.socket" "socket" "gpu.pcie-switch" "pcie-switch" "gpu.nvlink" "nvlink" }}
+{{- with .Values.scheduling.affinityRules }}{{ index $links (first .).topologyKey }}{{ else }}any{{ end }}
 {{- end }}
 
 {{- /* The placement policy. */ -}}
@@ -132,5 +140,16 @@ where cert-manager's CA injector fills it. */ -}}
 {{- $_ := set $tokens $key $token }}
 {{- end }}
 {{- $_ := set .Values "__gpupoolTokens" $tokens }}
+{{- end }}
+{{- end }}
+
+{{- /* Values the chart accepts, as the articles write them, but the pool
+cannot honour yet: refused, naming the key and saying why, rather than
+ignored. */ -}}
+{{- define "gpupool.validate" -}}
+{{- range $key := list "allocatable" "memoryPerUnit" }}
+{{- if hasKey $.Values.resources.gpu $key }}
+{{- fail (printf "resources.gpu.%s: gpupool counts bitfusion.io/gpu in percent of a GPU or in whole GPUs (resources.gpu.unit); a unit that is a slice of GPU memory, as BFK's %s describes, is not one of them yet, and the pool will not read your pods' requests in a unit you did not mean: remove it and pick resources.gpu.unit" $key $key) }}
+{{- end }}
 {{- end }}
 {{- end }}
