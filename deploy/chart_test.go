@@ -216,6 +216,22 @@ func TestChartTakesTheSeedsFlags(t *testing.T) {
 	}
 }
 
+// TestChartTakesTheSeedsValues: the articles' values.yaml, in the pool's
+// terms: slices of 8Gi of GPU memory, 16 a node at most, packing, and the
+// GPUs of a pod of several on one socket.
+func TestChartTakesTheSeedsValues(t *testing.T) {
+	objs := mustRenderChart(t, map[string]any{
+		"scheduler":  map[string]any{"enabled": true},
+		"resources":  map[string]any{"gpu": map[string]any{"allocatable": 16, "memoryPerUnit": "8Gi"}},
+		"scheduling": map[string]any{"binPacking": true, "affinityRules": []any{map[string]any{"topologyKey": "gpu.socket"}}},
+	})
+	settings, _, _ := unstructured.NestedStringMap(find1(t, objs, "ConfigMap", "gpupool-kubernetes").Object, "data")
+	want := map[string]string{"unit": "memory:8Gi", "max-devices": "16", "default-topology": "socket", "gpu-memory": "16000M"}
+	if !maps.Equal(settings, want) {
+		t.Errorf("the cluster's settings are %v, want %v", settings, want)
+	}
+}
+
 // TestChartTakesTheSeedsScheduling: the articles' scheduling values, in
 // the pool's terms.
 func TestChartTakesTheSeedsScheduling(t *testing.T) {
@@ -248,8 +264,10 @@ func TestChartRefusesWhatItCannotHonour(t *testing.T) {
 		{map[string]any{"resources": map[string]any{"gpu": map[string]any{"unit": "slices"}}}, "/resources/gpu/unit"},
 		{map[string]any{"etcd": map[string]any{"endpoints": []any{"etcd:2379"}}}, "/etcd/endpoints/0"},
 		{map[string]any{"tokens": map[string]any{"admin": "short"}}, "tokens.admin: 5 characters is shorter than the 16"},
-		{map[string]any{"resources": map[string]any{"gpu": map[string]any{"memoryPerUnit": "8Gi"}}}, "resources.gpu.memoryPerUnit: gpupool counts"},
-		{map[string]any{"resources": map[string]any{"gpu": map[string]any{"allocatable": 16}}}, "resources.gpu.allocatable: gpupool counts"},
+		{map[string]any{"scheduler": map[string]any{"enabled": true}, "resources": map[string]any{"gpu": map[string]any{"unit": "gpus", "memoryPerUnit": "8Gi"}}},
+			"resources.gpu.unit gpus and resources.gpu.memoryPerUnit 8Gi: the unit is one or the other"},
+		{map[string]any{"resources": map[string]any{"gpu": map[string]any{"memoryPerUnit": "8 gigs"}}}, "/resources/gpu/memoryPerUnit"},
+		{map[string]any{"resources": map[string]any{"gpu": map[string]any{"allocatable": 0}}}, "/resources/gpu/allocatable"},
 		{map[string]any{"scheduling": map[string]any{"affinityRules": []any{map[string]any{"topologyKey": "gpu.rack"}}}}, "/scheduling/affinityRules/0/topologyKey"},
 		{map[string]any{"scheduling": map[string]any{"affinityRules": []any{map[string]any{"topologyKey": "gpu.socket"}, map[string]any{"topologyKey": "gpu.nvlink"}}}}, "/scheduling/affinityRules"},
 	} {

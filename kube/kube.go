@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/gpupool/gpupool/allocator"
 )
 
@@ -85,8 +87,8 @@ const SimulatedDeviceDir = "/dev/gpupool"
 const SchedulerName = "gpupool-scheduler"
 
 // Unit is what one unit of bitfusion.io/gpu stands for: a cluster setting,
-// the same for the webhook (which writes it) and the controller (which
-// reads ResourceQuotas in it).
+// the same for the webhook (which writes it), the controller (which reads
+// ResourceQuotas in it) and the device plugin (which counts nodes in it).
 type Unit string
 
 const (
@@ -96,14 +98,30 @@ const (
 	// UnitGPUs is the unit of the Bitfusion-on-Kubernetes articles:
 	// bitfusion.io/gpu: 2 is two whole GPUs.
 	UnitGPUs Unit = "gpus"
+	// unitMemoryPrefix starts a unit of GPU memory, "memory:8Gi": the
+	// articles' values (memoryPerUnit: 8Gi, a node's GPUs cut into slices
+	// of it), where bitfusion.io/gpu: 2 is 16Gi of one GPU's memory.
+	unitMemoryPrefix = "memory:"
 )
 
 // Units lists the units a flag accepts, the default first.
-var Units = []Unit{UnitPercent, UnitGPUs}
+var Units = []Unit{UnitPercent, UnitGPUs, unitMemoryPrefix + "<size>"}
+
+// MemoryUnit is the unit of bytes of GPU memory.
+func MemoryUnit(bytes int64) Unit {
+	return Unit(unitMemoryPrefix + resource.NewQuantity(bytes, resource.BinarySI).String())
+}
 
 // ParseUnit reads a unit's name.
 func ParseUnit(s string) (Unit, error) {
-	for _, u := range Units {
+	if size, ok := strings.CutPrefix(s, unitMemoryPrefix); ok {
+		q, err := resource.ParseQuantity(size)
+		if err != nil || q.Sign() <= 0 || q.Value() > allocator.MaxGPUMemoryBytes || q.Value() < 1<<20 {
+			return "", fmt.Errorf("unit %q: %q must be a quantity of GPU memory from 1Mi to one GPU's, such as memory:8Gi", s, size)
+		}
+		return Unit(s), nil
+	}
+	for _, u := range Units[:2] {
 		if string(u) == s {
 			return u, nil
 		}
@@ -119,8 +137,44 @@ func unitNames() []string {
 	return names
 }
 
-// Share is the GPU share n units of bitfusion.io/gpu stand for.
-func (u Unit) Share(n int64) allocator.Share {
+// MemoryBytes is the GPU memory one unit stands for; 0 unless u is a unit
+// of memory.
+func (u Unit) MemoryBytes() int64 {
+	size, ok := strings.CutPrefix(string(u), unitMemoryPrefix)
+	if !ok {
+		return 0
+	}
+	q, err := resource.ParseQuantity(size)
+	if err != nil {
+		return 0
+	}
+	return q.Value()
+}
+
+// PerGPU is how many units one GPU of gpuMemory bytes holds: 100 in
+// percent, 1 in gpus, as many whole slices as fit in a unit of memory.
+func (u Unit) PerGPU(gpuMemory int64) int64 {
+	switch {
+	case u == UnitGPUs:
+		return 1
+	case u.MemoryBytes() > 0:
+		return gpuMemory / u.MemoryBytes()
+	}
+	return 100
+}
+
+// Share is the GPU share n units stand for, on a GPU of gpuMemory bytes
+// (which only a unit of memory depends on): what a ResourceQuota of n
+// allows. Rounded down, so that a quota never allows more than it says.
+func (u Unit) Share(n, gpuMemory int64) allocator.Share {
+	if m := u.MemoryBytes(); m > 0 {
+		if gpuMemory <= 0 {
+			return 0
+		}
+		// n x m may pass 2^63 for an absurd quota: in floats, then capped.
+		share := float64(n) * float64(m) / float64(gpuMemory) * float64(allocator.WholeGPU)
+		return allocator.Share(min(share, float64(allocator.WholeGPU)*float64(1<<40)))
+	}
 	if u == UnitGPUs {
 		return allocator.Share(n) * allocator.WholeGPU
 	}

@@ -17,7 +17,7 @@ func TestHelp(t *testing.T) {
 func TestBadFlags(t *testing.T) {
 	clitest.CheckBadFlags(t, run, []clitest.Case{
 		{[]string{"--listen", "0.0.0.0:8474"}, "is not a loopback address"},
-		{[]string{"--unit", "GPU"}, `--unit: unit \"GPU\": must be one of percent, gpus`},
+		{[]string{"--unit", "GPU"}, `--unit: unit \"GPU\": must be one of percent, gpus, memory:<size>`},
 		{[]string{"--allocator", "allocator:8470"}, `--allocator: allocator address \"allocator:8470\" is not a URL`},
 	})
 }

@@ -18,7 +18,7 @@ func TestBadFlags(t *testing.T) {
 	tlsFlags := []string{"--tls-cert-file", certFile, "--tls-private-key-file", keyFile}
 	clitest.CheckBadFlags(t, run, []clitest.Case{
 		{nil, "--tls-cert-file and --tls-private-key-file are required: kube-apiserver calls webhooks over HTTPS only"},
-		{append([]string{"--unit", "GPU"}, tlsFlags...), `--unit: unit \"GPU\": must be one of percent, gpus`},
+		{append([]string{"--unit", "GPU"}, tlsFlags...), `--unit: unit \"GPU\": must be one of percent, gpus, memory:<size>`},
 		{append([]string{"--gpu-memory", "lots"}, tlsFlags...), `--gpu-memory: \"lots\" is not a quantity (e.g. 8000, 8000M or 16Gi)`},
 		{[]string{"--tls-cert-file", keyFile, "--tls-private-key-file", keyFile}, "the serving certificate"},
 	})

@@ -106,6 +106,12 @@ func TestMutateNormalisesEachForm(t *testing.T) {
 		{"the articles' 2, in percent", kube.UnitPercent, "", []string{"bitfusion.io/gpu=2"}, 2, `{"gpuAmount":1,"gpuPercent":2}`},
 		{"whole GPUs in percent", kube.UnitPercent, "", []string{"bitfusion.io/gpu=300"}, 300, `{"gpuAmount":3}`},
 		{"the articles' 2, in GPUs", kube.UnitGPUs, "", []string{"bitfusion.io/gpu=2"}, 2, `{"gpuAmount":2}`},
+		// The articles' values: slices of 8Gi of 80Gi GPUs.
+		{"the articles' 2, in slices of 8Gi", kube.MemoryUnit(8 << 30), "80Gi", []string{"bitfusion.io/gpu=2"}, 2, `{"gpuAmount":1,"gpuMemory":"16Gi"}`},
+		{"a slice larger than the cluster's GPU memory", kube.MemoryUnit(8 << 30), "", []string{"bitfusion.io/gpu=3"}, 3, `{"gpuAmount":1,"gpuMemory":"24Gi"}`},
+		{"half a GPU, in slices", kube.MemoryUnit(8 << 30), "80Gi", []string{"bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=50"}, 5, `{"gpuAmount":1,"gpuPercent":50}`},
+		{"whole GPUs, in slices", kube.MemoryUnit(8 << 30), "80Gi", []string{"bitfusion.io/gpu-amount=2"}, 20, `{"gpuAmount":2}`},
+		{"memory rounded up to slices", kube.MemoryUnit(8 << 30), "80Gi", []string{"bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-memory=12Gi"}, 2, `{"gpuAmount":1,"gpuMemory":"12Gi"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := config(tc.unit)

@@ -173,7 +173,11 @@ func (c Config) plan(pod *corev1.Pod) (*plan, field.ErrorList) {
 		r.GPUPercent = int(a.percent.value)
 	}
 	if a.memory != nil {
-		r.GPUMemory = resource.NewQuantity(a.memory.value, gc.asked[kube.ResourceGPUMemory].quantity.Format).String()
+		format := resource.BinarySI // slices of a unit of memory
+		if asked, ok := gc.asked[kube.ResourceGPUMemory]; ok {
+			format = asked.quantity.Format
+		}
+		r.GPUMemory = resource.NewQuantity(a.memory.value, format).String()
 	}
 	return &plan{gpu: gc, request: r, units: units}, nil
 }
@@ -215,6 +219,14 @@ func (c Config) containerAsk(gc *gpuContainer) (ask, field.ErrorList) {
 	if c.Unit == kube.UnitGPUs {
 		return a, nil
 	}
+	if m := c.Unit.MemoryBytes(); m > 0 {
+		if most := allocator.MaxGPUMemoryBytes / m; n < 1 || n > most {
+			return a, field.ErrorList{field.Invalid(gpu.path, n, fmt.Sprintf("must be 1..%d (slices of %s of one GPU's memory, as this cluster counts %s)",
+				most, resource.NewQuantity(m, resource.BinarySI), kube.ResourceGPU))}
+		}
+		a.amount.value, a.memory = 1, &part{value: n * m, shown: n, path: gpu.path}
+		return a, nil
+	}
 	// In percent, up to 100 is a share of one GPU, and above it only whole
 	// GPUs can be told apart from a share of several.
 	switch {
@@ -253,7 +265,8 @@ func recordedAsk(r kube.Request) (ask, field.ErrorList) {
 // units checks a and returns how much bitfusion.io/gpu it stands for in the
 // cluster's unit: amount x percent in percent (100 without a percent),
 // BFK's ceil(memory / GPU memory x amount x 100) for a memory; the amount
-// in gpus, where a fraction of a GPU is refused (see the package comment).
+// in gpus, where a fraction of a GPU is refused (see the package comment);
+// in a unit of memory, the memory asked over the unit's, rounded up.
 func (c Config) units(a ask) (int64, field.ErrorList) {
 	if a.amount == nil {
 		share := a.percent
@@ -278,7 +291,8 @@ func (c Config) units(a ask) (int64, field.ErrorList) {
 		fraction = a.percent
 	case a.memory != nil && a.memory.value < 1:
 		errs = append(errs, field.Invalid(a.memory.path, a.memory.shown, "must be above 0"))
-	case a.memory != nil && a.memory.value >= c.GPUMemoryBytes:
+	// In a unit of memory, a GPU's memory is the allocator's to check.
+	case a.memory != nil && c.Unit.MemoryBytes() == 0 && a.memory.value >= c.GPUMemoryBytes:
 		errs = append(errs, field.Invalid(a.memory.path, a.memory.shown, fmt.Sprintf("must be less than one GPU's memory, %s "+
 			"(a number without a unit is megabytes, as in BFK); for whole GPUs ask for %s alone",
 			resource.NewQuantity(c.GPUMemoryBytes, resource.DecimalSI), kube.ResourceGPUAmount)))
@@ -302,6 +316,8 @@ func (c Config) units(a ask) (int64, field.ErrorList) {
 	switch {
 	case c.Unit == kube.UnitGPUs:
 		return a.amount.value, nil
+	case c.Unit.MemoryBytes() > 0:
+		return c.memoryUnits(a), nil
 	case a.memory != nil:
 		// memory < GPU memory <= MaxGPUMemoryBytes (2^50), and amount x 100
 		// <= 6400 < 2^13: the product fits in an int64.
@@ -310,6 +326,22 @@ func (c Config) units(a ask) (int64, field.ErrorList) {
 		return a.amount.value * a.percent.value, nil
 	}
 	return a.amount.value * 100, nil
+}
+
+// memoryUnits is how many slices of GPU memory a asks, rounded up: its
+// memory of each GPU (a percent of the cluster's GPU memory, or all of it
+// for whole GPUs) times its GPUs. memory < 2^50 and amount <= 64: the
+// product fits in an int64.
+func (c Config) memoryUnits(a ask) int64 {
+	each := c.GPUMemoryBytes
+	switch {
+	case a.memory != nil:
+		each = a.memory.value
+	case a.percent != nil:
+		each = (c.GPUMemoryBytes*a.percent.value + 99) / 100
+	}
+	m := c.Unit.MemoryBytes()
+	return (each*a.amount.value + m - 1) / m
 }
 
 // megabytesBelow is where a gpu-memory stops being megabytes, as BFK wrote

@@ -16,11 +16,12 @@ import (
 	"github.com/gpupool/gpupool/kube"
 )
 
-// TestDevices: a GPU is a hundred devices in percent and one in gpus,
-// unhealthy when the daemon says so or the server has gone silent.
+// TestDevices: a GPU is a hundred devices in percent, one in gpus, and as
+// many as whole slices of its memory in a unit of memory, unhealthy when
+// the daemon says so or the server has gone silent.
 func TestDevices(t *testing.T) {
 	server := api.ServerStatus{Name: "gpu-0", Schedulable: true, GPUs: []api.GPUStatus{
-		{Index: 0, UUID: "GPU-a", Healthy: true}, {Index: 1, UUID: "GPU-b", Healthy: false}}}
+		{Index: 0, UUID: "GPU-a", Healthy: true, MemoryBytes: 80 << 30}, {Index: 1, UUID: "GPU-b", Healthy: false, MemoryBytes: 80 << 30}}}
 	silent := server
 	silent.Schedulable = false
 	for _, tc := range []struct {
@@ -36,6 +37,8 @@ func TestDevices(t *testing.T) {
 			map[string]bool{"GPU-a": true, "GPU-b": false}, 200, 100},
 		{"gpus", kube.UnitGPUs, server, []string{"GPU-a", "GPU-a", "GPU-b", "GPU-b"},
 			map[string]bool{"GPU-a": true, "GPU-b": false}, 2, 1},
+		{"8Gi slices of 80Gi", kube.MemoryUnit(8 << 30), server, []string{"GPU-a::0", "GPU-a::9", "GPU-b::0", "GPU-b::9"},
+			map[string]bool{"GPU-a": true, "GPU-b": false}, 20, 10},
 		{"silent server", kube.UnitPercent, silent, []string{"GPU-a::0", "GPU-a::99", "GPU-b::0", "GPU-b::99"},
 			map[string]bool{"GPU-a": false, "GPU-b": false}, 200, 0},
 	} {

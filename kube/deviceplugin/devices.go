@@ -6,7 +6,6 @@ import (
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/kube"
 )
@@ -17,27 +16,27 @@ import (
 const replicaSeparator = "::"
 
 // Devices are the devices of bitfusion.io/gpu that server s, as the pool
-// sees it, offers in unit: as many per GPU as units make one GPU, so that
+// sees it, offers in unit: as many per GPU as units make that GPU, so that
 // the node's allocatable counts what the webhook writes into pods. In
 // gpus a GPU is one device named by its UUID; in percent it is a hundred,
-// "<uuid>::0" to "<uuid>::99". A GPU is healthy while the pool places
-// leases on it: the daemon reports it so and its heartbeats are fresh
+// "<uuid>::0" to "<uuid>::99"; in a unit of memory, as many as whole
+// slices fit in its memory. A GPU is healthy while the pool places leases
+// on it: the daemon reports it so and its heartbeats are fresh
 // (s.Schedulable); otherwise the kubelet counts its devices out of the
 // node's allocatable.
 func Devices(unit kube.Unit, s api.ServerStatus) []*pluginapi.Device {
-	perGPU := int(allocator.WholeGPU / unit.Share(1))
-	devices := make([]*pluginapi.Device, 0, len(s.GPUs)*perGPU)
+	var devices []*pluginapi.Device
 	for _, g := range s.GPUs {
 		health := pluginapi.Unhealthy
 		if g.Healthy && s.Schedulable {
 			health = pluginapi.Healthy
 		}
-		if perGPU == 1 {
+		if unit == kube.UnitGPUs {
 			devices = append(devices, &pluginapi.Device{ID: g.UUID, Health: health})
 			continue
 		}
-		for n := range perGPU {
-			devices = append(devices, &pluginapi.Device{ID: g.UUID + replicaSeparator + strconv.Itoa(n), Health: health})
+		for n := range unit.PerGPU(g.MemoryBytes) {
+			devices = append(devices, &pluginapi.Device{ID: g.UUID + replicaSeparator + strconv.FormatInt(n, 10), Health: health})
 		}
 	}
 	return devices

@@ -57,6 +57,9 @@ type Config struct {
 	Node string
 	// Unit is what one bitfusion.io/gpu stands for, the cluster's.
 	Unit kube.Unit
+	// MaxDevices is the most devices the node offers, BFK's allocatable:
+	// those of its GPUs beyond it are not offered; 0 offers all.
+	MaxDevices int
 	// Allocator reads the node's server and checks leases; a servers token
 	// may do both.
 	Allocator *client.Client
@@ -282,6 +285,9 @@ func (p *Plugin) refresh(ctx context.Context) error {
 		return err
 	}
 	devices := Devices(p.cfg.Unit, st)
+	if p.cfg.MaxDevices > 0 && len(devices) > p.cfg.MaxDevices {
+		devices = devices[:p.cfg.MaxDevices]
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if slices.EqualFunc(devices, p.devices, func(a, b *pluginapi.Device) bool { return a.ID == b.ID && a.Health == b.Health }) {

@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/allocator/service/servicetest"
@@ -40,6 +39,8 @@ type testEnv struct {
 	kubelet *fakeKubelet
 	dir     string
 	created int
+	// maxDevices is the plugin's Config.MaxDevices.
+	maxDevices int
 }
 
 func newEnv(t *testing.T, unit kube.Unit) *testEnv {
@@ -67,7 +68,7 @@ func (e *testEnv) startPlugin() (p *Plugin, stop func()) {
 		e.t.Fatal(err)
 	}
 	alloc.Retries = 1
-	p, err = New(Config{Node: node, Unit: e.unit, Allocator: alloc, Kube: e.kube, Dir: e.dir,
+	p, err = New(Config{Node: node, Unit: e.unit, MaxDevices: e.maxDevices, Allocator: alloc, Kube: e.kube, Dir: e.dir,
 		PodResources: e.kubelet.podResources, Poll: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(e.t.Output(), nil))})
 	if err != nil {
 		e.t.Fatal(err)
@@ -103,7 +104,7 @@ func (e *testEnv) registered() (p *Plugin, stop func()) {
 // two GPUs.
 func (e *testEnv) waitAllDevices() {
 	e.t.Helper()
-	want := 2 * int(allocator.WholeGPU/e.unit.Share(1))
+	want := 2 * int(e.unit.PerGPU(80<<30))
 	e.kubelet.waitDevices(fmt.Sprintf("%d devices", want), func(d []*pluginapi.Device) bool { return len(d) == want })
 }
 
@@ -111,8 +112,7 @@ func (e *testEnv) waitAllDevices() {
 // amount GPUs at percent (0: whole), not yet bound.
 func (e *testEnv) gpuPod(name string, amount, percent int) *corev1.Pod {
 	e.created++
-	share := e.unit.Share(1)
-	units := int64(amount) * 1000 / int64(share)
+	units := int64(amount) * e.unit.PerGPU(80<<30)
 	if percent > 0 {
 		units = int64(amount * percent)
 	}
@@ -235,6 +235,20 @@ func TestRegistersWithThePoolsView(t *testing.T) {
 	e.kubelet.waitDevices("GPU 1's devices unhealthy", func(d []*pluginapi.Device) bool {
 		return len(d) == 200 && healthyOn(d, "GPU-node-1-0") == 100 && healthyOn(d, "GPU-node-1-1") == 0
 	})
+}
+
+// TestOffersSlicesUpToItsAllocatable: in the articles' unit, two 80Gi GPUs
+// are twenty 8Gi slices; with their allocatable of 16, the node offers 16.
+func TestOffersSlicesUpToItsAllocatable(t *testing.T) {
+	e := newEnv(t, kube.MemoryUnit(8<<30))
+	e.startPlugin()
+	e.kubelet.waitRegistered()
+	e.kubelet.waitDevices("20 slices", func(d []*pluginapi.Device) bool { return len(d) == 20 && healthyOn(d, "GPU-node-1-1") == 10 })
+	capped := newEnv(t, kube.MemoryUnit(8<<30))
+	capped.maxDevices = 16
+	capped.startPlugin()
+	capped.kubelet.waitRegistered()
+	capped.kubelet.waitDevices("16 slices", func(d []*pluginapi.Device) bool { return len(d) == 16 })
 }
 
 // TestRegistersOnceThePoolAnswers: started while the allocator is down,

@@ -51,6 +51,9 @@ type Config struct {
 	// Unit is what one unit of bitfusion.io/gpu stands for, the unit of
 	// the ResourceQuotas' requests.bitfusion.io/gpu; percent when empty.
 	Unit kube.Unit
+	// GPUMemoryBytes is one GPU's memory, the webhook's --gpu-memory: in a
+	// unit of memory, a quota's share is its memory's part of it.
+	GPUMemoryBytes int64
 	// Resync is how often the controller compares every lease with its
 	// pod and every quota with its ResourceQuotas; 5 minutes when 0.
 	Resync time.Duration
@@ -90,6 +93,7 @@ const uidIndex = "uid"
 // Controller keeps leases and quotas following the cluster.
 type Controller struct {
 	unit           kube.Unit
+	gpuMemory      int64
 	resyncEvery    time.Duration
 	unboundTimeout time.Duration
 	log            *slog.Logger
@@ -131,6 +135,9 @@ func NewController(cfg Config) (*Controller, error) {
 	if _, err := kube.ParseUnit(string(cfg.Unit)); err != nil {
 		return nil, fmt.Errorf("leases: %w", err)
 	}
+	if cfg.Unit.MemoryBytes() > 0 && cfg.GPUMemoryBytes <= 0 {
+		return nil, fmt.Errorf("leases: unit %s counts GPU memory, and no GPU memory says how much of a GPU a quota is", cfg.Unit)
+	}
 	if cfg.Resync <= 0 {
 		cfg.Resync = DefaultResync
 	}
@@ -155,7 +162,7 @@ func NewController(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	c := &Controller{
-		unit: cfg.Unit, resyncEvery: cfg.Resync, unboundTimeout: cfg.UnboundLeaseTimeout, log: cfg.Logger, alloc: cfg.Allocator, client: cfg.Client, record: cfg.Recorder, metrics: m,
+		unit: cfg.Unit, gpuMemory: cfg.GPUMemoryBytes, resyncEvery: cfg.Resync, unboundTimeout: cfg.UnboundLeaseTimeout, log: cfg.Logger, alloc: cfg.Allocator, client: cfg.Client, record: cfg.Recorder, metrics: m,
 		election: cfg.Election,
 		factory:  informers.NewSharedInformerFactory(cfg.Client, 0),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(

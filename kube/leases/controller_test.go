@@ -52,7 +52,7 @@ func newEnv(t *testing.T, unit kube.Unit) *testEnv {
 		e.create(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	}
 	var err error
-	e.ctrl, err = NewController(Config{Client: e.kube, Allocator: e.alloc.Client(t), Unit: unit, Resync: time.Hour,
+	e.ctrl, err = NewController(Config{Client: e.kube, Allocator: e.alloc.Client(t), Unit: unit, GPUMemoryBytes: 80 << 30, Resync: time.Hour,
 		Recorder: e.events, Logger: slog.New(slog.NewTextHandler(e.log, nil)), Registry: e.reg})
 	if err != nil {
 		t.Fatal(err)
@@ -345,7 +345,9 @@ func TestNewControllerChecksItsConfig(t *testing.T) {
 	}{
 		{Config{Allocator: alloc, Unit: kube.UnitPercent}, "leases: no Kubernetes client"},
 		{Config{Client: fake.NewClientset(), Unit: kube.UnitPercent}, "leases: no allocator client"},
-		{Config{Client: fake.NewClientset(), Allocator: alloc, Unit: "GPU"}, `leases: unit "GPU": must be one of percent, gpus`},
+		{Config{Client: fake.NewClientset(), Allocator: alloc, Unit: "GPU"}, `leases: unit "GPU": must be one of percent, gpus, memory:<size>`},
+		{Config{Client: fake.NewClientset(), Allocator: alloc, Unit: kube.MemoryUnit(8 << 30)},
+			"leases: unit memory:8Gi counts GPU memory, and no GPU memory says how much of a GPU a quota is"},
 	} {
 		if _, err := NewController(c.cfg); err == nil || err.Error() != c.want {
 			t.Errorf("NewController(%+v) = %v, want %q", c.cfg, err, c.want)

@@ -63,7 +63,7 @@ func (c *Controller) namespaceQuota(namespace string) (*quota, error) {
 					bareGPU, hard.String(), requestsGPU, namespace)
 			}
 			// Pods ask whole units, so a fractional hard admits its whole part.
-			q := &quota{share: c.unit.Share(hard.MilliValue() / 1000), from: rq, resource: name}
+			q := &quota{share: c.unit.Share(hard.MilliValue()/1000, c.gpuMemory), from: rq, resource: name}
 			if least == nil || q.share < least.share {
 				least = q
 			}

@@ -75,6 +75,15 @@ func TestQuotaInGPUs(t *testing.T) {
 	eventually(t, "the quota is two GPUs", func() bool { q, ok := e.quotaOf(); return ok && q == allocator.ShareGPUs(2) })
 }
 
+// TestQuotaInSlicesOfMemory: in the articles' unit, slices of 8Gi of
+// 80Gi GPUs, requests.bitfusion.io/gpu: 32 is 3.2 GPUs' worth.
+func TestQuotaInSlicesOfMemory(t *testing.T) {
+	e := newEnv(t, kube.MemoryUnit(8<<30))
+	e.create(resourceQuota("slices", "32"))
+	e.run()
+	eventually(t, "the quota is 3.2 GPUs", func() bool { q, ok := e.quotaOf(); return ok && q == allocator.SharePercent(320) })
+}
+
 // TestQuotaResyncOnStart: a ResourceQuota deleted while the controller was
 // down takes the allocator's quota with it when it starts.
 func TestQuotaResyncOnStart(t *testing.T) {

@@ -19,16 +19,32 @@ import (
 )
 
 // TestTFJobThroughThePool runs the articles' TFJob, as their users write
-// it, in their unit (gpus), by the real Kubeflow training operator: its
-// four workers are admitted by the webhook, counted against the
-// namespace's quota, placed by the pool on the labelled GPU servers alone,
-// each on the server of its lease with the lease's two GPUs; deleting the
-// TFJob ends the leases.
+// it, by the real Kubeflow training operator, in each unit the articles
+// use: whole GPUs (gpus), and the slices of GPU memory of their values.yaml
+// (memoryPerUnit: 8Gi). Its four workers are admitted by the webhook,
+// counted against the namespace's quota, placed by the pool on the
+// labelled GPU servers alone, each on the server of its lease: two GPUs,
+// or 16Gi of one GPU's memory; deleting the TFJob ends the leases.
 func TestTFJobThroughThePool(t *testing.T) {
+	for _, tc := range []struct {
+		unit kube.Unit
+		// gpus and memory are each worker's lease: its GPUs, and the
+		// memory of each (0: whole GPUs).
+		gpus   int
+		memory int64
+	}{
+		{kube.UnitGPUs, 2, 0},
+		{kube.MemoryUnit(8 << 30), 1, 16 << 30},
+	} {
+		t.Run(string(tc.unit), func(t *testing.T) { runTFJob(t, tc.unit, tc.gpus, tc.memory) })
+	}
+}
+
+func runTFJob(t *testing.T, unit kube.Unit, gpusEach int, memoryEach int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	const ns = "training"
-	pool := startKubePool(t, ctx, kubePoolOptions{Unit: kube.UnitGPUs, Namespaces: []string{ns}})
+	pool := startKubePool(t, ctx, kubePoolOptions{Unit: unit, Namespaces: []string{ns}})
 	bitfusionNode := map[string]string{"bitfusion-node": "enabled"}
 	pool.addNodes(t, ctx, 4, bitfusionNode, "gpu-0", "gpu-1", "gpu-2")
 	// A GPU server too, but not labelled as Bitfusion's: the TFJob's
@@ -57,7 +73,7 @@ func TestTFJobThroughThePool(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	const workers, gpusEach = 4, 2
+	const workers, unitsEach = 4, 2
 	pods := c.CoreV1().Pods(ns)
 	selector := metav1.ListOptions{LabelSelector: "training.kubeflow.org/job-name=resnet50-bf"}
 	var list *corev1.PodList
@@ -76,12 +92,17 @@ func TestTFJobThroughThePool(t *testing.T) {
 	})
 	for _, p := range list.Items {
 		requested := p.Spec.Containers[0].Resources.Requests[kube.ResourceGPU]
-		if requested.Value() != gpusEach || p.Annotations[kube.AnnotationRequest] != `{"gpuAmount":2}` {
-			t.Errorf("worker %s: requests %s %s, annotations %v; want %d, normalised by the webhook", p.Name, requested.String(), kube.ResourceGPU, p.Annotations, gpusEach)
+		if requested.Value() != unitsEach {
+			t.Errorf("worker %s: requests %s %s, annotations %v; want %d, normalised by the webhook", p.Name, requested.String(), kube.ResourceGPU, p.Annotations, unitsEach)
 		}
 		leases := pool.leasesOf(t, ctx, &p)
 		if len(leases) != 1 || leases[0].Server != p.Spec.NodeName || len(leases[0].GPUs) != gpusEach || p.Annotations[kube.AnnotationLease] != leases[0].ID {
-			t.Errorf("worker %s on %s holds %+v; want one lease of %d GPUs on its node", p.Name, p.Spec.NodeName, leases, gpusEach)
+			t.Fatalf("worker %s on %s holds %+v; want one lease of %d GPUs on its node", p.Name, p.Spec.NodeName, leases, gpusEach)
+		}
+		for _, g := range leases[0].GPUs {
+			if memoryEach > 0 && g.MemoryBytes != memoryEach || memoryEach == 0 && g.Percent != 100 {
+				t.Errorf("worker %s holds %+v of a GPU; want %d bytes of its memory (0: all of it)", p.Name, g, memoryEach)
+			}
 		}
 		if p.Spec.NodeName == "unlabelled-0" {
 			t.Errorf("worker %s is on a node without bitfusion-node=enabled", p.Name)
@@ -90,7 +111,7 @@ func TestTFJobThroughThePool(t *testing.T) {
 	waitFor(t, func() bool {
 		q, err := c.CoreV1().ResourceQuotas(ns).Get(ctx, quota.Name, metav1.GetOptions{})
 		used := q.Status.Used["requests."+kube.ResourceGPU]
-		return err == nil && used.Value() == workers*gpusEach
+		return err == nil && used.Value() == workers*unitsEach
 	})
 
 	if err := tfJobs.Delete(ctx, job.GetName(), metav1.DeleteOptions{}); err != nil {

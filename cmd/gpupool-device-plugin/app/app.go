@@ -70,7 +70,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		return &cli.UsageError{Err: fmt.Errorf("--kubeconfig: %w", err)}
 	}
 	plugin, err := deviceplugin.New(deviceplugin.Config{
-		Node: o.Node, Unit: o.Unit, Allocator: alloc, Kube: kubeClient, Dir: o.PluginDir, PodResources: o.PodResourcesSocket,
+		Node: o.Node, Unit: o.Unit, MaxDevices: o.MaxDevices, Allocator: alloc, Kube: kubeClient, Dir: o.PluginDir, PodResources: o.PodResourcesSocket,
 		Poll: o.Poll, MPS: deviceplugin.MPS{PipeDir: o.MPSPipeDir, ShmDir: o.MPSShmDir}, SimulatedDeviceDir: o.SimulatedDeviceDir, Logger: log,
 	})
 	if err != nil {

@@ -24,6 +24,7 @@ type Options struct {
 	Poll                                  time.Duration
 	MPSPipeDir, MPSShmDir                 string
 	SimulatedDeviceDir                    string
+	MaxDevices                            int
 
 	// Unit is UnitName, parsed by Validate.
 	Unit kube.Unit
@@ -45,7 +46,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Allocator, "allocator", o.Allocator, "allocator address(es), comma-separated")
 	cli.AllocatorCAFlagVar(fs, &o.AllocatorCAFile)
 	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the allocator's servers token (a per-server token of this node will do): it reads this node's server and the leases on it")
-	fs.StringVar(&o.UnitName, "unit", o.UnitName, "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 devices per GPU) or gpus (one per GPU)")
+	fs.StringVar(&o.UnitName, "unit", o.UnitName, "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 devices per GPU), gpus (one per GPU) or memory:<size> (as many as whole slices of a GPU's memory)")
+	fs.IntVar(&o.MaxDevices, "max-devices", o.MaxDevices, "the most bitfusion.io/gpu this node offers (BFK's allocatable): the devices of its GPUs beyond it are not offered; 0 offers all")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig of the cluster; empty uses the in-cluster config")
 	fs.StringVar(&o.PluginDir, "plugin-dir", o.PluginDir, "the kubelet's device-plugin directory: its kubelet.sock, and the plugin's "+deviceplugin.Socket)
 	fs.StringVar(&o.PodResourcesSocket, "pod-resources-socket", o.PodResourcesSocket, "the kubelet's pod-resources socket, asked before a container starts which pod its devices went to; empty skips that check")
@@ -62,6 +64,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Poll <= 0 {
 		return fmt.Errorf("--poll %s: must be above 0", o.Poll)
+	}
+	if o.MaxDevices < 0 {
+		return fmt.Errorf("--max-devices %d: must be 0 (all) or more", o.MaxDevices)
 	}
 	unit, err := kube.ParseUnit(o.UnitName)
 	if err != nil {

@@ -21,7 +21,7 @@ func TestOptionsValidate(t *testing.T) {
 		{args: nil, want: "--node is required (or NODE_NAME)"},
 		{nodeEnv: "gpu-0", args: nil, want: "<nil>", unit: kube.UnitPercent},
 		{args: []string{"--node", "gpu-0", "--unit", "gpus"}, want: "<nil>", unit: kube.UnitGPUs},
-		{args: []string{"--node", "gpu-0", "--unit", "GPU"}, want: `--unit: unit "GPU": must be one of percent, gpus`},
+		{args: []string{"--node", "gpu-0", "--unit", "GPU"}, want: `--unit: unit "GPU": must be one of percent, gpus, memory:<size>`},
 		{args: []string{"--node", "gpu-0", "--poll", "0s"}, want: "--poll 0s: must be above 0"},
 		{args: []string{"--node", "gpu-0", "--poll", "-1s"}, want: "--poll -1s: must be above 0"},
 	} {

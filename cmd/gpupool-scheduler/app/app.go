@@ -92,7 +92,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	controller, err := leases.NewController(leases.Config{Client: kubeClient, Allocator: alloc, Unit: o.Unit, Resync: o.Resync,
+	controller, err := leases.NewController(leases.Config{Client: kubeClient, Allocator: alloc, Unit: o.Unit, GPUMemoryBytes: o.GPUMemoryBytes, Resync: o.Resync,
 		UnboundLeaseTimeout: o.UnboundLeaseTimeout, Election: election, Logger: log, Registry: reg})
 	if err != nil {
 		return &cli.UsageError{Err: err}

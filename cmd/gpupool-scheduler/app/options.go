@@ -12,6 +12,7 @@ import (
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/httpserver"
 	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/admission"
 	"github.com/gpupool/gpupool/kube/leases"
 	"github.com/gpupool/gpupool/kube/scheduler"
 )
@@ -23,7 +24,7 @@ type Options struct {
 	// Allocator is one address or several, comma-separated.
 	Allocator, AllocatorCAFile, TokenFile string
 	Kubeconfig                            string
-	UnitName                              string
+	UnitName, GPUMemory                   string
 	Resync, UnboundLeaseTimeout           time.Duration
 	KubeAPIQPS                            float64
 	KubeAPIBurst                          int
@@ -32,15 +33,17 @@ type Options struct {
 	LeaderElect          bool
 	LeaderElectNamespace string
 
-	// Unit is UnitName, parsed by Validate.
-	Unit kube.Unit
+	// Unit and GPUMemoryBytes are UnitName and GPUMemory, parsed by
+	// Validate.
+	Unit           kube.Unit
+	GPUMemoryBytes int64
 }
 
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	return &Options{
 		Listen: "127.0.0.1:8474", MetricsListen: "127.0.0.1:9474", Allocator: "http://127.0.0.1:8470",
-		UnitName: string(kube.UnitPercent), Resync: leases.DefaultResync, UnboundLeaseTimeout: scheduler.DefaultUnboundLeaseTimeout,
+		UnitName: string(kube.UnitPercent), GPUMemory: admission.DefaultGPUMemory, Resync: leases.DefaultResync, UnboundLeaseTimeout: scheduler.DefaultUnboundLeaseTimeout,
 		KubeAPIQPS: 200, KubeAPIBurst: 400, LeaderElect: true, LeaderElectNamespace: "gpupool",
 	}
 }
@@ -56,7 +59,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	cli.AllocatorCAFlagVar(fs, &o.AllocatorCAFile)
 	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding an allocator admin token: the extender acquires leases in every namespace")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig of the cluster; empty uses the in-cluster config")
-	fs.StringVar(&o.UnitName, "unit", o.UnitName, "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 is one GPU, as BFK) or gpus; the unit the ResourceQuotas' requests.bitfusion.io/gpu are read in")
+	fs.StringVar(&o.UnitName, "unit", o.UnitName, "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 is one GPU, as BFK), gpus, or memory:<size> (a slice of GPU memory, memory:8Gi); the unit the ResourceQuotas' requests.bitfusion.io/gpu are read in")
+	fs.StringVar(&o.GPUMemory, "gpu-memory", o.GPUMemory, "one GPU's memory, the webhook's --gpu-memory: in a unit of memory, how much of a GPU a quota's memory is")
 	fs.DurationVar(&o.Resync, "resync", o.Resync, "how often every lease is compared with its pod and every quota with its ResourceQuotas (and once at start)")
 	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "requests per second to kube-apiserver (a bind reads the pod and creates its binding)")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "burst of requests to kube-apiserver above --kube-api-qps")
@@ -71,7 +75,11 @@ func (o *Options) Validate() error {
 	if err != nil {
 		return fmt.Errorf("--unit: %w", err)
 	}
-	o.Unit = unit
+	memory, err := admission.ParseGPUMemory(o.GPUMemory)
+	if err != nil {
+		return fmt.Errorf("--gpu-memory: %w", err)
+	}
+	o.Unit, o.GPUMemoryBytes = unit, memory
 	if _, err := servingMode(o.Listen, o.CertFile, o.KeyFile, o.ClientCAFile); err != nil {
 		return err
 	}

@@ -12,7 +12,7 @@ func TestOptionsValidate(t *testing.T) {
 	clitest.CheckValidate(t, NewOptions, []clitest.Case{
 		{nil, ""},
 		{[]string{"--unit", "gpus"}, ""},
-		{[]string{"--unit", "GPU"}, `--unit: unit "GPU": must be one of percent, gpus`},
+		{[]string{"--unit", "GPU"}, `--unit: unit "GPU": must be one of percent, gpus, memory:<size>`},
 		{[]string{"--listen", "0.0.0.0:8474"}, "--listen 0.0.0.0:8474 is not a loopback address"},
 		{[]string{"--listen", "8474"}, `--listen "8474"`},
 		{[]string{"--tls-cert-file", "c.pem"}, "--tls-cert-file and --tls-private-key-file go together"},

@@ -16,7 +16,7 @@ func TestOptionsValidate(t *testing.T) {
 		{tlsFlags, ""},
 		{nil, "--tls-cert-file and --tls-private-key-file are required: kube-apiserver calls webhooks over HTTPS only"},
 		{[]string{"--tls-cert-file", "c.pem"}, "--tls-cert-file and --tls-private-key-file are required"},
-		{append([]string{"--unit", "GPU"}, tlsFlags...), `--unit: unit "GPU": must be one of percent, gpus`},
+		{append([]string{"--unit", "GPU"}, tlsFlags...), `--unit: unit "GPU": must be one of percent, gpus, memory:<size>`},
 		{append([]string{"--gpu-memory", "lots"}, tlsFlags...), `--gpu-memory: "lots" is not a quantity (e.g. 8000, 8000M or 16Gi)`},
 	})
 

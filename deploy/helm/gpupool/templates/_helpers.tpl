@@ -53,7 +53,17 @@ standby answers 503 and clients try the next), and etcd's. */ -}}
 {{- /* gpupool-kubernetes' data: the unit the webhook, gpupool-scheduler and the
 device plugin share. */ -}}
 {{- define "gpupool.kubernetesSettings" -}}
-{{- toJson (dict "unit" .Values.resources.gpu.unit "gpu-memory" .Values.resources.gpu.gpuMemory "default-topology" (include "gpupool.defaultTopology" .)) }}
+{{- toJson (dict "unit" (include "gpupool.unit" .) "gpu-memory" .Values.resources.gpu.gpuMemory "max-devices" (toString (.Values.resources.gpu.allocatable | default 0)) "default-topology" (include "gpupool.defaultTopology" .)) }}
+{{- end }}
+
+{{- /* The unit: resources.gpu.unit, or the articles' slices of GPU memory
+(memoryPerUnit), not both. */ -}}
+{{- define "gpupool.unit" -}}
+{{- $gpu := .Values.resources.gpu }}
+{{- if and $gpu.memoryPerUnit $gpu.unit }}
+{{- fail (printf "resources.gpu.unit %s and resources.gpu.memoryPerUnit %s: the unit is one or the other (memoryPerUnit alone makes it slices of GPU memory)" $gpu.unit $gpu.memoryPerUnit) }}
+{{- end }}
+{{- if $gpu.memoryPerUnit }}memory:{{ $gpu.memoryPerUnit }}{{ else }}{{ $gpu.unit | default "percent" }}{{ end }}
 {{- end }}
 
 {{- /* BFK's affinityRules as the pool's default topology: the least link
@@ -140,16 +150,5 @@ where cert-manager's CA injector fills it. */ -}}
 {{- $_ := set $tokens $key $token }}
 {{- end }}
 {{- $_ := set .Values "__gpupoolTokens" $tokens }}
-{{- end }}
-{{- end }}
-
-{{- /* Values the chart accepts, as the articles write them, but the pool
-cannot honour yet: refused, naming the key and saying why, rather than
-ignored. */ -}}
-{{- define "gpupool.validate" -}}
-{{- range $key := list "allocatable" "memoryPerUnit" }}
-{{- if hasKey $.Values.resources.gpu $key }}
-{{- fail (printf "resources.gpu.%s: gpupool counts bitfusion.io/gpu in percent of a GPU or in whole GPUs (resources.gpu.unit); a unit that is a slice of GPU memory, as BFK's %s describes, is not one of them yet, and the pool will not read your pods' requests in a unit you did not mean: remove it and pick resources.gpu.unit" $key $key) }}
-{{- end }}
 {{- end }}
 {{- end }}
