@@ -26,6 +26,9 @@ func TestWarnings(t *testing.T) {
 		{kube.UnitPercent, []string{"bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-percent=5"}, ""},
 		{kube.UnitGPUs, []string{"bitfusion.io/gpu=50"}, "spec.containers[0].resources.limits[bitfusion.io/gpu]: 50 is 50 whole GPUs on one server: this cluster counts bitfusion.io/gpu in whole GPUs; for 50% of one GPU ask bitfusion.io/gpu-amount: 1 and bitfusion.io/gpu-percent: 50"},
 		{kube.UnitGPUs, []string{"bitfusion.io/gpu=2"}, ""},
+		// Slices of 8Gi of the cluster's 16000 MB GPUs: one fits, two do not.
+		{kube.MemoryUnit(8 << 30), []string{"bitfusion.io/gpu=1"}, ""},
+		{kube.MemoryUnit(8 << 30), []string{"bitfusion.io/gpu=50"}, "spec.containers[0].resources.limits[bitfusion.io/gpu]: 50 is 400Gi of one GPU's memory, more than this cluster's GPUs have (16G): this cluster counts bitfusion.io/gpu in slices of 8Gi; for whole GPUs ask bitfusion.io/gpu-amount"},
 	} {
 		got := config(tc.unit).Warnings(podOf(asking(tc.limits...)))
 		var want []string

@@ -23,6 +23,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/ociimage"
+	"github.com/gpupool/gpupool/kube"
 	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
 )
 
@@ -35,7 +36,7 @@ var seedFlags = []string{"--set", "controller.replicas=3", "--set", "scheduler.e
 // from the image built here: 3 allocators on the chart's 3-member etcd, 3
 // of each controller, the daemon and the device plugin on the node
 // labelled gpu=true, certificates and tokens made by the chart. A BFK pod
-// is placed and gets its lease; `helm upgrade` changes the policy, which
+// and the articles' TFJob are placed and get their leases; `helm upgrade` changes the policy, which
 // rolls the allocators, and no lease is lost, nor a token or the CA;
 // `helm rollback` goes back; `helm test` asks the pool for its status;
 // `helm uninstall` leaves no cluster-wide object of the pool behind.
@@ -113,6 +114,33 @@ func TestHelmChart(t *testing.T) {
 	running := waitPodRunning(t, ctx, cp.Client, ns, pod.Name)
 	admin := chartAdmin(t, ctx, cp.Client)
 	lease := checkPodLeaseEnv(t, ctx, cp, admin, node.Name, running, 50)
+
+	// The articles' TFJob, on the node labelled as Bitfusion's: its four
+	// workers are placed with a lease each (under the chart's default
+	// unit, the articles' bitfusion.io/gpu: 2 is 2% of a GPU, as the
+	// webhook warns). Their image is not here: placed is what counts.
+	if _, err := cp.Client.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"bitfusion-node":"enabled"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const training = "training"
+	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: training}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	workers, deleteJob := submitTFJob(t, ctx, cp, training)
+	for _, w := range workers {
+		if leases := podLeases(t, ctx, admin, &w); len(leases) != 1 || leases[0].Server != node.Name || w.Annotations[kube.AnnotationLease] != leases[0].ID {
+			t.Errorf("TFJob worker %s holds %+v, want one lease on %s", w.Name, leases, node.Name)
+		}
+	}
+	deleteJob()
+	if err := retry(ctx, time.Minute, func() error {
+		if leases, err := admin.Leases(ctx, client.LeaseFilter{Namespace: training}); err != nil || len(leases) > 0 {
+			return fmt.Errorf("the TFJob's leases are still held: %v (%v)", leases, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	kept := chartSecrets(t, ctx, cp.Client)
 
 	// An upgrade that changes a value rolls the allocators; the lease, the

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -56,41 +57,9 @@ func runTFJob(t *testing.T, unit kube.Unit, gpusEach int, memoryEach int64) {
 	if _, err := c.CoreV1().ResourceQuotas(ns).Create(ctx, quota, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := pool.CP.StartTrainingOperator(ctx); err != nil {
-		t.Fatal(err)
-	}
-
-	b, err := os.ReadFile("testdata/kube/tfjob-resnet50-bf.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	job := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal(b, &job.Object); err != nil {
-		t.Fatal(err)
-	}
-	tfJobs := dynamic.NewForConfigOrDie(pool.CP.Config).Resource(e2ekube.TFJobs).Namespace(ns)
-	if _, err := tfJobs.Create(ctx, job, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-
-	const workers, unitsEach = 4, 2
-	pods := c.CoreV1().Pods(ns)
-	selector := metav1.ListOptions{LabelSelector: "training.kubeflow.org/job-name=resnet50-bf"}
-	var list *corev1.PodList
-	waitForUpTo(t, time.Minute, func() bool {
-		list, err = pods.List(ctx, selector)
-		if err != nil {
-			t.Fatal(err)
-		}
-		bound := 0
-		for _, p := range list.Items {
-			if p.Spec.NodeName != "" {
-				bound++
-			}
-		}
-		return bound == workers
-	})
-	for _, p := range list.Items {
+	workers, deleteJob := submitTFJob(t, ctx, pool.CP, ns)
+	const unitsEach = 2
+	for _, p := range workers {
 		requested := p.Spec.Containers[0].Resources.Requests[kube.ResourceGPU]
 		if requested.Value() != unitsEach {
 			t.Errorf("worker %s: requests %s %s, annotations %v; want %d, normalised by the webhook", p.Name, requested.String(), kube.ResourceGPU, p.Annotations, unitsEach)
@@ -111,14 +80,49 @@ func runTFJob(t *testing.T, unit kube.Unit, gpusEach int, memoryEach int64) {
 	waitFor(t, func() bool {
 		q, err := c.CoreV1().ResourceQuotas(ns).Get(ctx, quota.Name, metav1.GetOptions{})
 		used := q.Status.Used["requests."+kube.ResourceGPU]
-		return err == nil && used.Value() == workers*unitsEach
+		return err == nil && used.Value() == int64(len(workers))*unitsEach
 	})
 
-	if err := tfJobs.Delete(ctx, job.GetName(), metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	deleteJob()
 	waitForUpTo(t, time.Minute, func() bool {
 		leases, err := pool.Admin.Leases(ctx, client.LeaseFilter{Namespace: ns})
 		return err == nil && len(leases) == 0
 	})
+}
+
+// submitTFJob starts the training operator on cp, creates the articles'
+// TFJob in ns, and returns its four workers once each is bound, and what
+// deletes the TFJob.
+func submitTFJob(t *testing.T, ctx context.Context, cp *e2ekube.ControlPlane, ns string) (workers []corev1.Pod, deleteJob func()) {
+	t.Helper()
+	if err := cp.StartTrainingOperator(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("testdata/kube/tfjob-resnet50-bf.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal(b, &job.Object); err != nil {
+		t.Fatal(err)
+	}
+	tfJobs := dynamic.NewForConfigOrDie(cp.Config).Resource(e2ekube.TFJobs).Namespace(ns)
+	if _, err := tfJobs.Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const replicas = 4
+	selector := metav1.ListOptions{LabelSelector: "training.kubeflow.org/job-name=" + job.GetName()}
+	waitForUpTo(t, time.Minute, func() bool {
+		list, err := cp.Client.CoreV1().Pods(ns).List(ctx, selector)
+		if err != nil {
+			t.Fatal(err)
+		}
+		workers = slices.DeleteFunc(list.Items, func(p corev1.Pod) bool { return p.Spec.NodeName == "" })
+		return len(workers) == replicas
+	})
+	return workers, func() {
+		if err := tfJobs.Delete(ctx, job.GetName(), metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
