@@ -134,10 +134,11 @@ func TestHelmChart(t *testing.T) {
 	}
 	deleteJob()
 	if err := retry(ctx, time.Minute, func() error {
-		if leases, err := admin.Leases(ctx, client.LeaseFilter{Namespace: training}); err != nil || len(leases) > 0 {
-			return fmt.Errorf("the TFJob's leases are still held: %v (%v)", leases, err)
+		leases, err := admin.Leases(ctx, client.LeaseFilter{Namespace: training})
+		if err == nil && len(leases) > 0 {
+			err = fmt.Errorf("the TFJob's leases are still held: %v", leases)
 		}
-		return nil
+		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
