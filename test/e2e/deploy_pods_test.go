@@ -129,32 +129,9 @@ func TestOverlayRunsAsPods(t *testing.T) {
 	// on them.
 	waitNodeAllocatable(t, ctx, cp.Client, node.Name, 2*100)
 
-	// A pod as BFK's users write it, in a namespace of theirs: admitted by
-	// the webhook's pods, placed by gpupool-kube-scheduler with
-	// gpupool-scheduler's extender, which takes its lease from the
-	// allocator, and started by the kubelet with the device plugin's
-	// answer. The test reads the lease from the allocator's Service, as an
-	// operator's gpupool on a node would.
-	const ns = "ml"
-	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	pod := bfkPod("bfk", 1, 50)
-	pod.Spec.Tolerations = nil
-	pod.Spec.Containers[0].Image, pod.Spec.Containers[0].ImagePullPolicy = gpuloadImage, corev1.PullIfNotPresent
-	pod.Spec.Containers[0].Resources.Requests = nil
-	// The apiserver calls the webhook once it has loaded its
-	// configurations, and reaches the webhook's pods, Ready by now, once
-	// kube-proxy has routed their Service to them: until then the pod is
-	// refused, as in any cluster just installed.
-	waitForWebhook(t, cp.Client, ns)
-	if err := retry(ctx, 30*time.Second, func() error {
-		_, err := cp.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	running := waitPodRunning(t, ctx, cp.Client, ns, pod.Name)
+	// The test reads the BFK pod's lease from the allocator's Service, as
+	// an operator's gpupool on a node would.
+	running := runBFKPod(t, ctx, cp.Client, "ml")
 	allocator, err := cp.Client.CoreV1().Services("gpupool").Get(ctx, "gpupool-allocator", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -167,6 +144,34 @@ func TestOverlayRunsAsPods(t *testing.T) {
 	admin.SetTLS(&tls.Config{RootCAs: roots, ServerName: "gpupool-allocator.gpupool.svc"})
 	checkPodLeaseEnv(t, ctx, cp, admin, node.Name, running, 50)
 	t.Logf("the BFK pod Running with its lease %v after the test started", time.Since(start).Round(100*time.Millisecond))
+}
+
+// runBFKPod creates a pod as BFK's users write it (one GPU at 50%, the
+// gpuload image) in a namespace of theirs, ns, and returns it Running:
+// admitted by the webhook's pods, placed by gpupool-kube-scheduler with
+// gpupool-scheduler's extender, which takes its lease from the allocator,
+// and started by the kubelet with the device plugin's answer.
+func runBFKPod(t *testing.T, ctx context.Context, c kubernetes.Interface, ns string) *corev1.Pod {
+	t.Helper()
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := bfkPod("bfk", 1, 50)
+	pod.Spec.Tolerations = nil
+	pod.Spec.Containers[0].Image, pod.Spec.Containers[0].ImagePullPolicy = gpuloadImage, corev1.PullIfNotPresent
+	pod.Spec.Containers[0].Resources.Requests = nil
+	// The apiserver calls the webhook once it has loaded its
+	// configurations, and reaches the webhook's pods, Ready by now, once
+	// kube-proxy has routed their Service to them: until then the pod is
+	// refused, as in any cluster just installed.
+	waitForWebhook(t, c, ns)
+	if err := retry(ctx, 30*time.Second, func() error {
+		_, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return waitPodRunning(t, ctx, c, ns, pod.Name)
 }
 
 // buildImages writes the images `make image` builds into a tarball, from
@@ -212,19 +217,27 @@ func buildImages(ctx context.Context, t *testing.T) string {
 func buildKubeSchedulerImage(t *testing.T, bins string, objs []*unstructured.Unstructured) string {
 	t.Helper()
 	c := podOf(t, objs, "gpupool-kube-scheduler").Spec.Containers[0]
-	bin := filepath.Join(bins, "kube-scheduler")
+	return binaryImage(t, c.Image, filepath.Join(bins, "kube-scheduler"), strings.TrimPrefix(c.Command[0], "/"), nil)
+}
+
+// binaryImage writes an image ref of the one binary bin, at path (without
+// its leading /), on this machine's glibc as deploy/image lays
+// gpupool-server's, into a tarball, and returns its path.
+func binaryImage(t *testing.T, ref, bin, path string, env []string) string {
+	t.Helper()
 	libc, err := ociimage.GlibcOf([]string{bin})
 	if err != nil {
 		t.Fatal(err)
 	}
 	image, err := ociimage.Build(ociimage.Image{
-		Ref:    c.Image,
-		Layers: [][]ociimage.File{libc.Files, {{Path: strings.TrimPrefix(c.Command[0], "/"), Mode: 0o755, Source: bin}}},
+		Ref:    ref,
+		Layers: [][]ociimage.File{libc.Files, {{Path: path, Mode: 0o755, Source: bin}}},
+		Env:    env,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tarball := filepath.Join(t.TempDir(), "kube-scheduler-image.tar")
+	tarball := filepath.Join(t.TempDir(), "image.tar")
 	if err := ociimage.WriteTarball(tarball, image); err != nil {
 		t.Fatal(err)
 	}

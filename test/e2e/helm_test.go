@@ -14,15 +14,19 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpupool/gpupool/allocator/client"
-	"github.com/gpupool/gpupool/internal/ociimage"
 	"github.com/gpupool/gpupool/kube"
 	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
 )
@@ -96,22 +100,7 @@ func TestHelmChart(t *testing.T) {
 
 	// A BFK pod placed through the chart's components gets its lease.
 	waitNodeAllocatable(t, ctx, cp.Client, node.Name, 2*100)
-	const ns = "ml"
-	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	pod := bfkPod("bfk", 1, 50)
-	pod.Spec.Tolerations = nil
-	pod.Spec.Containers[0].Image, pod.Spec.Containers[0].ImagePullPolicy = gpuloadImage, corev1.PullIfNotPresent
-	pod.Spec.Containers[0].Resources.Requests = nil
-	waitForWebhook(t, cp.Client, ns)
-	if err := retry(ctx, 30*time.Second, func() error {
-		_, err := cp.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	running := waitPodRunning(t, ctx, cp.Client, ns, pod.Name)
+	running := runBFKPod(t, ctx, cp.Client, "ml")
 	admin := chartAdmin(t, ctx, cp.Client)
 	lease := checkPodLeaseEnv(t, ctx, cp, admin, node.Name, running, 50)
 
@@ -193,7 +182,7 @@ func TestHelmChart(t *testing.T) {
 	if out, err := h.run(ctx, "uninstall", "bf-cluster", "--wait", "--timeout", "3m"); err != nil {
 		t.Fatalf("helm uninstall: %v\n%s", err, out)
 	}
-	if left := clusterWideLeftovers(t, ctx, cp.Client); len(left) > 0 {
+	if left := clusterWideLeftovers(t, ctx, cp.Config); len(left) > 0 {
 		t.Errorf("helm uninstall left %v", left)
 	}
 }
@@ -297,23 +286,7 @@ func buildEtcdImage(t *testing.T, objs []*unstructured.Unstructured) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	libc, err := ociimage.GlibcOf([]string{bin})
-	if err != nil {
-		t.Fatal(err)
-	}
-	image, err := ociimage.Build(ociimage.Image{
-		Ref:    c.Image,
-		Layers: [][]ociimage.File{libc.Files, {{Path: "usr/local/bin/" + c.Command[0], Mode: 0o755, Source: bin}}},
-		Env:    []string{"PATH=/usr/local/bin:/usr/bin:/bin"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tarball := filepath.Join(t.TempDir(), "etcd-image.tar")
-	if err := ociimage.WriteTarball(tarball, image); err != nil {
-		t.Fatal(err)
-	}
-	return tarball
+	return binaryImage(t, c.Image, bin, "usr/local/bin/"+c.Command[0], []string{"PATH=/usr/local/bin:/usr/bin:/bin"})
 }
 
 // volumeClaims are the claims of objs' StatefulSets' pods.
@@ -456,44 +429,29 @@ func checkLeaseKept(t *testing.T, ctx context.Context, c kubernetes.Interface, i
 // clusterWideLeftovers are the pool's cluster-scoped objects (named
 // gpupool...) still there: a stale webhook configuration blocks every new
 // pod that asks for GPUs.
-func clusterWideLeftovers(t *testing.T, ctx context.Context, c kubernetes.Interface) []string {
+func clusterWideLeftovers(t *testing.T, ctx context.Context, cfg *rest.Config) []string {
 	t.Helper()
+	meta, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var left []string
-	add := func(kind string, names ...string) {
-		for _, n := range names {
-			if strings.HasPrefix(n, "gpupool") {
-				left = append(left, kind+"/"+n)
+	for _, r := range []schema.GroupVersionResource{
+		admissionregistrationv1.SchemeGroupVersion.WithResource("mutatingwebhookconfigurations"),
+		admissionregistrationv1.SchemeGroupVersion.WithResource("validatingadmissionpolicies"),
+		admissionregistrationv1.SchemeGroupVersion.WithResource("validatingadmissionpolicybindings"),
+		rbacv1.SchemeGroupVersion.WithResource("clusterroles"),
+		rbacv1.SchemeGroupVersion.WithResource("clusterrolebindings"),
+	} {
+		list, err := meta.Resource(r).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range list.Items {
+			if strings.HasPrefix(o.Name, "gpupool") {
+				left = append(left, r.Resource+"/"+o.Name)
 			}
 		}
-	}
-	all := metav1.ListOptions{}
-	webhooks, err := c.AdmissionregistrationV1().MutatingWebhookConfigurations().List(ctx, all)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range webhooks.Items {
-		add("MutatingWebhookConfiguration", o.Name)
-	}
-	policies, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(ctx, all)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range policies.Items {
-		add("ValidatingAdmissionPolicy", o.Name)
-	}
-	roles, err := c.RbacV1().ClusterRoles().List(ctx, all)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range roles.Items {
-		add("ClusterRole", o.Name)
-	}
-	bindings, err := c.RbacV1().ClusterRoleBindings().List(ctx, all)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range bindings.Items {
-		add("ClusterRoleBinding", o.Name)
 	}
 	return left
 }
