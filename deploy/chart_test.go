@@ -22,9 +22,14 @@ import (
 // The chart is rendered here with Helm's own engine and values checks, as
 // `helm template` does; test/e2e installs it with the helm CLI.
 
-// renderChart renders deploy/helm/gpupool with vals, on a cluster that
-// serves the extra API versions.
+// renderChart renders deploy/helm/gpupool with vals, released in the
+// namespace default, on a cluster that serves the extra API versions.
 func renderChart(t *testing.T, vals map[string]any, apis ...string) ([]*unstructured.Unstructured, error) {
+	t.Helper()
+	return renderChartIn(t, "default", vals, apis...)
+}
+
+func renderChartIn(t *testing.T, namespace string, vals map[string]any, apis ...string) ([]*unstructured.Unstructured, error) {
 	t.Helper()
 	ch, err := loader.Load("helm/gpupool")
 	if err != nil {
@@ -33,7 +38,7 @@ func renderChart(t *testing.T, vals map[string]any, apis ...string) ([]*unstruct
 	caps := chartutil.DefaultCapabilities.Copy()
 	caps.KubeVersion = chartutil.KubeVersion{Version: "v1.37.2", Major: "1", Minor: "37"}
 	caps.APIVersions = append(caps.APIVersions, apis...)
-	values, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "bf-cluster", Namespace: "default", IsInstall: true}, caps)
+	values, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "bf-cluster", Namespace: namespace, IsInstall: true}, caps)
 	if err != nil {
 		return nil, err
 	}
@@ -339,5 +344,21 @@ func TestChartCertificates(t *testing.T) {
 	}
 	if ca := secret("gpupool-ca"); ca["ca.key"] == "" || fmt.Sprint(len(ca)) != "4" {
 		t.Errorf("the Secret gpupool-ca holds %d keys, want both CAs' certificates and keys", len(ca))
+	}
+}
+
+// TestChartInItsOwnNamespace: released with `-n gpupool
+// --create-namespace`, the chart leaves the namespace to helm, which made
+// it, and would refuse to adopt one it did not.
+func TestChartInItsOwnNamespace(t *testing.T) {
+	for ns, want := range map[string]bool{"default": true, "gpupool": false} {
+		objs, err := renderChartIn(t, ns, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		has := slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == "Namespace" })
+		if has != want {
+			t.Errorf("released in %s: the chart makes the Namespace gpupool: %v, want %v", ns, has, want)
+		}
 	}
 }
