@@ -104,8 +104,9 @@ const (
 	unitMemoryPrefix = "memory:"
 )
 
-// Units lists the units a flag accepts, the default first.
-var Units = []Unit{UnitPercent, UnitGPUs, unitMemoryPrefix + "<size>"}
+// Units lists the named units, the default first; a unit of memory
+// (MemoryUnit) is any size.
+var Units = []Unit{UnitPercent, UnitGPUs}
 
 // MemoryUnit is the unit of bytes of GPU memory.
 func MemoryUnit(bytes int64) Unit {
@@ -121,7 +122,7 @@ func ParseUnit(s string) (Unit, error) {
 		}
 		return Unit(s), nil
 	}
-	for _, u := range Units[:2] {
+	for _, u := range Units {
 		if string(u) == s {
 			return u, nil
 		}
@@ -130,11 +131,11 @@ func ParseUnit(s string) (Unit, error) {
 }
 
 func unitNames() []string {
-	names := make([]string, len(Units))
-	for i, u := range Units {
-		names[i] = string(u)
+	names := make([]string, 0, len(Units)+1)
+	for _, u := range Units {
+		names = append(names, string(u))
 	}
-	return names
+	return append(names, unitMemoryPrefix+"<size>")
 }
 
 // MemoryBytes is the GPU memory one unit stands for; 0 unless u is a unit
