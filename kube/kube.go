@@ -118,7 +118,8 @@ func ParseUnit(s string) (Unit, error) {
 	if size, ok := strings.CutPrefix(s, unitMemoryPrefix); ok {
 		q, err := resource.ParseQuantity(size)
 		if err != nil || q.Sign() <= 0 || q.Value() > allocator.MaxGPUMemoryBytes || q.Value() < 1<<20 {
-			return "", fmt.Errorf("unit %q: %q must be a quantity of GPU memory from 1Mi to one GPU's, such as memory:8Gi", s, size)
+			return "", fmt.Errorf("unit %q: %q must be a quantity of GPU memory from 1Mi to %s, such as memory:8Gi", s, size,
+				resource.NewQuantity(allocator.MaxGPUMemoryBytes, resource.BinarySI))
 		}
 		return Unit(s), nil
 	}

@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -93,11 +95,14 @@ var holes = []hole{
 
 // texts are the manifests' image names and flags whose values the chart
 // sets, as patterns to the expressions that replace them.
-var texts = []struct{ pattern, expr string }{
-	{`image: gpupool/gpupool:\S*`, `image: {{ include "gpupool.image" . }}`},
-	{`image: registry.k8s.io/kube-scheduler:\S*`, `image: {{ .Values.scheduler.kubeSchedulerImage }}`},
-	{`image: registry.k8s.io/etcd:\S*`, `image: {{ .Values.etcd.image }}`},
-	{`--policy=fgd-cpu`, `--policy={{ include "gpupool.policy" . }}`},
+var texts = []struct {
+	pattern *regexp.Regexp
+	expr    string
+}{
+	{regexp.MustCompile(`image: gpupool/gpupool:\S*`), `image: {{ include "gpupool.image" . }}`},
+	{regexp.MustCompile(`image: registry.k8s.io/kube-scheduler:\S*`), `image: {{ .Values.scheduler.kubeSchedulerImage }}`},
+	{regexp.MustCompile(`image: registry.k8s.io/etcd:\S*`), `image: {{ .Values.etcd.image }}`},
+	{regexp.MustCompile(`--policy=fgd-cpu`), `--policy={{ include "gpupool.policy" . }}`},
 }
 
 // rollsWith are, by pod-template owner, the chart's templates whose
@@ -163,13 +168,13 @@ func RenderChart() (map[string][]byte, error) {
 				file = generatedFiles[name]
 			}
 			if file != p.file {
-				files[filepath.Join(chartDir, "templates", file)] = wrap(p, []string{text})
+				files[filepath.Join(chartDir, "templates", file)] = wrap(p, text)
 				continue
 			}
 			body.WriteString(text)
 		}
 		if body.Len() > 0 {
-			files[filepath.Join(chartDir, "templates", p.file)] = wrap(p, []string{body.String()})
+			files[filepath.Join(chartDir, "templates", p.file)] = wrap(p, body.String())
 		}
 	}
 	return files, nil
@@ -252,6 +257,12 @@ func unhashed(name string) string {
 	return name
 }
 
+// index is a sentinel's number, which the regexp matched as digits.
+func index(digits string) int {
+	i, _ := strconv.Atoi(digits)
+	return i
+}
+
 var braces = regexp.MustCompile(`\{\{|\}\}`)
 
 var sentinel = regexp.MustCompile(`(?m)^( *)(- )?GPUPOOLLINE(\d+): ""$|GPUPOOLHOLE(\d+)`)
@@ -275,7 +286,7 @@ func templated(o builtObject, hashed map[string]string) (string, error) {
 		exprs = append(exprs, h.expr)
 	}
 	if spec, ok := podTemplate(o.obj); ok {
-		raw, err := yaml.Marshal(o.obj)
+		raw, err := json.Marshal(o.obj)
 		if err != nil {
 			return "", err
 		}
@@ -283,7 +294,7 @@ func templated(o builtObject, hashed map[string]string) (string, error) {
 		for h, org := range hashed {
 			names[h] = generatedFiles[org]
 		}
-		for _, file := range rollsWith(yamlToJSON(raw), names) {
+		for _, file := range rollsWith(raw, names) {
 			meta, _ := spec["metadata"].(map[string]any)
 			if meta == nil {
 				meta = map[string]any{}
@@ -309,35 +320,19 @@ func templated(o builtObject, hashed map[string]string) (string, error) {
 		text = strings.ReplaceAll(text, h, org)
 	}
 	for _, t := range texts {
-		text = regexp.MustCompile(t.pattern).ReplaceAllString(text, t.expr)
+		text = t.pattern.ReplaceAllString(text, t.expr)
 	}
 	text = sentinel.ReplaceAllStringFunc(text, func(s string) string {
 		m := sentinel.FindStringSubmatch(s)
 		if m[3] != "" {
-			return m[1] + m[2] + exprs[atoi(m[3])]
+			return m[1] + m[2] + exprs[index(m[3])]
 		}
-		return exprs[atoi(m[4])]
+		return exprs[index(m[4])]
 	})
 	if cond, ok := objectConds[o.id]; ok {
 		return "{{- if " + cond + " }}\n---\n" + text + "{{- end }}\n", nil
 	}
 	return "---\n" + text, nil
-}
-
-func atoi(s string) int {
-	n := 0
-	for _, c := range s {
-		n = 10*n + int(c-'0')
-	}
-	return n
-}
-
-func yamlToJSON(b []byte) []byte {
-	j, err := yaml.YAMLToJSON(b)
-	if err != nil {
-		return b
-	}
-	return j
 }
 
 // podTemplate is the pod template of a workload.
@@ -360,7 +355,10 @@ func setHole(obj map[string]any, h hole, key string) error {
 		case map[string]any:
 			parent = p[step]
 		case []any:
-			i := atoi(step)
+			i, err := strconv.Atoi(step)
+			if err != nil {
+				return fmt.Errorf("hole %v: %s is no index", h.path, step)
+			}
 			if i >= len(p) {
 				return fmt.Errorf("hole %v: index %s out of range", h.path, step)
 			}
@@ -389,7 +387,7 @@ func setHole(obj map[string]any, h hole, key string) error {
 
 // wrap writes a piece's objects under its condition, with a header that
 // says where they come from.
-func wrap(p chartPiece, texts []string) []byte {
+func wrap(p chartPiece, text string) []byte {
 	from := p.dir
 	if p.component != "" {
 		from = p.component
@@ -399,9 +397,7 @@ func wrap(p chartPiece, texts []string) []byte {
 	if p.cond != "" {
 		fmt.Fprintf(&b, "{{- if %s }}\n", p.cond)
 	}
-	for _, t := range texts {
-		b.WriteString(t)
-	}
+	b.WriteString(text)
 	if p.cond != "" {
 		b.WriteString("{{- end }}\n")
 	}
