@@ -107,6 +107,26 @@ func TestMarkdownProblems(t *testing.T) {
 	}
 }
 
+// TestREADMEShowsTheArchitecture: the README's picture is
+// docs/architecture.md's, so that the two never drift apart.
+func TestREADMEShowsTheArchitecture(t *testing.T) {
+	diagram := func(path string) string {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, rest, ok := strings.Cut(string(b), "```mermaid\n")
+		block, _, closed := strings.Cut(rest, "```")
+		if !ok || !closed {
+			t.Fatalf("%s has no Mermaid block", path)
+		}
+		return block
+	}
+	if readme, arch := diagram("../README.md"), diagram("architecture.md"); readme != arch {
+		t.Errorf("the README's diagram is not docs/architecture.md's:\n%s\nwant\n%s", readme, arch)
+	}
+}
+
 // TestKubernetesListsEveryRefusal: docs/kubernetes.md shows each refusal of
 // the admission webhook with its message, as the webhook's tests pin them.
 func TestKubernetesListsEveryRefusal(t *testing.T) {

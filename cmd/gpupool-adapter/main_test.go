@@ -1,8 +1,11 @@
 package main
 
 import (
+	"io"
 	"testing"
 
+	"github.com/gpupool/gpupool/cmd/gpupool-adapter/app"
+	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/cli/clitest"
 )
 
@@ -22,4 +25,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--max-age", "0s"}, "--max-age=0s must be above 0"},
 		{[]string{"--allocator", "allocator:8470"}, `--allocator: allocator address \"allocator:8470\" is not a URL`},
 	})
+}
+
+// run is the binary's command line on args.
+func run(args []string, stdout, stderr io.Writer) int {
+	return cli.MainPflag(app.Command(), args, stdout, stderr)
 }

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"io"
 	"testing"
 
+	"github.com/gpupool/gpupool/cmd/gpupool-allocator/app"
+	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/cli/clitest"
 )
 
@@ -20,4 +23,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1:0", "--config", "/nonexistent/gpupool.yaml"}, "--config: open /nonexistent/gpupool.yaml"},
 		{[]string{"--check", "--store", "sqlite", "--listen", "0.0.0.0:8470"}, "gpupool-allocator: --store \"sqlite\" is not one of bolt, etcd\n"},
 	})
+}
+
+// run is the binary's command line on args.
+func run(args []string, stdout, stderr io.Writer) int {
+	return cli.Main(app.Command(), args, stdout, stderr)
 }

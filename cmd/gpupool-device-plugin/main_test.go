@@ -1,8 +1,11 @@
 package main
 
 import (
+	"io"
 	"testing"
 
+	"github.com/gpupool/gpupool/cmd/gpupool-device-plugin/app"
+	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/cli/clitest"
 )
 
@@ -24,4 +27,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--node", "gpu-0", "--allocator", "allocator:8470"}, `--allocator: allocator address \"allocator:8470\" is not a URL`},
 		{[]string{"--node", "gpu-0", "--log-level", "loud"}, `--log-level "loud": want debug`},
 	})
+}
+
+// run is the binary's command line on args.
+func run(args []string, stdout, stderr io.Writer) int {
+	return cli.Main(app.Command(), args, stdout, stderr)
 }

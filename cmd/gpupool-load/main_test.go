@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpupool/gpupool/cmd/gpupool-load/app"
 	"github.com/gpupool/gpupool/internal/cli"
 )
 
@@ -20,7 +21,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--pool-config", "/nonexistent/config.yaml"}, "gpupool-load: --pool-config: open /nonexistent/config.yaml"},
 	} {
 		var stdout, stderr strings.Builder
-		if code := run(context.Background(), tc.args, &stdout, &stderr); code != cli.ExitUsage || !strings.Contains(stderr.String(), tc.want) || stdout.Len() > 0 {
+		if code := app.Exec(context.Background(), tc.args, &stdout, &stderr); code != cli.ExitUsage || !strings.Contains(stderr.String(), tc.want) || stdout.Len() > 0 {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d and %q on stderr only", tc.args, code, stdout.String(), stderr.String(), cli.ExitUsage, tc.want)
 		}
 	}
@@ -29,7 +30,7 @@ func TestBadFlags(t *testing.T) {
 // TestHelpExplainsEveryFlag: --help goes to stdout and names every flag.
 func TestHelpExplainsEveryFlag(t *testing.T) {
 	var stdout, stderr strings.Builder
-	if code := run(context.Background(), []string{"--help"}, &stdout, &stderr); code != 0 {
+	if code := app.Exec(context.Background(), []string{"--help"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("--help: exit %d", code)
 	}
 	if !strings.HasPrefix(stdout.String(), "Usage: gpupool-load [flags]\n\nPlays --servers GPU servers") || !strings.Contains(stdout.String(), "Exits 1 when any call failed.\n\nFlags:\n  -adapter string\n") {

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"io"
 	"testing"
 
+	"github.com/gpupool/gpupool/cmd/gpupool-scheduler/app"
+	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/cli/clitest"
 )
 
@@ -20,4 +23,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--unit", "GPU"}, `--unit: unit \"GPU\": must be one of percent, gpus, memory:<size>`},
 		{[]string{"--allocator", "allocator:8470"}, `--allocator: allocator address \"allocator:8470\" is not a URL`},
 	})
+}
+
+// run is the binary's command line on args.
+func run(args []string, stdout, stderr io.Writer) int {
+	return cli.Main(app.Command(), args, stdout, stderr)
 }

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"io"
 	"testing"
 
+	"github.com/gpupool/gpupool/cmd/gpupool-server/app"
+	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/cli/clitest"
 )
 
@@ -21,4 +24,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1:0", "--simulate-topology", "ring"}, `--simulate-topology: simulated topology \"ring\" is not one of nvswitch, pcie, none`},
 		{[]string{"--listen", "127.0.0.1:0", "--allocator", "allocator:8470"}, `--allocator: allocator address \"allocator:8470\" is not a URL`},
 	})
+}
+
+// run is the binary's command line on args.
+func run(args []string, stdout, stderr io.Writer) int {
+	return cli.Main(app.Command(), args, stdout, stderr)
 }

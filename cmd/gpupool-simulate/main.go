@@ -4,21 +4,6 @@
 // `gpupool simulate`.
 package main
 
-import (
-	"context"
-	"io"
-	"os"
+import "github.com/gpupool/gpupool/cmd/gpupool-simulate/app"
 
-	"github.com/gpupool/gpupool/cmd/gpupool-simulate/app"
-	"github.com/gpupool/gpupool/internal/cli"
-)
-
-func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-}
-
-func run(args []string, stdout, stderr io.Writer) int {
-	tool, args := app.Command(args)
-	// A replay has nothing to clean up: a signal ends it at once.
-	return cli.RunTool(context.Background(), tool, args, stdout, stderr)
-}
+func main() { app.Main() }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/gpupool/gpupool/cmd/gpupool-simulate/app"
 )
 
 // TestHelpGoesToStdout: asked for, the usage is the output, and the exit
@@ -19,7 +21,7 @@ func TestHelpGoesToStdout(t *testing.T) {
 		{[]string{"sharing", "--help"}, "Usage: gpupool-simulate sharing"},
 	} {
 		var stdout, stderr bytes.Buffer
-		code := run(tc.args, &stdout, &stderr)
+		code := app.Exec(tc.args, &stdout, &stderr)
 		if code != 0 || !strings.Contains(stdout.String(), tc.want) || !strings.Contains(stdout.String(), "\n\nFlags:\n  -") || stderr.Len() > 0 {
 			t.Errorf("gpupool-simulate %v: exit %d, stdout %q, stderr %q; want exit 0, %q and the flags on stdout only",
 				tc.args, code, stdout.String(), stderr.String(), tc.want)
@@ -43,7 +45,7 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"--pods", "/nonexistent.csv"}, 1, "gpupool-simulate: open /nonexistent.csv: no such file or directory"},
 	} {
 		var stdout, stderr bytes.Buffer
-		code := run(tc.args, &stdout, &stderr)
+		code := app.Exec(tc.args, &stdout, &stderr)
 		if code != tc.code || !strings.Contains(stderr.String(), tc.want) || stdout.Len() > 0 {
 			t.Errorf("gpupool-simulate %v: exit %d, stderr %q, stdout %q; want exit %d, %q on stderr and nothing on stdout",
 				tc.args, code, stderr.String(), stdout.String(), tc.code, tc.want)

@@ -2,8 +2,11 @@ package main
 
 import (
 	"crypto/x509"
+	"io"
 	"testing"
 
+	"github.com/gpupool/gpupool/cmd/gpupool-webhook/app"
+	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/cli/clitest"
 
 	"github.com/gpupool/gpupool/internal/testcert"
@@ -22,4 +25,9 @@ func TestBadFlags(t *testing.T) {
 		{append([]string{"--gpu-memory", "lots"}, tlsFlags...), `--gpu-memory: \"lots\" is not a quantity (e.g. 8000, 8000M or 16Gi)`},
 		{[]string{"--tls-cert-file", keyFile, "--tls-private-key-file", keyFile}, "the serving certificate"},
 	})
+}
+
+// run is the binary's command line on args.
+func run(args []string, stdout, stderr io.Writer) int {
+	return cli.Main(app.Command(), args, stdout, stderr)
 }

@@ -28,26 +28,8 @@ import (
 	"github.com/gpupool/gpupool/internal/cli"
 )
 
-func runCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	amount := fs.Int("n", 1, "bitfusion.io/gpu-amount: GPUs to use, all on one server")
-	percent := fs.Int("p", 0, "bitfusion.io/gpu-percent: share of each GPU, 1..100 (without -p or -m: whole GPUs)")
-	memory := fs.String("m", "", "bitfusion.io/gpu-memory: GPU memory of each GPU, e.g. 8000M or 16Gi (instead of -p)")
-	model := fs.String("model", "", "allowed GPU models, '|'-separated (e.g. A100|H100)")
-	// No default in the request, so that an allocator that predates
-	// topologies still takes the requests that ask for none.
-	topology := fs.String("topology", "", "the least link between each pair of the GPUs: any (when not given), socket, pcie-switch or nvlink")
-	ttl := fs.Duration("ttl", 30*time.Second, "lease lifetime; the lease is renewed every third of it while the command runs")
-	wait := fs.Duration("wait", 0, "queue up to this long for capacity or quota instead of failing")
-	namespace := fs.String("namespace", cli.EnvOr("GPUPOOL_NAMESPACE", "default"), "namespace to charge (env GPUPOOL_NAMESPACE)")
-	pod := fs.String("pod", cli.EnvOr("POD_NAME", ""), "pod that owns the lease, for attribution (env POD_NAME)")
-	podUID := fs.String("pod-uid", os.Getenv("POD_UID"), "UID of that pod: the daemon attributes the pod's GPU processes to the lease by it (env POD_UID, from the downward API's metadata.uid)")
-	labelsFile := fs.String("pod-labels-file", os.Getenv("POD_LABELS_FILE"), "the pod's labels as the downward API writes them (key=\"value\" lines); HPA selectors select leases by them (env POD_LABELS_FILE)")
-	pushURL := fs.String("metrics-push-url", os.Getenv("GPUPOOL_METRICS_PUSH_URL"), "push this client's metrics (its measured data-path round trips) here, e.g. VictoriaMetrics' /api/v1/import/prometheus (env GPUPOOL_METRICS_PUSH_URL)")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: gpupool run -n N [-p P | -m M] [flags] -- command [args...]
+// runUsage is what `gpupool run --help` says above the flags.
+const runUsage = `Usage: gpupool run -n N [-p P | -m M] [flags] -- command [args...]
 
 Acquires a lease on N GPUs of one server (each at P percent or M memory;
 with neither, whole GPUs), runs the command with the lease in its
@@ -65,7 +47,68 @@ which bind where the host runs the MPS control daemon. A pod's container
 gets the same from the device plugin.
 
 Flags:
-`)
+`
+
+// runOptions are gpupool run's flags.
+type runOptions struct {
+	clientFlags
+	amount, percent                             int
+	memory, model, topology                     string
+	ttl, wait                                   time.Duration
+	namespace, pod, podUID, labelsFile, pushURL string
+	percentSet                                  bool // -p given, so that -p 0 is refused rather than taken for whole GPUs
+}
+
+func (o *runOptions) register(fs *flag.FlagSet) {
+	o.clientFlags.register(fs)
+	fs.IntVar(&o.amount, "n", 1, "bitfusion.io/gpu-amount: GPUs to use, all on one server")
+	fs.IntVar(&o.percent, "p", 0, "bitfusion.io/gpu-percent: share of each GPU, 1..100 (without -p or -m: whole GPUs)")
+	fs.StringVar(&o.memory, "m", "", "bitfusion.io/gpu-memory: GPU memory of each GPU, e.g. 8000M or 16Gi (instead of -p)")
+	fs.StringVar(&o.model, "model", "", "allowed GPU models, '|'-separated (e.g. A100|H100)")
+	// No default in the request, so that an allocator that predates
+	// topologies still takes the requests that ask for none.
+	fs.StringVar(&o.topology, "topology", "", "the least link between each pair of the GPUs: any (when not given), socket, pcie-switch or nvlink")
+	fs.DurationVar(&o.ttl, "ttl", 30*time.Second, "lease lifetime; the lease is renewed every third of it while the command runs")
+	fs.DurationVar(&o.wait, "wait", 0, "queue up to this long for capacity or quota instead of failing")
+	fs.StringVar(&o.namespace, "namespace", cli.EnvOr("GPUPOOL_NAMESPACE", "default"), "namespace to charge (env GPUPOOL_NAMESPACE)")
+	fs.StringVar(&o.pod, "pod", cli.EnvOr("POD_NAME", ""), "pod that owns the lease, for attribution (env POD_NAME)")
+	fs.StringVar(&o.podUID, "pod-uid", os.Getenv("POD_UID"), "UID of that pod: the daemon attributes the pod's GPU processes to the lease by it (env POD_UID, from the downward API's metadata.uid)")
+	fs.StringVar(&o.labelsFile, "pod-labels-file", os.Getenv("POD_LABELS_FILE"), "the pod's labels as the downward API writes them (key=\"value\" lines); HPA selectors select leases by them (env POD_LABELS_FILE)")
+	fs.StringVar(&o.pushURL, "metrics-push-url", os.Getenv("GPUPOOL_METRICS_PUSH_URL"), "push this client's metrics (its measured data-path round trips) here, e.g. VictoriaMetrics' /api/v1/import/prometheus (env GPUPOOL_METRICS_PUSH_URL)")
+}
+
+// request is the acquisition the parsed flags ask for, checked as the
+// allocator will check it; an error names the flag.
+func (o *runOptions) request() (api.AcquireRequest, error) {
+	if o.ttl < 3*time.Second {
+		return api.AcquireRequest{}, fmt.Errorf("--ttl %s is below the minimum 3s", o.ttl)
+	}
+	var podLabels map[string]string
+	if o.labelsFile != "" {
+		var err error
+		if podLabels, err = readPodLabels(o.labelsFile); err != nil {
+			return api.AcquireRequest{}, fmt.Errorf("--pod-labels-file: %w", err)
+		}
+	}
+	req := api.AcquireRequest{
+		Namespace: o.namespace, GPUAmount: o.amount, GPUPercent: o.percent, GPUMemory: o.memory,
+		Topology: o.topology, TTL: o.ttl.String(), Owner: api.Owner{Pod: o.pod, UID: o.podUID, Labels: podLabels},
+	}
+	if o.model != "" {
+		req.Models = strings.Split(o.model, "|")
+	}
+	if o.wait > 0 {
+		req.Wait = o.wait.String()
+	}
+	return req, checkRequest(req, o.percentSet)
+}
+
+func runCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	var o runOptions
+	o.register(fs)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), runUsage)
 		fs.PrintDefaults()
 	}
 	if exit, ok := cli.Parse(fs, args, stdout, stderr); !ok {
@@ -76,35 +119,13 @@ Flags:
 		fmt.Fprintln(stderr, "gpupool run: no command given (gpupool run -n 1 -p 50 -- python3 train.py)")
 		return exitUsage
 	}
-	if *ttl < 3*time.Second {
-		fmt.Fprintf(stderr, "gpupool run: --ttl %s is below the minimum 3s\n", *ttl)
-		return exitUsage
-	}
-	var podLabels map[string]string
-	if *labelsFile != "" {
-		var err error
-		if podLabels, err = readPodLabels(*labelsFile); err != nil {
-			fmt.Fprintf(stderr, "gpupool run: --pod-labels-file: %v\n", err)
-			return exitUsage
-		}
-	}
-	req := api.AcquireRequest{
-		Namespace: *namespace, GPUAmount: *amount, GPUPercent: *percent, GPUMemory: *memory,
-		Topology: *topology, TTL: ttl.String(), Owner: api.Owner{Pod: *pod, UID: *podUID, Labels: podLabels},
-	}
-	if *model != "" {
-		req.Models = strings.Split(*model, "|")
-	}
-	if *wait > 0 {
-		req.Wait = wait.String()
-	}
-	percentSet := false
-	fs.Visit(func(f *flag.Flag) { percentSet = percentSet || f.Name == "p" })
-	if err := checkRequest(req, percentSet); err != nil {
+	fs.Visit(func(f *flag.Flag) { o.percentSet = o.percentSet || f.Name == "p" })
+	req, err := o.request()
+	if err != nil {
 		fmt.Fprintln(stderr, "gpupool run:", err)
 		return exitUsage
 	}
-	cl, ok := cf.client(stderr)
+	cl, ok := o.client(stderr)
 	if !ok {
 		return exitUsage
 	}
@@ -112,8 +133,8 @@ Flags:
 	lease, err := cl.Acquire(ctx, req)
 	if client.IsReason(err, api.ReasonNoCapacity) {
 		hint := " (pass --wait 10m to queue for it)"
-		if *wait > 0 {
-			hint = fmt.Sprintf(" after waiting %s", *wait)
+		if o.wait > 0 {
+			hint = fmt.Sprintf(" after waiting %s", o.wait)
 		}
 		fmt.Fprintf(stderr, "gpupool run: %v%s\n", err, hint)
 		return exitNoCapacity
@@ -121,7 +142,7 @@ Flags:
 	if err != nil {
 		return allocatorFailed(stderr, "run", err)
 	}
-	return runLeased(ctx, cl, cf.token, lease.Core(), *ttl, *pushURL, command, stdout, stderr)
+	return runLeased(ctx, cl, o.token, lease.Core(), o.ttl, o.pushURL, command, stdout, stderr)
 }
 
 // requestFlags names the flag of `gpupool run` behind each field of a

@@ -67,6 +67,10 @@ func Main(s Service, args []string, stdout, stderr io.Writer) int {
 	return validateAndRun(s.Options.Validate, s.Run, log)
 }
 
+// Main is a binary's main: Main on the process's arguments, then exit
+// with its status.
+func (s Service) Main() { os.Exit(Main(s, os.Args[1:], os.Stdout, os.Stderr)) }
+
 // usage is a flag set's Usage: the service's text, then its flags, written
 // to the flag set's output of the moment (Parse sets it).
 func usage(output func() io.Writer, text string, printDefaults func()) func() {

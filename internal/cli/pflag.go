@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
 
 	"github.com/spf13/pflag"
 )
@@ -36,3 +37,7 @@ func MainPflag(s PflagService, args []string, stdout, stderr io.Writer) int {
 	}
 	return validateAndRun(s.Options.Validate, s.Run, slog.New(slog.NewTextHandler(stderr, nil)))
 }
+
+// Main is a binary's main: MainPflag on the process's arguments, then exit
+// with its status.
+func (s PflagService) Main() { os.Exit(MainPflag(s, os.Args[1:], os.Stdout, os.Stderr)) }

@@ -96,3 +96,11 @@ func newBackend(o *Options, log *slog.Logger) (adapter.Backend, error) {
 	c.Retries, c.Timeout = 2*len(strings.Split(o.Allocator, ",")), 5*time.Second
 	return adapter.NewDirect(c, o.Refresh, log), nil
 }
+
+// Command is gpupool-adapter's command line: its options, and Run on them,
+// on pflag, as custom-metrics-apiserver's serving flags are.
+func Command() cli.PflagService {
+	o := NewOptions()
+	return cli.PflagService{Name: "gpupool-adapter", Usage: Usage, Options: o,
+		Run: func(ctx context.Context, log *slog.Logger) error { return Run(ctx, o, log) }}
+}

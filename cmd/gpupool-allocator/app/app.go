@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -139,4 +140,12 @@ func (r *replica) serveStore(ctx context.Context) error {
 	host, _ := os.Hostname()
 	r.term.ServeTerms(ctx, service.Election{Elector: e, ID: fmt.Sprintf("%s/%d/%s", host, os.Getpid(), r.addr), Endpoints: r.o.EtcdEndpoints})
 	return nil
+}
+
+// Command is gpupool-allocator's command line: its options, and Run on them.
+func Command() cli.Service {
+	o := NewOptions()
+	return cli.Service{Name: "gpupool-allocator", Usage: Usage, Options: o,
+		OneShot: func(stdout, stderr io.Writer) (int, bool) { return Check(o, stdout, stderr) },
+		Run:     func(ctx context.Context, log *slog.Logger) error { return Run(ctx, o, log) }}
 }

@@ -79,3 +79,10 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	log.Info("device plugin starting", "node", o.Node, "allocator", o.Allocator, "unit", o.Unit, "plugin-dir", o.PluginDir)
 	return plugin.Run(ctx)
 }
+
+// Command is gpupool-device-plugin's command line: its options, and Run on them.
+func Command() cli.Service {
+	o := NewOptions()
+	return cli.Service{Name: "gpupool-device-plugin", Usage: Usage, Options: o,
+		Run: func(ctx context.Context, log *slog.Logger) error { return Run(ctx, o, log) }}
+}

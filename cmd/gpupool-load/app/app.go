@@ -11,7 +11,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gpupool/gpupool/allocator/client"
@@ -190,4 +192,21 @@ func adapterClient(insecure bool) *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.TLSClientConfig = &tls.Config{InsecureSkipVerify: insecure} //nolint:gosec // only with --adapter-insecure, for a self-signed loopback adapter
 	return &http.Client{Transport: t, Timeout: 10 * time.Second}
+}
+
+// Main is gpupool-load's main. Interrupted, the load still releases its
+// leases and sums up.
+func Main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	exit := Exec(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(exit)
+}
+
+// Exec runs gpupool-load's command line on args until done or ctx ends,
+// and returns its exit status.
+func Exec(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o := NewOptions()
+	return cli.RunTool(ctx, cli.Tool{Name: "gpupool-load", Usage: Usage, Options: o,
+		Run: func(ctx context.Context, stdout, _ io.Writer) error { return Run(ctx, o, stdout) }}, args, stdout, stderr)
 }

@@ -144,3 +144,10 @@ func servingTLS(o *Options, log *slog.Logger) (*tls.Config, error) {
 	}
 	return cfg, nil
 }
+
+// Command is gpupool-scheduler's command line: its options, and Run on them.
+func Command() cli.Service {
+	o := NewOptions()
+	return cli.Service{Name: "gpupool-scheduler", Usage: Usage, Options: o,
+		Run: func(ctx context.Context, log *slog.Logger) error { return Run(ctx, o, log) }}
+}

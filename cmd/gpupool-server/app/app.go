@@ -194,3 +194,10 @@ func splitList(s string) []string {
 	}
 	return out
 }
+
+// Command is gpupool-server's command line: its options, and Run on them.
+func Command() cli.Service {
+	o := NewOptions()
+	return cli.Service{Name: "gpupool-server", Usage: Usage, Options: o,
+		Run: func(ctx context.Context, log *slog.Logger) error { return Run(ctx, o, log) }}
+}

@@ -6,6 +6,7 @@ package app
 import (
 	"context"
 	"io"
+	"os"
 
 	"github.com/gpupool/gpupool/internal/cli"
 )
@@ -28,4 +29,15 @@ func Command(args []string) (cli.Tool, []string) {
 	o := &ReplayOptions{}
 	return cli.Tool{Name: "gpupool-simulate", Usage: ReplayUsage, Options: o,
 		Run: func(_ context.Context, stdout, stderr io.Writer) error { return RunReplay(o, stdout, stderr) }}, args
+}
+
+// Main is gpupool-simulate's main.
+func Main() { os.Exit(Exec(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// Exec runs gpupool-simulate's command line on args and returns its exit
+// status.
+func Exec(args []string, stdout, stderr io.Writer) int {
+	tool, args := Command(args)
+	// A replay has nothing to clean up: a signal ends it at once.
+	return cli.RunTool(context.Background(), tool, args, stdout, stderr)
 }

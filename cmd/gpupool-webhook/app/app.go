@@ -76,3 +76,10 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	log.Info("webhook serving", "address", "https://"+webhook.Listener.Addr().String(), "unit", o.Unit, "gpu_memory", o.GPUMemory, "scheduler_name", o.SchedulerName, "default_topology", o.DefaultTopology)
 	return httpserver.Serve(ctx, []httpserver.Endpoint{webhook})
 }
+
+// Command is gpupool-webhook's command line: its options, and Run on them.
+func Command() cli.Service {
+	o := NewOptions()
+	return cli.Service{Name: "gpupool-webhook", Usage: Usage, Options: o,
+		Run: func(ctx context.Context, log *slog.Logger) error { return Run(ctx, o, log) }}
+}
