@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,6 +69,9 @@ type Daemon struct {
 	window  *latencyWindow
 	// report is the usage report the last sampling round rendered.
 	report atomic.Pointer[gpuapi.Usage]
+	// useRefused is set once the allocator refused a heartbeat's use (one
+	// older than the field): heartbeats then carry health alone.
+	useRefused atomic.Bool
 
 	mu     sync.Mutex
 	leases []allocator.Lease
@@ -287,7 +291,16 @@ func (d *Daemon) heartbeat(ctx context.Context) bool {
 		h, ok := health[g.UUID]
 		hb.GPUs = append(hb.GPUs, api.GPUHealth{Index: g.Index, Healthy: ok && h})
 	}
+	if !d.useRefused.Load() {
+		hb.Use = heartbeatUse(d.UsageReport())
+	}
 	err := d.cfg.Client.Heartbeat(ctx, d.cfg.Inventory.Name, hb)
+	if hb.Use != nil && client.IsReason(err, api.ReasonInvalid) && strings.Contains(err.Error(), `"use"`) {
+		d.cfg.Log.Warn("the allocator takes no use in heartbeats (older than this daemon): its console will show none", "err", err)
+		d.useRefused.Store(true)
+		hb.Use = nil
+		err = d.cfg.Client.Heartbeat(ctx, d.cfg.Inventory.Name, hb)
+	}
 	if client.IsReason(err, api.ReasonNotFound) {
 		return false
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	allocapi "github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/gpuserver/api"
 )
 
@@ -161,4 +162,20 @@ func (w *latencyWindow) report(now time.Time) []api.LatencyWindow {
 	}
 	slices.SortFunc(out, func(a, b api.LatencyWindow) int { return strings.Compare(a.Transport, b.Transport) })
 	return out
+}
+
+// heartbeatUse is the report as a heartbeat carries it to the allocator,
+// for its console; nil before the first good round.
+func heartbeatUse(rep api.Usage) *allocapi.ServerUse {
+	if rep.SampledAt.IsZero() {
+		return nil
+	}
+	u := &allocapi.ServerUse{SampledAt: rep.SampledAt, GPUs: make([]allocapi.GPUUse, 0, len(rep.GPUs))}
+	for _, g := range rep.GPUs {
+		u.GPUs = append(u.GPUs, allocapi.GPUUse{Index: g.Index, Utilization: g.Utilization, MemoryUsedBytes: g.MemoryUsedBytes})
+	}
+	for _, l := range rep.Leases {
+		u.Leases = append(u.Leases, allocapi.LeaseUse{Lease: l.Lease, GPU: l.GPU, SMUtilization: l.SMUtilization, MemoryUsedBytes: l.MemoryUsedBytes})
+	}
+	return u
 }

@@ -202,6 +202,33 @@ type RenewRequest struct {
 // Heartbeat tells the allocator a server is alive and how its GPUs are.
 type Heartbeat struct {
 	GPUs []GPUHealth `json:"gpus"`
+	// Use is what the daemon measured last, for the console; left out
+	// before its first good round, and by daemons older than the field.
+	Use *ServerUse `json:"use,omitempty"`
+}
+
+// ServerUse is a server's latest measured use.
+type ServerUse struct {
+	SampledAt time.Time  `json:"sampledAt"`
+	GPUs      []GPUUse   `json:"gpus"`
+	Leases    []LeaseUse `json:"leases,omitempty"`
+}
+
+// GPUUse is one GPU's reading: its SM use (0..1, nil when the source
+// cannot tell) and its memory in use.
+type GPUUse struct {
+	Index           int      `json:"index"`
+	Utilization     *float64 `json:"utilization,omitempty"`
+	MemoryUsedBytes int64    `json:"memoryUsedBytes"`
+}
+
+// LeaseUse is what one lease's processes use of one GPU: their share of
+// its SM time (0..1, nil when the source cannot tell) and memory.
+type LeaseUse struct {
+	Lease           string   `json:"lease"`
+	GPU             int      `json:"gpu"`
+	SMUtilization   *float64 `json:"smUtilization,omitempty"`
+	MemoryUsedBytes int64    `json:"memoryUsedBytes"`
 }
 
 // GPUHealth is one GPU's health in a heartbeat.

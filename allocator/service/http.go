@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/console"
 )
 
 // maxBody bounds request bodies; a server with 64 GPUs fits well within.
@@ -27,7 +28,7 @@ const (
 	maxAcquireBody = 8 << 20
 )
 
-// Handler serves the /v1 API, /metrics and /healthz. With auth nil every
+// Handler serves the /v1 API, the console's page, /metrics and /healthz. With auth nil every
 // request acts as admin (for the embedded demo on loopback).
 func Handler(s *Service, auth *Authenticator, gatherer prometheus.Gatherer, log *slog.Logger) http.Handler {
 	h := &handler{s: s, auth: auth, log: log}
@@ -42,6 +43,9 @@ func Handler(s *Service, auth *Authenticator, gatherer prometheus.Gatherer, log 
 	mux.HandleFunc("DELETE /v1/leases/{id}", h.release)
 	mux.HandleFunc("GET /v1/pool", h.pool)
 	mux.HandleFunc("GET /v1/quotas", h.quotas)
+	mux.HandleFunc("GET /v1/console", h.console)
+	mux.Handle("GET "+console.Path, console.Handler())
+	mux.Handle("GET /console", http.RedirectHandler(console.Path, http.StatusMovedPermanently))
 	mux.HandleFunc("PUT /v1/quotas/{namespace}", h.setQuota)
 	mux.HandleFunc("DELETE /v1/quotas/{namespace}", h.deleteQuota)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
@@ -264,6 +268,16 @@ func (h *handler) pool(w http.ResponseWriter, r *http.Request) {
 		st.Pending = slices.DeleteFunc(st.Pending, func(pr api.PendingRequest) bool { return !p.mayUse(pr.Namespace) })
 	}
 	h.reply(w, http.StatusOK, st, nil)
+}
+
+// console answers the console's view, scoped to the token as /v1/pool
+// and /v1/leases are.
+func (h *handler) console(w http.ResponseWriter, r *http.Request) {
+	p, ok := h.principal(w, r)
+	if !ok {
+		return
+	}
+	h.reply(w, http.StatusOK, h.s.Console(p), nil)
 }
 
 // server answers one server of the pool, as GET /v1/pool shows it to

@@ -32,6 +32,12 @@ func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) 
 		if !known {
 			return store.Change{}, &allocator.ServerNotFoundError{Name: name}
 		}
+		if hb.Use != nil {
+			state, _ := s.pool.ServerState(name)
+			if err := checkUse(hb.Use, &state); err != nil {
+				return store.Change{}, err
+			}
+		}
 		changed := false
 		for _, g := range hb.GPUs {
 			if g.Index < 0 || g.Index >= len(srv.GPUs) {
@@ -46,6 +52,9 @@ func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) 
 			}
 		}
 		s.lastSeen[name] = now
+		if hb.Use != nil {
+			s.recordUse(now, name, hb.Use)
+		}
 		if back, _ := s.pool.SetSchedulable(name, true); back {
 			s.wakeLocked() // back after silence: queued requests may fit now
 		}
@@ -85,6 +94,7 @@ func (s *Service) tick() {
 				_, _ = s.pool.SetSchedulable(name, false)
 			}
 		}
+		s.sampleUse(now)
 		return store.Change{}, nil
 	})
 }

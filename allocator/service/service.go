@@ -6,7 +6,8 @@
 // One file a job: service.go the one path of every change (write, apply);
 // recovery.go the state loaded from the store; commit.go the group commit;
 // leases.go, quotas.go and servers.go the operations; waiting.go the
-// requests queued for capacity or quota; http.go, errors.go and
+// requests queued for capacity or quota; use.go and console.go what the
+// daemons measure and the console shows; http.go, errors.go and
 // strictjson.go the API, config.go its tokens, metrics.go its series;
 // leadership.go a replica's terms as the leader that serves them.
 package service
@@ -73,6 +74,12 @@ type Service struct {
 	waiting   map[*allocator.Request]*waiter
 	waitingIn map[string]int
 	estimate  allocator.WorkloadEstimate // the expected workload, learnt from grants
+	// use is each server's latest measured use, windows each lease's use
+	// over the idle window, history the pool's shares over the last hour:
+	// the console's, in memory only (use.go).
+	use     map[string]*serverUse
+	windows map[string]*useWindow
+	history history
 
 	// queued holds the changes the committer has yet to write, in the
 	// order they were made; kick wakes the committer. The queue is
@@ -141,7 +148,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		cfg.MaxWaitingPerNamespace = DefaultMaxWaitingPerNamespace
 	}
 	s := &Service{
-		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, lastSeen: map[string]time.Time{},
+		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, lastSeen: map[string]time.Time{}, use: map[string]*serverUse{}, windows: map[string]*useWindow{},
 		waiting: map[*allocator.Request]*waiter{}, waitingIn: map[string]int{},
 		kick: make(chan struct{}, 1), failed: make(chan struct{}),
 		closing: make(chan struct{}), committerDone: make(chan struct{}),

@@ -21,6 +21,7 @@ import (
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/console"
 	gpuapi "github.com/gpupool/gpupool/gpuserver/api"
 )
 
@@ -56,6 +57,7 @@ func (d *demo) show(ctx context.Context, w io.Writer, gpupool string, refresh ti
 // the gpupool client run as gpupool says (clientCommand).
 func (d *demo) header(w io.Writer, gpupool string) {
 	fmt.Fprintf(w, "gpupool-demo: allocator %s (tokens on: %s); logs in %s\n", d.allocatorURL, d.tokens.configFile, d.logFile)
+	fmt.Fprintf(w, "  console: %s%s   # sign in with the admin token %s, or ml's %s\n", d.allocatorURL, console.Path, d.tokens.admin, d.tokens.tenant["ml"])
 	fmt.Fprintf(w, "  metrics: %s/metrics\n", d.allocatorURL)
 	for _, s := range d.servers {
 		fmt.Fprintf(w, "  metrics: %s/metrics (%s)\n", s.url, s.name)
@@ -78,7 +80,7 @@ func (d *demo) view(ctx context.Context, w io.Writer, elapsed time.Duration) {
 	leases := api.CoreLeases(listed)
 	quotas, _ := d.client.Quotas(ctx)
 	gpuUse, leaseUse := d.usage(ctx)
-	fmt.Fprintf(w, "gpupool-demo  t=%s  allocator %s\n\n", elapsed.Round(time.Second), d.allocatorURL)
+	fmt.Fprintf(w, "gpupool-demo  t=%s  allocator %s  console %s%s\n\n", elapsed.Round(time.Second), d.allocatorURL, d.allocatorURL, console.Path)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVER\tGPU\tMODEL\tLEASED\tUTIL\tMEMORY")
 	for _, s := range pool.Servers {

@@ -1,0 +1,262 @@
+package service
+
+import (
+	"cmp"
+	"errors"
+	"slices"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/inventory"
+)
+
+// maxPendingReasons bounds the waiting requests whose reason one view
+// works out: each is a placement tried, under the lock every request
+// needs. Requests past it say "capacity" with no message.
+const maxPendingReasons = 200
+
+// Console is the pool as the console shows it to p: servers, GPUs, models
+// and the history to every token; leases, pending requests and tenants
+// to those who may use their namespace.
+func (s *Service) Console(p Principal) api.Console {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock()
+	v := api.Console{At: now, Namespace: p.Namespace, Policy: s.cfg.Policy, History: s.history.all(),
+		Models: []api.ModelSummary{}, Servers: []api.ConsoleServer{}, Tenants: []api.ConsoleTenant{}, Leases: []api.ConsoleLease{}, Pending: []api.ConsolePending{}}
+	if p.Admin {
+		v.Namespace = ""
+	}
+	models := map[string]*api.ModelSummary{}
+	model := func(name string) *api.ModelSummary {
+		m := models[name]
+		if m == nil {
+			m = &api.ModelSummary{Model: name}
+			models[name] = m
+		}
+		return m
+	}
+
+	leases := s.pool.Leases(now)
+	onServer := map[string]int{}
+	for i := range leases {
+		l := &leases[i]
+		onServer[l.Server]++
+		if w := s.windows[l.ID]; w != nil && w.idle() {
+			for _, g := range l.GPUs {
+				model(g.Model).IdleHeldGPUs += g.Share.GPUs()
+			}
+		}
+	}
+
+	workload := s.estimate.Current()
+	for _, st := range s.pool.ServerStates() {
+		cs := s.consoleServer(&st, workload)
+		cs.Leases = onServer[cs.Name]
+		for gi, g := range cs.GPUs {
+			m := model(g.Model)
+			m.GPUs++
+			leased := g.LeasedPercent / 100
+			m.LeasedGPUs += leased
+			if g.Utilization != nil {
+				m.UsedGPUs += *g.Utilization
+			}
+			if g.Healthy {
+				m.Healthy++
+				if st.Node.Schedulable {
+					m.FreeGPUs += st.Node.GPUs[gi].Free.GPUs()
+				}
+			}
+		}
+		v.FragmentationGPUs += cs.FragmentationGPUs
+		v.Servers = append(v.Servers, cs)
+	}
+	slices.SortFunc(v.Servers, func(a, b api.ConsoleServer) int { return cmp.Compare(a.Name, b.Name) })
+
+	tenants := map[string]*tenant{}
+	tenantOf := func(ns string) *tenant {
+		t := tenants[ns]
+		if t == nil {
+			t = &tenant{ConsoleTenant: api.ConsoleTenant{Namespace: ns}, pods: map[string]bool{}, apps: map[string]bool{}}
+			tenants[ns] = t
+		}
+		return t
+	}
+	for _, q := range s.pool.Quotas(now) {
+		if p.mayUse(q.Namespace) {
+			t := tenantOf(q.Namespace)
+			t.HardGPUs, t.QuotaUsedGPUs = q.Hard.GPUs(), q.Used.GPUs()
+		}
+	}
+	for i := range leases {
+		l := &leases[i]
+		if !p.mayUse(l.Namespace) {
+			continue
+		}
+		cl := s.consoleLease(l)
+		v.Leases = append(v.Leases, cl)
+		t := tenantOf(l.Namespace)
+		t.Leases++
+		t.LeasedGPUs += cl.ShareGPUs
+		if cl.Use != nil {
+			t.UsedGPUs += *cl.Use * cl.ShareGPUs
+		}
+		if l.Owner.Pod != "" {
+			t.pods[l.Owner.Pod] = true
+		}
+		if cl.App != "" {
+			t.apps[cl.App] = true
+		}
+	}
+
+	for _, pr := range s.pendingLocked() {
+		for name, m := range models {
+			if len(pr.Models) == 0 || slices.Contains(pr.Models, name) {
+				m.PendingGPUs += pr.ShareGPUs
+			}
+		}
+		if p.mayUse(pr.Namespace) {
+			v.Pending = append(v.Pending, pr)
+			tenantOf(pr.Namespace).Pending++
+		}
+	}
+
+	for _, m := range models {
+		v.Models = append(v.Models, *m)
+	}
+	slices.SortFunc(v.Models, func(a, b api.ModelSummary) int { return cmp.Compare(a.Model, b.Model) })
+	for _, t := range tenants {
+		t.Pods = len(t.pods)
+		for app := range t.apps {
+			t.Apps = append(t.Apps, app)
+		}
+		slices.Sort(t.Apps)
+		v.Tenants = append(v.Tenants, t.ConsoleTenant)
+	}
+	slices.SortFunc(v.Tenants, func(a, b api.ConsoleTenant) int { return cmp.Compare(a.Namespace, b.Namespace) })
+	return v
+}
+
+// tenant is a ConsoleTenant being summed up.
+type tenant struct {
+	api.ConsoleTenant
+	pods, apps map[string]bool
+}
+
+// consoleServer is one server's view; s.mu is held. Its fragmentation is
+// the policy's measure against the workload the allocator expects.
+func (s *Service) consoleServer(st *allocator.ServerState, workload allocator.Workload) api.ConsoleServer {
+	srv, n := &st.Server, &st.Node
+	cs := api.ConsoleServer{Name: srv.Name, Schedulable: n.Schedulable, Healthy: n.Schedulable, LastHeartbeat: s.lastSeen[srv.Name],
+		FragmentationGPUs: workload.Fragmentation(n) / float64(allocator.WholeGPU)}
+	use := s.use[srv.Name]
+	if use != nil {
+		cs.SampledAt = use.sampledAt
+	}
+	for gi, g := range srv.GPUs {
+		ng := &n.GPUs[gi]
+		cg := api.ConsoleGPU{Index: g.Index, UUID: g.UUID, Model: g.Model, Healthy: ng.Healthy, MemoryBytes: g.MemoryBytes,
+			LeasedPercent: (allocator.WholeGPU - ng.Free).Percent()}
+		cs.Healthy = cs.Healthy && ng.Healthy
+		if len(g.Links) > 0 {
+			for j := range srv.GPUs {
+				if j != gi {
+					cg.Links = append(cg.Links, srv.LinkBetween(gi, j).String())
+				}
+			}
+		}
+		if use != nil {
+			for _, u := range use.gpus {
+				if u.Index == gi {
+					cg.Utilization, cg.MemoryUsedBytes = u.Utilization, u.MemoryUsedBytes
+				}
+			}
+		}
+		cs.GPUs = append(cs.GPUs, cg)
+	}
+	return cs
+}
+
+// consoleLease is one lease's row; s.mu is held.
+func (s *Service) consoleLease(l *allocator.Lease) api.ConsoleLease {
+	cl := api.ConsoleLease{ID: l.ID, Namespace: l.Namespace, Pod: l.Owner.Pod, App: l.Owner.Labels["app"], Server: l.Server,
+		ShareGPUs: l.Share().GPUs(), GrantedAt: l.GrantedAt}
+	for _, g := range l.GPUs {
+		cl.GPUs = append(cl.GPUs, g.Index)
+		cl.MemoryBytes += g.MemoryBytes
+	}
+	if use, ok := s.useOf(l); ok {
+		cl.Use = &use
+	}
+	if w := s.windows[l.ID]; w != nil {
+		cl.Idle = w.idle()
+	}
+	if l.TTL > 0 {
+		expires := l.ExpiresAt
+		cl.ExpiresAt, cl.TTL = &expires, l.TTL.String()
+	}
+	return cl
+}
+
+// pendingLocked is every waiting request with the reason it waits, oldest
+// first; s.mu is held.
+func (s *Service) pendingLocked() []api.ConsolePending {
+	var out []api.ConsolePending
+	reasons := map[shape][2]string{}
+	for r, w := range s.waiting {
+		pr := api.ConsolePending{Namespace: r.Namespace, Pod: r.Owner.Pod, GPUs: r.GPUs, ShareGPUs: pendingShare(r),
+			Models: r.Models, Since: w.since, Reason: api.WaitCapacity}
+		if r.Topology != inventory.LinkAny {
+			pr.Topology = r.Topology.String()
+		}
+		reason, tried := reasons[w.shape]
+		if !tried && len(reasons) < maxPendingReasons {
+			reason = [2]string{}
+			reason[0], reason[1] = s.waitReason(*r)
+			reasons[w.shape] = reason
+		}
+		if reason[0] != "" {
+			pr.Reason, pr.Message = reason[0], reason[1]
+		}
+		out = append(out, pr)
+	}
+	slices.SortFunc(out, func(a, b api.ConsolePending) int { return a.Since.Compare(b.Since) })
+	return out
+}
+
+// pendingShare is the share a waiting request asks for, in GPUs: a
+// request by memory counts whole GPUs, as it may take them.
+func pendingShare(r *allocator.Request) float64 {
+	if r.Percent > 0 {
+		return float64(r.GPUs*r.Percent) / 100
+	}
+	return float64(r.GPUs)
+}
+
+// waitReason is why r does not fit now: its quota, else a model or a
+// topology no server can give while the rest of the pool could, else
+// capacity; and the allocator's words. s.mu is held.
+func (s *Service) waitReason(r allocator.Request) (reason, message string) {
+	err := s.pool.Fits(r)
+	if err == nil {
+		return api.WaitCapacity, "it fits now, and is being woken"
+	}
+	if _, quota := errors.AsType[*allocator.QuotaExceededError](err); quota {
+		return api.WaitQuota, err.Error()
+	}
+	if r.Topology != inventory.LinkAny {
+		anyLink := r
+		anyLink.Topology = inventory.LinkAny
+		if s.pool.Fits(anyLink) == nil {
+			return api.WaitTopology, err.Error()
+		}
+	}
+	if len(r.Models) > 0 {
+		anyModel := r
+		anyModel.Models = nil
+		if s.pool.Fits(anyModel) == nil {
+			return api.WaitModel, err.Error()
+		}
+	}
+	return api.WaitCapacity, err.Error()
+}

@@ -1,0 +1,229 @@
+package service
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
+)
+
+// What the daemons measured, kept in memory for the console: it is
+// reported again every heartbeat, so nothing of it is stored, and a
+// restarted allocator knows it again within one heartbeat.
+
+// serverUse is a server's latest reading: its GPUs' use by index, and the
+// SM use of each lease on it, summed over the lease's GPUs.
+type serverUse struct {
+	sampledAt time.Time
+	gpus      []api.GPUUse
+	leases    map[string]leaseUse
+}
+
+type leaseUse struct {
+	sm      float64
+	smKnown bool // every GPU of the lease reported its SM use
+	memory  int64
+}
+
+// useWindow is one lease's use of its share over the last IdleWindow: one
+// sample per HistoryInterval, a ring.
+type useWindow struct {
+	samples [idleSamples]float32
+	n, next int
+}
+
+const idleSamples = int(api.IdleWindow / api.HistoryInterval)
+
+func (w *useWindow) add(use float64) {
+	w.samples[w.next] = float32(use)
+	w.next = (w.next + 1) % idleSamples
+	w.n = min(w.n+1, idleSamples)
+}
+
+// idle is whether the window is full and its mean under api.IdleUse.
+func (w *useWindow) idle() bool {
+	if w.n < idleSamples {
+		return false
+	}
+	var sum float64
+	for _, u := range w.samples {
+		sum += float64(u)
+	}
+	return sum/float64(idleSamples) < api.IdleUse
+}
+
+// history is the console's ring of the pool's shares.
+type history struct {
+	points [api.HistoryLength]api.HistoryPoint
+	n      int
+	next   int
+	last   time.Time
+}
+
+func (h *history) add(p api.HistoryPoint) {
+	h.points[h.next] = p
+	h.next = (h.next + 1) % api.HistoryLength
+	h.n = min(h.n+1, api.HistoryLength)
+	h.last = p.At
+}
+
+// all is the history, oldest first.
+func (h *history) all() []api.HistoryPoint {
+	out := make([]api.HistoryPoint, 0, h.n)
+	for i := range h.n {
+		out = append(out, h.points[(h.next-h.n+i+api.HistoryLength)%api.HistoryLength])
+	}
+	return out
+}
+
+// maxLeaseUses bounds the lease readings of one heartbeat: a GPU takes at
+// most 100 leases at 1%.
+const maxLeaseUsesPerGPU = 100
+
+// checkUse validates a heartbeat's use against the server it is for; each
+// error names the field, the value and the limit.
+func checkUse(u *api.ServerUse, srv *allocator.ServerState) error {
+	gpus := len(srv.Server.GPUs)
+	index := func(field string, i int) error {
+		if i < 0 || i >= gpus {
+			return &allocator.FieldError{Field: field, Value: fmt.Sprint(i), Limit: fmt.Sprintf("out of range 0..%d", gpus-1)}
+		}
+		return nil
+	}
+	ratio := func(field string, v *float64) error {
+		if v != nil && (*v < 0 || *v > 1) {
+			return &allocator.FieldError{Field: field, Value: fmt.Sprint(*v), Limit: "out of range 0..1"}
+		}
+		return nil
+	}
+	memory := func(field string, v int64) error {
+		if v < 0 || v > allocator.MaxGPUMemoryBytes {
+			return &allocator.FieldError{Field: field, Value: fmt.Sprint(v), Limit: fmt.Sprintf("out of range 0..%d (1Pi)", int64(allocator.MaxGPUMemoryBytes))}
+		}
+		return nil
+	}
+	if len(u.GPUs) > gpus {
+		return &allocator.FieldError{Field: "use.gpus", Value: fmt.Sprintf("%d readings", len(u.GPUs)), Limit: fmt.Sprintf("at most one per GPU, %d", gpus)}
+	}
+	if limit := maxLeaseUsesPerGPU * gpus; len(u.Leases) > limit {
+		return &allocator.FieldError{Field: "use.leases", Value: fmt.Sprintf("%d readings", len(u.Leases)), Limit: fmt.Sprintf("at most %d", limit)}
+	}
+	for _, g := range u.GPUs {
+		if err := firstError(index("use.gpus.index", g.Index), ratio("use.gpus.utilization", g.Utilization), memory("use.gpus.memoryUsedBytes", g.MemoryUsedBytes)); err != nil {
+			return err
+		}
+	}
+	for _, l := range u.Leases {
+		if err := firstError(index("use.leases.gpu", l.GPU), ratio("use.leases.smUtilization", l.SMUtilization), memory("use.leases.memoryUsedBytes", l.MemoryUsedBytes)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func firstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recordUse keeps a heartbeat's use; s.mu is held. Readings of leases
+// that are not on the server (ended since the daemon sampled, or never
+// placed there) are dropped: a daemon speaks for its own server only.
+func (s *Service) recordUse(now time.Time, name string, u *api.ServerUse) {
+	on := map[string]*allocator.Lease{}
+	leases := s.pool.LeasesOn(now, name)
+	for i := range leases {
+		on[leases[i].ID] = &leases[i]
+	}
+	su := &serverUse{sampledAt: u.SampledAt, gpus: u.GPUs, leases: map[string]leaseUse{}}
+	seen := map[string]int{}
+	for _, l := range u.Leases {
+		lease := on[l.Lease]
+		if lease == nil {
+			continue
+		}
+		lu := su.leases[l.Lease]
+		if seen[l.Lease] == 0 {
+			lu.smKnown = true
+		}
+		seen[l.Lease]++
+		if l.SMUtilization != nil {
+			lu.sm += *l.SMUtilization
+		} else {
+			lu.smKnown = false
+		}
+		lu.memory += l.MemoryUsedBytes
+		su.leases[l.Lease] = lu
+	}
+	for id, n := range seen {
+		if n < len(on[id].GPUs) { // a GPU of the lease unreported: its use is not known
+			lu := su.leases[id]
+			lu.smKnown = false
+			su.leases[id] = lu
+		}
+	}
+	s.use[name] = su
+}
+
+// useOf is a lease's measured SM use over its share, and whether it is
+// known; s.mu is held.
+func (s *Service) useOf(l *allocator.Lease) (float64, bool) {
+	su := s.use[l.Server]
+	if su == nil {
+		return 0, false
+	}
+	lu, ok := su.leases[l.ID]
+	share := l.Share().GPUs()
+	if !ok || !lu.smKnown || share == 0 {
+		return 0, false
+	}
+	return lu.sm / share, true
+}
+
+// sampleUse adds a point to the history and each lease's use to its idle
+// window, once every api.HistoryInterval; s.mu is held.
+func (s *Service) sampleUse(now time.Time) {
+	if now.Sub(s.history.last) < api.HistoryInterval {
+		return
+	}
+	p := api.HistoryPoint{At: now}
+	for _, st := range s.pool.ServerStates() {
+		for gi := range st.Node.GPUs {
+			g := &st.Node.GPUs[gi]
+			p.GPUs++
+			p.LeasedGPUs += (allocator.WholeGPU - g.Free).GPUs()
+		}
+		if su := s.use[st.Server.Name]; su != nil {
+			for _, g := range su.gpus {
+				if g.Utilization != nil {
+					p.UsedGPUs += *g.Utilization
+				}
+			}
+		}
+	}
+	s.history.add(p)
+	live := map[string]bool{}
+	for _, l := range s.pool.Leases(now) {
+		live[l.ID] = true
+		use, ok := s.useOf(&l)
+		if !ok {
+			continue
+		}
+		w := s.windows[l.ID]
+		if w == nil {
+			w = &useWindow{}
+			s.windows[l.ID] = w
+		}
+		w.add(use)
+	}
+	for id := range s.windows {
+		if !live[id] {
+			delete(s.windows, id)
+		}
+	}
+}
