@@ -191,6 +191,14 @@ func (c *Client) Pool(ctx context.Context) (api.PoolStatus, error) {
 	return out, err
 }
 
+// Console returns the pool as the console page shows it to this client's
+// token.
+func (c *Client) Console(ctx context.Context) (api.Console, error) {
+	var out api.Console
+	err := c.do(ctx, http.MethodGet, "/v1/console", nil, &out)
+	return out, err
+}
+
 // Server returns one server of the pool, its GPUs and their health, as
 // Pool shows it.
 func (c *Client) Server(ctx context.Context, name string) (api.ServerStatus, error) {
