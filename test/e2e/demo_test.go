@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"io"
@@ -37,7 +38,7 @@ func TestDemo(t *testing.T) {
 		t.Fatal(err)
 	}
 	var urls []string
-	var external, allocatorURL, logFile, tenantLine, adminToken string
+	var external, allocatorURL, logFile, tenantLine, adminToken, consoleURL string
 	var out strings.Builder
 	sc := bufio.NewScanner(stdout)
 	allocatorLine := regexp.MustCompile(`^gpupool-demo: allocator (http://\S+) \(tokens on: \S+\); logs in (\S+)$`)
@@ -45,6 +46,7 @@ func TestDemo(t *testing.T) {
 	externalLine := regexp.MustCompile(`external metrics: (https://\S+)`)
 	tenantTry := regexp.MustCompile(`try: (GPUPOOL_ALLOCATOR=\S+ GPUPOOL_TOKEN=\S+ GPUPOOL_NAMESPACE=ml \S+ pool status .*)`)
 	adminLine := regexp.MustCompile(`try: curl -s -H 'Authorization: Bearer (\S+)' \S+/v1/leases`)
+	consoleLine := regexp.MustCompile(`^  console: (http://\S+/console/) `)
 	for sc.Scan() {
 		line := sc.Text()
 		out.WriteString(line + "\n")
@@ -63,6 +65,9 @@ func TestDemo(t *testing.T) {
 		if m := adminLine.FindStringSubmatch(line); m != nil {
 			adminToken = m[1]
 		}
+		if m := consoleLine.FindStringSubmatch(line); m != nil {
+			consoleURL = m[1]
+		}
 		if line == "" { // the end of the header
 			break
 		}
@@ -70,8 +75,8 @@ func TestDemo(t *testing.T) {
 	if len(urls) != 5 {
 		t.Fatalf("demo printed %d /metrics URLs, want the allocator's, 3 servers' and the adapter's:\n%s", len(urls), out.String())
 	}
-	if allocatorURL == "" || tenantLine == "" || adminToken == "" {
-		t.Fatalf("demo did not print its allocator, namespace ml's token and the admin token:\n%s", out.String())
+	if allocatorURL == "" || tenantLine == "" || adminToken == "" || consoleURL != allocatorURL+"/console/" {
+		t.Fatalf("demo did not print its allocator, its console, namespace ml's token and the admin token:\n%s", out.String())
 	}
 	time.Sleep(5 * time.Second) // leases placed, processes sampled
 	for _, u := range urls {
@@ -109,6 +114,7 @@ func TestDemo(t *testing.T) {
 		t.Errorf("external metric: %v %+v", err, list)
 	}
 	demoTokens(t, allocatorURL, adminToken, tenantLine)
+	demoConsole(t, consoleURL, allocatorURL, adminToken)
 	rest, _ := io.ReadAll(stdout)
 	out.Write(rest)
 	if err := cmd.Wait(); err != nil {
@@ -121,6 +127,35 @@ func TestDemo(t *testing.T) {
 	}
 	if log, err := os.ReadFile(logFile); err != nil || !strings.Contains(string(log), "registered with the allocator") {
 		t.Errorf("the demo's log %s after it stopped: %v, want the parts' log", logFile, err)
+	}
+}
+
+// demoConsole: the console the demo printed serves its page, and its view
+// shows the demo's servers and, from their heartbeats, the use of the
+// training group's leases.
+func demoConsole(t *testing.T, consoleURL, allocatorURL, adminToken string) {
+	t.Helper()
+	resp, err := http.Get(consoleURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(page), "gpupool console") {
+		t.Errorf("console page at %s: %d %.200s", consoleURL, resp.StatusCode, page)
+	}
+	v, err := newClient(t, allocatorURL, adminToken).Console(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	measured := 0
+	for _, l := range v.Leases {
+		if l.App == "tf-training" && l.Use != nil {
+			measured++
+		}
+	}
+	if len(v.Servers) != 3 || measured == 0 {
+		t.Errorf("console view: %d servers, %d tf-training leases measured; want 3 and some: %+v", len(v.Servers), measured, v.Leases)
 	}
 }
 
