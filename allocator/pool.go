@@ -515,6 +515,15 @@ func (p *Pool) Leases(now time.Time) []Lease {
 	return cloneSorted(p.leases)
 }
 
+// EachLease calls f with each lease live at now, in no order, without the
+// copies Leases makes: f reads the lease and keeps nothing of it.
+func (p *Pool) EachLease(now time.Time, f func(l *Lease)) {
+	p.expireDue(now)
+	for _, l := range p.leases {
+		f(l)
+	}
+}
+
 // Lease returns one live lease.
 func (p *Pool) Lease(now time.Time, id string) (Lease, error) {
 	l, err := p.live(now, id)

@@ -1,7 +1,10 @@
 package service
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/json"
 	"fmt"
 	"runtime"
 	"slices"
@@ -158,4 +161,48 @@ func memInUse() int64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapInuse + m.StackInuse)
+}
+
+// BenchmarkConsoleView is one read of the console's view at 1,000 servers
+// and 10,000 leases, each measured by its daemon: building it under the
+// lock (ms-view, with the sorting after it), and its JSON, plain and
+// gzip-compressed, as a browser reads it every second (docs/design.md,
+// "The console").
+func BenchmarkConsoleView(b *testing.B) {
+	a, _ := thousandServers(b, 10_000)
+	ctx := context.Background()
+	for i := range 1000 {
+		name := fmt.Sprintf("s%04d", i)
+		use := &api.ServerUse{SampledAt: a.clock.Now()}
+		for g := range 8 {
+			use.GPUs = append(use.GPUs, api.GPUUse{Index: g, Utilization: ratio(0.3), MemoryUsedBytes: 1 << 30})
+		}
+		for _, l := range a.svc.Leases(LeaseFilter{Server: name}) {
+			use.Leases = append(use.Leases, api.LeaseUse{Lease: l.ID, GPU: l.GPUs[0].Index, SMUtilization: ratio(0.05)})
+		}
+		if err := a.svc.Heartbeat(ctx, name, api.Heartbeat{Use: use}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var plain, zipped int
+	var view time.Duration
+	b.ResetTimer()
+	for range b.N {
+		a.clock.Add(consoleMaxAge) // a view no page has read yet
+		start := time.Now()
+		v := a.svc.Console(Principal{Admin: true})
+		view += time.Since(start)
+		body, err := json.Marshal(v)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var z bytes.Buffer
+		zw, _ := gzip.NewWriterLevel(&z, gzip.BestSpeed)
+		_, _ = zw.Write(body)
+		_ = zw.Close()
+		plain, zipped = len(body), z.Len()
+	}
+	b.ReportMetric(float64(view.Milliseconds())/float64(b.N), "ms-view")
+	b.ReportMetric(float64(plain)/1e6, "MB-json")
+	b.ReportMetric(float64(zipped)/1e6, "MB-gzip")
 }

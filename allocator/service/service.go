@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/store"
 )
 
@@ -80,6 +81,10 @@ type Service struct {
 	use     map[string]*serverUse
 	windows map[string]*useWindow
 	history history
+	// console is the last view of every namespace the console read,
+	// rebuilt at most once per consoleMaxAge (console.go).
+	consoleMu sync.Mutex
+	console   *api.Console
 
 	// queued holds the changes the committer has yet to write, in the
 	// order they were made; kick wakes the committer. The queue is
