@@ -127,7 +127,7 @@ function renderServers(v, now) {
     }).join("");
     return `<div class="server${s.healthy ? "" : " unhealthy"}" id="server-${esc(s.name)}" data-server="${esc(s.name)}">` +
       `<div class="head"><span class="name">${esc(s.name)}</span><span class="state">${state}</span>` +
-      `<span class="meta">${s.leases} leases · heartbeat ${age(s.lastHeartbeat, now)} ago</span></div><div class="gpus">${tiles}</div></div>`;
+      `<span class="meta">${s.leases} lease${s.leases === 1 ? "" : "s"} · heartbeat ${age(s.lastHeartbeat, now)} ago</span></div><div class="gpus">${tiles}</div></div>`;
   }).join("");
   // The page's policy allows no inline style: the bars are sized here.
   for (const g of document.querySelectorAll("#servers .gpu")) {
@@ -140,7 +140,8 @@ function renderFragmentation(v) {
   $("#frag-total").textContent = gpus(v.fragmentationGPUs);
   const rows = [...v.servers].sort((a, b) => b.fragmentationGPUs - a.fragmentationGPUs).slice(0, maxRows);
   $("#fragmentation tbody").innerHTML = rows.map((s) => {
-    const free = s.gpus.reduce((f, g) => f + (g.healthy && s.schedulable ? (100 - g.leasedPercent) / 100 : 0), 0);
+    // The free share of its healthy GPUs, silent or not: what the stranded share is part of.
+    const free = s.gpus.reduce((f, g) => f + (g.healthy ? (100 - g.leasedPercent) / 100 : 0), 0);
     return `<tr data-server="${esc(s.name)}"><td><a href="#server-${esc(s.name)}">${esc(s.name)}</a></td>` +
       `<td class="frag">${gpus(s.fragmentationGPUs)}</td><td class="free">${gpus(free)}</td></tr>`;
   }).join("");
