@@ -122,7 +122,7 @@ function renderServers(v, now) {
       const title = `${s.name} GPU ${g.index} ${g.model} ${g.uuid}\nleased ${g.leasedPercent.toFixed(2)}%, used ${util === "" ? "unknown" : util + "%"}\n` +
         `memory ${bytes(g.memoryUsedBytes)} of ${bytes(g.memoryBytes)}${g.healthy ? "" : "\nUNHEALTHY"}` +
         (g.links ? "\nlinks: " + g.links.join(", ") : "");
-      return `<div class="gpu${g.healthy ? "" : " bad"}" data-gpu="${esc(s.name)}/${g.index}" data-leased="${g.leasedPercent.toFixed(2)}" data-util="${util}" title="${esc(title)}">` +
+      return `<div class="gpu${g.healthy ? "" : " bad"}" id="gpu-${esc(s.name)}-${g.index}" data-gpu="${esc(s.name)}/${g.index}" data-leased="${g.leasedPercent.toFixed(2)}" data-util="${util}" title="${esc(title)}">` +
         `<span class="bar"></span><span class="n">${g.index}</span><span class="u">${util === "" ? "–" : util + "%"}</span></div>`;
     }).join("");
     return `<div class="server${s.healthy ? "" : " unhealthy"}" id="server-${esc(s.name)}" data-server="${esc(s.name)}">` +
@@ -177,7 +177,7 @@ function renderLeases(v, now) {
   $("#lease-count").textContent = rows.length > maxRows ? `${maxRows} of ${rows.length} shown; the CSV has all` : `${rows.length} leases`;
   $("#leases tbody").innerHTML = rows.slice(0, maxRows).map((l) =>
     `<tr data-lease="${esc(l.id)}" class="${l.idle ? "idle" : ""}"><td class="namespace">${esc(l.namespace)}</td><td class="pod">${esc(l.pod)}</td>` +
-    `<td class="app">${esc(l.app)}</td><td class="server"><a href="#server-${esc(l.server)}">${esc(l.server)}</a> / ${l.gpus.join(",")}</td>` +
+    `<td class="app">${esc(l.app)}</td><td class="server"><a href="#server-${esc(l.server)}">${esc(l.server)}</a> / ${l.gpus.map((g) => `<a href="#gpu-${esc(l.server)}-${g}">${g}</a>`).join(",")}</td>` +
     `<td class="share">${gpus(l.shareGPUs)}</td><td class="use">${pct(l.use)}${l.idle ? " idle" : ""}</td><td class="age">${age(l.grantedAt, now)}</td>` +
     `<td class="ttl">${l.expiresAt ? "in " + span(Date.parse(l.expiresAt) - now) + " (" + esc(l.ttl) + ")" : "when released"}</td><td class="id">${esc(l.id)}</td></tr>`).join("");
   for (const th of document.querySelectorAll("#leases th")) {
