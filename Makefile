@@ -141,7 +141,7 @@ kube: ## build the Kubernetes control plane, the kubelet, kube-proxy, CoreDNS an
 	test/e2e/kube/build.sh
 
 .PHONY: e2e
-e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the daemon, the demo, the HPA on a real control plane, bursts of 1,000 pods and scheduler faults at 1,213 nodes, pods on a real kubelet
+e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the daemon, the demo, the console in a headless Chromium, the HPA on a real control plane, bursts of 1,000 pods and scheduler faults at 1,213 nodes, pods on a real kubelet
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -count=1 -timeout 30m ./test/e2e/...
 
 .PHONY: bench
