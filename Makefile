@@ -105,15 +105,15 @@ robustness: ## replay a grid of workload variants of the default OpenB trace (mo
 # the rules, etcd backs the replicated allocator and the Kubernetes control
 # plane, Prometheus and VictoriaMetrics answer the adapter's PromQL,
 # Alertmanager delivers the alerts, containerd, runc and the CNI plugins
-# run the pods of the e2e tests' kubelet node.
+# run the pods of the e2e tests' kubelet node, Chromium opens the console.
 DEBIAN_PACKAGES := prometheus etcd-server victoria-metrics prometheus-alertmanager \
-	containerd runc containernetworking-plugins
+	containerd runc containernetworking-plugins chromium
 
 .PHONY: deps
-deps: ## install the Debian packages the tests use (prometheus, etcd-server, victoria-metrics, prometheus-alertmanager, containerd, runc, containernetworking-plugins) if missing
+deps: ## install the Debian packages the tests use (prometheus, etcd-server, victoria-metrics, prometheus-alertmanager, containerd, runc, containernetworking-plugins, chromium) if missing
 	@command -v promtool >/dev/null && command -v etcd >/dev/null && command -v victoria-metrics >/dev/null \
 		&& command -v prometheus-alertmanager >/dev/null && command -v containerd >/dev/null \
-		&& command -v runc >/dev/null && test -x /usr/lib/cni/bridge || { \
+		&& command -v runc >/dev/null && test -x /usr/lib/cni/bridge && command -v chromium >/dev/null || { \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES); }
 
 # Everything but the whole-binary tests, which `make e2e` runs.
