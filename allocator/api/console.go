@@ -45,9 +45,11 @@ const (
 
 // ModelSummary is one GPU model across the pool.
 type ModelSummary struct {
-	Model   string `json:"model"`
-	GPUs    int    `json:"gpus"`
-	Healthy int    `json:"healthy"`
+	Model string `json:"model"`
+	GPUs  int    `json:"gpus"`
+	// Healthy counts the GPUs reported healthy on servers that are not
+	// silent: those that can take a lease.
+	Healthy int `json:"healthy"`
 	// LeasedGPUs is the share leases hold; UsedGPUs what they measurably
 	// use (SM time, in GPUs); IdleHeldGPUs the share held by leases whose
 	// use stayed under IdleUse of their share over IdleWindow.
@@ -72,8 +74,10 @@ type ConsoleServer struct {
 	LastHeartbeat time.Time `json:"lastHeartbeat"`
 	// SampledAt is when the daemon last read the GPUs, as its latest
 	// heartbeat said; zero when it has reported no use.
-	SampledAt         time.Time    `json:"sampledAt"`
-	Leases            int          `json:"leases"`
+	SampledAt time.Time `json:"sampledAt"`
+	Leases    int       `json:"leases"`
+	// FragmentationGPUs is 0 for a silent server, whose free share is
+	// unreachable rather than stranded.
 	FragmentationGPUs float64      `json:"fragmentationGPUs"`
 	GPUs              []ConsoleGPU `json:"gpus"`
 }

@@ -122,11 +122,9 @@ func (s *Service) buildConsole() api.Console {
 			if g.Utilization != nil {
 				m.UsedGPUs += *g.Utilization
 			}
-			if g.Healthy {
+			if g.Healthy && st.Node.Schedulable {
 				m.Healthy++
-				if st.Node.Schedulable {
-					m.FreeGPUs += st.Node.GPUs[gi].Free.GPUs()
-				}
+				m.FreeGPUs += st.Node.GPUs[gi].Free.GPUs()
 			}
 		}
 		v.FragmentationGPUs += cs.FragmentationGPUs
@@ -171,8 +169,13 @@ type tenant struct {
 // the policy's measure against the workload the allocator expects.
 func (s *Service) consoleServer(st *allocator.ServerState, workload allocator.Workload) api.ConsoleServer {
 	srv, n := &st.Server, &st.Node
-	cs := api.ConsoleServer{Name: srv.Name, Schedulable: n.Schedulable, Healthy: n.Schedulable, LastHeartbeat: s.lastSeen[srv.Name],
-		FragmentationGPUs: workload.Fragmentation(n) / float64(allocator.WholeGPU)}
+	cs := api.ConsoleServer{Name: srv.Name, Schedulable: n.Schedulable, Healthy: n.Schedulable, LastHeartbeat: s.lastSeen[srv.Name]}
+	if n.Schedulable {
+		// FGD counts a silent server's whole free share as fragmented; it
+		// is not stranded by packing but unreachable, which the server's
+		// health shows.
+		cs.FragmentationGPUs = workload.Fragmentation(n) / float64(allocator.WholeGPU)
+	}
 	use := s.use[srv.Name]
 	if use != nil {
 		cs.SampledAt = use.sampledAt

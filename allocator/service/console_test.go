@@ -291,3 +291,37 @@ func TestConsolePageHoldsNoData(t *testing.T) {
 		t.Errorf("the page: %d, holds data: %s", code, body)
 	}
 }
+
+// TestSilentServerShowsNoUse: a server past the heartbeat timeout takes no
+// lease, so its GPUs are not counted healthy or free, its free share is
+// not stranded by packing, and its daemon's last reading is forgotten.
+func TestSilentServerShowsNoUse(t *testing.T) {
+	a, _, la, lb := consolePool(t)
+	if la.Server == lb.Server {
+		t.Fatal("both leases on one server")
+	}
+	server := a.client(t, serverToken)
+	heartbeatUse(t, server, lb, 0.9, a.clock.Now())
+	a.clock.Add(11 * time.Second) // past the 10 s timeout
+	heartbeatUse(t, server, la, 0.25, a.clock.Now())
+	a.svc.tick()
+	v := a.svc.Console(Principal{Admin: true})
+	healthy := 0
+	for _, s := range v.Servers {
+		if s.Name == lb.Server {
+			if s.Healthy || s.Schedulable || s.FragmentationGPUs != 0 || s.GPUs[0].Utilization != nil {
+				t.Errorf("silent %s: %+v; want unhealthy, no fragmentation, no use", s.Name, s)
+			}
+			continue
+		}
+		healthy += len(s.GPUs)
+	}
+	if m := v.Models[0]; m.Healthy != healthy || !near(m.UsedGPUs, 0.25) {
+		t.Errorf("A100: %+v; want %d healthy (the silent server's left out) and 0.25 used", m, healthy)
+	}
+	for _, l := range v.Leases {
+		if l.ID == lb.ID && l.Use != nil {
+			t.Errorf("the silent server's lease shows use %v", *l.Use)
+		}
+	}
+}

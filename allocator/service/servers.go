@@ -92,6 +92,7 @@ func (s *Service) tick() {
 		for name, seen := range s.lastSeen {
 			if now.Sub(seen) > s.cfg.HeartbeatTimeout {
 				_, _ = s.pool.SetSchedulable(name, false)
+				delete(s.use, name) // a silent daemon's last reading is no reading
 			}
 		}
 		s.sampleUse(now)
