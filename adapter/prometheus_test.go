@@ -43,8 +43,10 @@ func startTSDB(t *testing.T, start func(testing.TB, metricstest.PrometheusConfig
 // targets stop answering, their series go stale and there is no data, not
 // a 0.
 func TestPrometheusBackendAgreesWithDirect(t *testing.T) {
+	t.Parallel()
 	for _, tsdb := range tsdbs {
 		t.Run(tsdb.name, func(t *testing.T) {
+			t.Parallel() // each its own pool and TSDB, most of the time waiting for scrapes
 			p := newTestPool(t, 2)
 			p.acquire(t, "tf-0", "tf-training", 6, 50)
 			p.acquire(t, "tf-1", "tf-training", 8, 50)
@@ -115,8 +117,10 @@ func TestPrometheusBackendAgreesWithDirect(t *testing.T) {
 //   - a lease the daemon has not measured has its grant and no use series:
 //     it is left out of the memory pressure, not counted as using nothing.
 func TestPrometheusBackendServesOnlyWhatWasMeasured(t *testing.T) {
+	t.Parallel()
 	for _, tsdb := range tsdbs {
 		t.Run(tsdb.name, func(t *testing.T) {
+			t.Parallel() // each its own pool and TSDB, most of the time waiting for scrapes
 			old := time.Now().Add(-2 * time.Minute).Truncate(time.Millisecond)
 			// lease-1's samples carry their (old) time, the others are
 			// fresh; lease-3 is not measured yet.
@@ -162,8 +166,10 @@ bitfusion_lease_memory_granted_bytes{server="gpu-0",gpu="2",lease="lease-3",name
 // fresh samples of the series it was computed from; the value is dated by
 // that last evaluation, so the freshness guard refuses it.
 func TestPrometheusBackendDatesByTheRuleEvaluation(t *testing.T) {
+	t.Parallel()
 	for _, tsdb := range tsdbs {
 		t.Run(tsdb.name, func(t *testing.T) {
+			t.Parallel() // each its own pool and TSDB, most of the time waiting for scrapes
 			old := time.Now().Add(-2 * time.Minute).Truncate(time.Millisecond)
 			// The recorded series, two minutes old, as the TSDB would hold
 			// them; no rules are evaluated.
