@@ -290,19 +290,9 @@ func owner(pod, app string) api.Owner {
 // consoleView is GET /v1/console with token.
 func consoleView(t testing.TB, url, token string) api.Console {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url+"/v1/console", nil)
+	v, err := newClient(t, url, token).Console(context.Background())
 	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	var v api.Console
-	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /v1/console: %s, %v", resp.Status, err)
+		t.Fatalf("GET /v1/console: %v", err)
 	}
 	return v
 }
@@ -380,12 +370,11 @@ func diffConsole(d consoleDOM, v api.Console) []string {
 		differ("overview: %d models, want %d", len(d.Models), len(v.Models))
 	}
 	for _, m := range v.Models {
-		i := slices.IndexFunc(d.Models, func(r domModel) bool { return r.Model == m.Model })
-		if i < 0 {
-			differ("overview: no row for %s", m.Model)
+		r, ok := rowOf(differ, "overview", d.Models, func(r domModel) string { return r.Model }, m.Model)
+		if !ok {
 			continue
 		}
-		r, what := d.Models[i], "overview "+m.Model
+		what := "overview " + m.Model
 		count(what+" gpus", r.GPUs, m.GPUs)
 		count(what+" healthy", r.Healthy, m.Healthy)
 		share(what+" leased", r.Leased, m.LeasedGPUs)
@@ -399,12 +388,10 @@ func diffConsole(d consoleDOM, v api.Console) []string {
 		differ("servers: %d, want %d", len(d.Servers), len(v.Servers))
 	}
 	for _, s := range v.Servers {
-		i := slices.IndexFunc(d.Servers, func(r domServer) bool { return r.Name == s.Name })
-		if i < 0 {
-			differ("servers: no %s", s.Name)
+		r, ok := rowOf(differ, "servers", d.Servers, func(r domServer) string { return r.Name }, s.Name)
+		if !ok {
 			continue
 		}
-		r := d.Servers[i]
 		if r.Unhealthy == s.Healthy {
 			differ("server %s: class unhealthy %v, API healthy %v", s.Name, r.Unhealthy, s.Healthy)
 		}
@@ -423,11 +410,8 @@ func diffConsole(d consoleDOM, v api.Console) []string {
 				differ("GPU %s data-util: %q, want a whole percent, or nothing while its use is unknown (API: %v)", id, r.GPUs[j].Util, g.Utilization)
 			}
 		}
-		frag := slices.IndexFunc(d.Frag, func(x domFrag) bool { return x.Server == s.Name })
-		if frag < 0 {
-			differ("fragmentation: no row for %s", s.Name)
-		} else {
-			share("fragmentation "+s.Name, d.Frag[frag].Frag, s.FragmentationGPUs)
+		if f, ok := rowOf(differ, "fragmentation", d.Frag, func(x domFrag) string { return x.Server }, s.Name); ok {
+			share("fragmentation "+s.Name, f.Frag, s.FragmentationGPUs)
 		}
 	}
 	share("#frag-total", d.FragTotal, v.FragmentationGPUs)
@@ -436,12 +420,11 @@ func diffConsole(d consoleDOM, v api.Console) []string {
 		differ("tenants: %d rows, want %d", len(d.Tenants), len(v.Tenants))
 	}
 	for _, n := range v.Tenants {
-		i := slices.IndexFunc(d.Tenants, func(r domTenant) bool { return r.Namespace == n.Namespace })
-		if i < 0 {
-			differ("tenants: no row for %s", n.Namespace)
+		r, ok := rowOf(differ, "tenants", d.Tenants, func(r domTenant) string { return r.Namespace }, n.Namespace)
+		if !ok {
 			continue
 		}
-		r, what := d.Tenants[i], "tenant "+n.Namespace
+		what := "tenant " + n.Namespace
 		share(what+" hard", r.Hard, n.HardGPUs)
 		share(what+" quota used", r.QuotaUsed, n.QuotaUsedGPUs)
 		count(what+" leases", r.Leases, n.Leases)
@@ -491,6 +474,18 @@ func diffConsole(d consoleDOM, v api.Console) []string {
 		differ("history: polyline.leased %v, polyline.used %v; want both", d.History.Leased, d.History.Used)
 	}
 	return diffs
+}
+
+// rowOf is the page's row of a panel whose key is want; a missing row is
+// a difference.
+func rowOf[R any](differ func(string, ...any), panel string, rows []R, key func(R) string, want string) (R, bool) {
+	i := slices.IndexFunc(rows, func(r R) bool { return key(r) == want })
+	if i < 0 {
+		differ("%s: no row for %s", panel, want)
+		var none R
+		return none, false
+	}
+	return rows[i], true
 }
 
 func leaseIDs(ls []api.ConsoleLease) []string {
