@@ -33,8 +33,7 @@ func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) 
 			return store.Change{}, &allocator.ServerNotFoundError{Name: name}
 		}
 		if hb.Use != nil {
-			state, _ := s.pool.ServerState(name)
-			if err := checkUse(hb.Use, &state); err != nil {
+			if err := checkUse(hb.Use, len(srv.GPUs)); err != nil {
 				return store.Change{}, err
 			}
 		}

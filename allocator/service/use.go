@@ -77,14 +77,13 @@ func (h *history) all() []api.HistoryPoint {
 	return out
 }
 
-// maxLeaseUses bounds the lease readings of one heartbeat: a GPU takes at
-// most 100 leases at 1%.
+// maxLeaseUsesPerGPU bounds the lease readings of one heartbeat: a GPU
+// takes at most 100 leases at 1%.
 const maxLeaseUsesPerGPU = 100
 
-// checkUse validates a heartbeat's use against the server it is for; each
-// error names the field, the value and the limit.
-func checkUse(u *api.ServerUse, srv *allocator.ServerState) error {
-	gpus := len(srv.Server.GPUs)
+// checkUse validates a heartbeat's use against the number of GPUs of the
+// server it is for; each error names the field, the value and the limit.
+func checkUse(u *api.ServerUse, gpus int) error {
 	index := func(field string, i int) error {
 		if i < 0 || i >= gpus {
 			return &allocator.FieldError{Field: field, Value: fmt.Sprint(i), Limit: fmt.Sprintf("out of range 0..%d", gpus-1)}
