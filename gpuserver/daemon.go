@@ -295,9 +295,16 @@ func (d *Daemon) heartbeat(ctx context.Context) bool {
 		hb.Use = heartbeatUse(d.UsageReport())
 	}
 	err := d.cfg.Client.Heartbeat(ctx, d.cfg.Inventory.Name, hb)
-	if hb.Use != nil && client.IsReason(err, api.ReasonInvalid) && strings.Contains(err.Error(), `"use"`) {
-		d.cfg.Log.Warn("the allocator takes no use in heartbeats (older than this daemon): its console will show none", "err", err)
-		d.useRefused.Store(true)
+	if hb.Use != nil && client.IsReason(err, api.ReasonInvalid) {
+		// Health gets through whatever the allocator makes of the use:
+		// one older than the field refuses it, always; a newer one a
+		// reading it finds out of range, this time.
+		if strings.Contains(err.Error(), `unknown field "use"`) {
+			d.cfg.Log.Warn("the allocator takes no use in heartbeats (older than this daemon): its console will show none", "err", err)
+			d.useRefused.Store(true)
+		} else {
+			d.cfg.Log.Warn("the allocator refused this round's use; sending health alone", "err", err)
+		}
 		hb.Use = nil
 		err = d.cfg.Client.Heartbeat(ctx, d.cfg.Inventory.Name, hb)
 	}

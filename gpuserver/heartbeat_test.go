@@ -24,6 +24,7 @@ import (
 type heartbeatRecorder struct {
 	mu    sync.Mutex
 	old   bool
+	picky bool // refuses the use, once, as out of range
 	taken []api.Heartbeat
 	lease allocator.Lease
 }
@@ -39,7 +40,13 @@ func (h *heartbeatRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer h.mu.Unlock()
 	if h.old && strings.Contains(string(body), `"use"`) {
 		w.WriteHeader(http.StatusBadRequest)
-		_ = json.NewEncoder(w).Encode(api.Error{Reason: api.ReasonInvalid, Message: `json: unknown field "use"`})
+		_ = json.NewEncoder(w).Encode(api.Error{Reason: api.ReasonInvalid, Message: `body is not valid JSON for this request: json: unknown field "use"`})
+		return
+	}
+	if h.picky && strings.Contains(string(body), `"use"`) {
+		h.picky = false
+		w.WriteHeader(http.StatusBadRequest)
+		_ = json.NewEncoder(w).Encode(api.Error{Reason: api.ReasonInvalid, Message: "use.gpus.utilization: 1.02 out of range 0..1", Field: "use.gpus.utilization"})
 		return
 	}
 	var hb api.Heartbeat
@@ -55,8 +62,10 @@ func (h *heartbeatRecorder) last() api.Heartbeat {
 }
 
 // TestHeartbeatCarriesUse: once the daemon has measured, its heartbeats
-// carry the GPUs' and the leases' use for the allocator's console; an
-// allocator older than the field gets health alone, from then on.
+// carry the GPUs' and the leases' use for the allocator's console. Health
+// always gets through: a reading the allocator refuses is left out of
+// that heartbeat, and an allocator older than the field gets health alone
+// from then on.
 func TestHeartbeatCarriesUse(t *testing.T) {
 	now := time.Unix(1.8e9, 0)
 	lease := allocator.Lease{ID: "lease-000001", Namespace: "ml", Server: "gpu-a", Owner: allocator.Owner{Pod: "tf-0", UID: "uid-0"},
@@ -91,7 +100,19 @@ func TestHeartbeatCarriesUse(t *testing.T) {
 		t.Fatalf("heartbeat use %+v, want the GPU's and lease-000001's (0.4 of the GPU)", hb.Use)
 	}
 
+	// A reading refused gets health through, and the next round's use.
 	rec.mu.Lock()
+	rec.picky, rec.taken = true, nil
+	rec.mu.Unlock()
+	for range 2 {
+		if !d.heartbeat(ctx) {
+			t.Fatal("the heartbeat failed")
+		}
+	}
+	rec.mu.Lock()
+	if len(rec.taken) != 2 || rec.taken[0].Use != nil || len(rec.taken[0].GPUs) != 1 || rec.taken[1].Use == nil {
+		t.Errorf("after a reading refused the allocator took %+v, want health alone, then health and use", rec.taken)
+	}
 	rec.old, rec.taken = true, nil
 	rec.mu.Unlock()
 	for range 2 {

@@ -172,10 +172,20 @@ func heartbeatUse(rep api.Usage) *allocapi.ServerUse {
 	}
 	u := &allocapi.ServerUse{SampledAt: rep.SampledAt, GPUs: make([]allocapi.GPUUse, 0, len(rep.GPUs))}
 	for _, g := range rep.GPUs {
-		u.GPUs = append(u.GPUs, allocapi.GPUUse{Index: g.Index, Utilization: g.Utilization, MemoryUsedBytes: g.MemoryUsedBytes})
+		u.GPUs = append(u.GPUs, allocapi.GPUUse{Index: g.Index, Utilization: fraction(g.Utilization), MemoryUsedBytes: g.MemoryUsedBytes})
 	}
 	for _, l := range rep.Leases {
-		u.Leases = append(u.Leases, allocapi.LeaseUse{Lease: l.Lease, GPU: l.GPU, SMUtilization: l.SMUtilization, MemoryUsedBytes: l.MemoryUsedBytes})
+		u.Leases = append(u.Leases, allocapi.LeaseUse{Lease: l.Lease, GPU: l.GPU, SMUtilization: fraction(l.SMUtilization), MemoryUsedBytes: l.MemoryUsedBytes})
 	}
 	return u
+}
+
+// fraction is v within 0..1, as the allocator takes it: per-process
+// samples of one GPU can add up to a little over all of it.
+func fraction(v *float64) *float64 {
+	if v == nil {
+		return nil
+	}
+	c := min(max(*v, 0), 1)
+	return &c
 }
