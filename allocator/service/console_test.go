@@ -257,18 +257,24 @@ func TestHeartbeatUseIsChecked(t *testing.T) {
 			t.Errorf("%+v: %v, want Invalid naming %s", tc.use, err, tc.want)
 		}
 	}
-	other := lb
-	if other.Server == la.Server {
-		t.Skip("both leases on one server")
+	// The lease on s1, of 2 GPUs, and the other one, on s2.
+	mine, other := la, lb
+	if mine.Server != "s1" {
+		mine, other = lb, la
 	}
-	// la's server reports a reading for lb, which is on the other one.
-	hb := api.Heartbeat{Use: &api.ServerUse{SampledAt: a.clock.Now(), Leases: []api.LeaseUse{{Lease: other.ID, GPU: 0, SMUtilization: ratio(0.9)}}}}
-	if err := server.Heartbeat(ctx, la.Server, hb); err != nil {
+	if mine.Server != "s1" || other.Server != "s2" {
+		t.Fatalf("leases on %s and %s, want one on each server", la.Server, lb.Server)
+	}
+	// s1 reports a reading for the lease on s2, and one for its own lease
+	// on the GPU it does not hold.
+	hb := api.Heartbeat{Use: &api.ServerUse{SampledAt: a.clock.Now(), Leases: []api.LeaseUse{
+		{Lease: other.ID, GPU: 0, SMUtilization: ratio(0.9)}, {Lease: mine.ID, GPU: 1 - mine.GPUs[0].Index, SMUtilization: ratio(0.9)}}}}
+	if err := server.Heartbeat(ctx, "s1", hb); err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range a.svc.Console(Principal{Admin: true}).Leases {
-		if l.ID == other.ID && l.Use != nil {
-			t.Errorf("lease %s on %s took the use %s reported: %v", l.ID, l.Server, la.Server, *l.Use)
+		if l.Use != nil {
+			t.Errorf("lease %s on %s took a use s1 reported for a GPU it does not hold: %v", l.ID, l.Server, *l.Use)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package service
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gpupool/gpupool/allocator"
@@ -132,7 +133,8 @@ func firstError(errs ...error) error {
 
 // recordUse keeps a heartbeat's use; s.mu is held. Readings of leases
 // that are not on the server (ended since the daemon sampled, or never
-// placed there) are dropped: a daemon speaks for its own server only.
+// placed there), or of a GPU the lease does not hold, are dropped: a
+// daemon speaks for its own server's leases only.
 func (s *Service) recordUse(now time.Time, name string, u *api.ServerUse) {
 	on := map[string]*allocator.Lease{}
 	leases := s.pool.LeasesOn(now, name)
@@ -143,7 +145,7 @@ func (s *Service) recordUse(now time.Time, name string, u *api.ServerUse) {
 	seen := map[string]int{}
 	for _, l := range u.Leases {
 		lease := on[l.Lease]
-		if lease == nil {
+		if lease == nil || !slices.ContainsFunc(lease.GPUs, func(g allocator.LeaseGPU) bool { return g.Index == l.GPU }) {
 			continue
 		}
 		lu := su.leases[l.Lease]
