@@ -1,7 +1,10 @@
 package service
 
 import (
+	"bytes"
 	"cmp"
+	"compress/gzip"
+	"encoding/json"
 	"errors"
 	"slices"
 	"time"
@@ -22,11 +25,45 @@ const maxPendingReasons = 200
 // that open pages cost one build a second between them, not one each.
 const consoleMaxAge = time.Second
 
+// maxEncodedScopes bounds the compressed views kept for one build: one a
+// scope (the admin's, a namespace's) that asked within the second.
+const maxEncodedScopes = 64
+
 // Console is the pool as the console shows it to p: servers, GPUs, models
 // and the history to every token; leases, pending requests and tenants
 // to those who may use their namespace.
 func (s *Service) Console(p Principal) api.Console {
-	v := *s.wholeConsole()
+	s.consoleMu.Lock()
+	defer s.consoleMu.Unlock()
+	return scopeConsole(*s.wholeConsoleLocked(), p)
+}
+
+// ConsoleGzip is Console's view as gzip-compressed JSON, what a browser
+// reads. Each scope's is encoded once per build, so that a burst of reads
+// costs one encoding a second, not one each.
+func (s *Service) ConsoleGzip(p Principal) []byte {
+	s.consoleMu.Lock()
+	defer s.consoleMu.Unlock()
+	whole := s.wholeConsoleLocked()
+	scope := "*" // the admin's
+	if !p.Admin {
+		scope = "ns/" + p.Namespace // a server's token: no namespace, no leases
+	}
+	if b, ok := s.consoleGzip[scope]; ok {
+		return b
+	}
+	var buf bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
+	_ = json.NewEncoder(zw).Encode(scopeConsole(*whole, p))
+	_ = zw.Close()
+	if len(s.consoleGzip) < maxEncodedScopes {
+		s.consoleGzip[scope] = buf.Bytes()
+	}
+	return buf.Bytes()
+}
+
+// scopeConsole is v as p may see it.
+func scopeConsole(v api.Console, p Principal) api.Console {
 	if p.Admin {
 		return v
 	}
@@ -37,11 +74,10 @@ func (s *Service) Console(p Principal) api.Console {
 	return v
 }
 
-// wholeConsole is the view of every namespace, built at most once per
-// consoleMaxAge; callers share it and change nothing in it.
-func (s *Service) wholeConsole() *api.Console {
-	s.consoleMu.Lock()
-	defer s.consoleMu.Unlock()
+// wholeConsoleLocked is the view of every namespace, built at most once
+// per consoleMaxAge; callers share it and change nothing in it.
+// s.consoleMu is held.
+func (s *Service) wholeConsoleLocked() *api.Console {
 	if now := s.clock(); s.console != nil && !now.Before(s.console.At) && now.Sub(s.console.At) < consoleMaxAge {
 		return s.console
 	}
@@ -53,7 +89,7 @@ func (s *Service) wholeConsole() *api.Console {
 	slices.SortFunc(v.Servers, func(a, b api.ConsoleServer) int { return cmp.Compare(a.Name, b.Name) })
 	slices.SortFunc(v.Models, func(a, b api.ModelSummary) int { return cmp.Compare(a.Model, b.Model) })
 	slices.SortFunc(v.Tenants, func(a, b api.ConsoleTenant) int { return cmp.Compare(a.Namespace, b.Namespace) })
-	s.console = &v
+	s.console, s.consoleGzip = &v, map[string][]byte{}
 	return s.console
 }
 

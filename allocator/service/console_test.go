@@ -1,6 +1,7 @@
 package service
 
 import (
+	"bytes"
 	"context"
 	"math"
 	"net/http"
@@ -329,5 +330,23 @@ func TestSilentServerShowsNoUse(t *testing.T) {
 		if l.ID == lb.ID && l.Use != nil {
 			t.Errorf("the silent server's lease shows use %v", *l.Use)
 		}
+	}
+}
+
+// TestConsoleEncodedOncePerScope: within one build, a burst of reads of
+// one scope gets the bytes encoded for the first, and each scope its own.
+func TestConsoleEncodedOncePerScope(t *testing.T) {
+	a, _, _, _ := consolePool(t)
+	admin := a.svc.ConsoleGzip(Principal{Admin: true})
+	teamA := a.svc.ConsoleGzip(Principal{Namespace: "team-a"})
+	if again := a.svc.ConsoleGzip(Principal{Admin: true}); &again[0] != &admin[0] {
+		t.Error("the admin's second read in the same second was encoded again")
+	}
+	if again := a.svc.ConsoleGzip(Principal{Namespace: "team-a"}); &again[0] != &teamA[0] || bytes.Equal(teamA, admin) {
+		t.Error("team-a's reads: encoded again, or the admin's bytes")
+	}
+	a.clock.Add(consoleMaxAge)
+	if next := a.svc.ConsoleGzip(Principal{Admin: true}); &next[0] == &admin[0] {
+		t.Error("a read a second later got the old build's bytes")
 	}
 }

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"io"
@@ -278,19 +277,16 @@ func (h *handler) console(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	v := h.s.Console(p)
 	if !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
-		h.reply(w, http.StatusOK, v, nil)
+		h.reply(w, http.StatusOK, h.s.Console(p), nil)
 		return
 	}
-	// A page polls this every second, and a large pool's view is a
-	// megabyte of JSON, a tenth of it compressed.
+	// A page polls this every second, and a large pool's view is
+	// megabytes of JSON, a thirtieth of it compressed.
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Encoding", "gzip")
 	w.Header().Set("Vary", "Accept-Encoding")
-	zw, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
-	_ = json.NewEncoder(zw).Encode(v)
-	_ = zw.Close()
+	_, _ = w.Write(h.s.ConsoleGzip(p))
 }
 
 // server answers one server of the pool, as GET /v1/pool shows it to
