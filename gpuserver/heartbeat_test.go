@@ -100,29 +100,27 @@ func TestHeartbeatCarriesUse(t *testing.T) {
 		t.Fatalf("heartbeat use %+v, want the GPU's and lease-000001's (0.4 of the GPU)", hb.Use)
 	}
 
+	// twoRounds is what the allocator takes of two heartbeats once it
+	// behaves as change says.
+	twoRounds := func(change func()) []api.Heartbeat {
+		rec.mu.Lock()
+		change()
+		rec.taken = nil
+		rec.mu.Unlock()
+		for range 2 {
+			if !d.heartbeat(ctx) {
+				t.Fatal("the heartbeat failed")
+			}
+		}
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return rec.taken
+	}
 	// A reading refused gets health through, and the next round's use.
-	rec.mu.Lock()
-	rec.picky, rec.taken = true, nil
-	rec.mu.Unlock()
-	for range 2 {
-		if !d.heartbeat(ctx) {
-			t.Fatal("the heartbeat failed")
-		}
+	if taken := twoRounds(func() { rec.picky = true }); len(taken) != 2 || taken[0].Use != nil || len(taken[0].GPUs) != 1 || taken[1].Use == nil {
+		t.Errorf("after a reading refused the allocator took %+v, want health alone, then health and use", taken)
 	}
-	rec.mu.Lock()
-	if len(rec.taken) != 2 || rec.taken[0].Use != nil || len(rec.taken[0].GPUs) != 1 || rec.taken[1].Use == nil {
-		t.Errorf("after a reading refused the allocator took %+v, want health alone, then health and use", rec.taken)
-	}
-	rec.old, rec.taken = true, nil
-	rec.mu.Unlock()
-	for range 2 {
-		if !d.heartbeat(ctx) {
-			t.Fatal("the heartbeat failed")
-		}
-	}
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	if len(rec.taken) != 2 || rec.taken[0].Use != nil || rec.taken[1].Use != nil || len(rec.taken[0].GPUs) != 1 {
-		t.Errorf("an older allocator took %+v, want two heartbeats with health alone", rec.taken)
+	if taken := twoRounds(func() { rec.old = true }); len(taken) != 2 || taken[0].Use != nil || taken[1].Use != nil || len(taken[0].GPUs) != 1 {
+		t.Errorf("an older allocator took %+v, want two heartbeats with health alone", taken)
 	}
 }

@@ -122,12 +122,12 @@ func (s *Service) buildConsole() api.Console {
 	}
 	s.pool.EachLease(now, func(l *allocator.Lease) {
 		onServer[l.Server]++
-		if w := s.windows[l.ID]; w != nil && w.idle() {
+		cl := s.consoleLease(l)
+		if cl.Idle {
 			for _, g := range l.GPUs {
 				model(g.Model).IdleHeldGPUs += g.Share.GPUs()
 			}
 		}
-		cl := s.consoleLease(l)
 		v.Leases = append(v.Leases, cl)
 		t := tenantOf(l.Namespace)
 		t.Leases++
@@ -141,9 +141,6 @@ func (s *Service) buildConsole() api.Console {
 		if cl.App != "" {
 			t.apps[cl.App] = true
 		}
-	})
-	slices.SortFunc(v.Leases, func(a, b api.ConsoleLease) int {
-		return cmp.Or(cmp.Compare(len(a.ID), len(b.ID)), cmp.Compare(a.ID, b.ID))
 	})
 
 	workload := s.estimate.Current()

@@ -28,8 +28,9 @@ const (
 	maxAcquireBody = 8 << 20
 )
 
-// Handler serves the /v1 API, the console's page, /metrics and /healthz. With auth nil every
-// request acts as admin (for the embedded demo on loopback).
+// Handler serves the /v1 API, the console's page, /metrics and /healthz.
+// With auth nil every request acts as admin (for the embedded demo on
+// loopback).
 func Handler(s *Service, auth *Authenticator, gatherer prometheus.Gatherer, log *slog.Logger) http.Handler {
 	h := &handler{s: s, auth: auth, log: log}
 	mux := http.NewServeMux()

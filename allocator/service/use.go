@@ -13,18 +13,12 @@ import (
 // reported again every heartbeat, so nothing of it is stored, and a
 // restarted allocator knows it again within one heartbeat.
 
-// serverUse is a server's latest reading: its GPUs' use by index, and the
-// SM use of each lease on it, summed over the lease's GPUs.
+// serverUse is a server's latest reading: its GPUs' use, and the SM use
+// of each lease on it by lease and GPU index.
 type serverUse struct {
 	sampledAt time.Time
 	gpus      []api.GPUUse
-	leases    map[string]leaseUse
-}
-
-type leaseUse struct {
-	sm      float64
-	smKnown bool // every GPU of the lease reported its SM use
-	memory  int64
+	leases    map[string]map[int]float64
 }
 
 // useWindow is one lease's use of its share over the last IdleWindow: one
@@ -141,32 +135,16 @@ func (s *Service) recordUse(now time.Time, name string, u *api.ServerUse) {
 	for i := range leases {
 		on[leases[i].ID] = &leases[i]
 	}
-	su := &serverUse{sampledAt: u.SampledAt, gpus: u.GPUs, leases: map[string]leaseUse{}}
-	seen := map[string]int{}
+	su := &serverUse{sampledAt: u.SampledAt, gpus: u.GPUs, leases: map[string]map[int]float64{}}
 	for _, l := range u.Leases {
 		lease := on[l.Lease]
-		if lease == nil || !slices.ContainsFunc(lease.GPUs, func(g allocator.LeaseGPU) bool { return g.Index == l.GPU }) {
+		if lease == nil || l.SMUtilization == nil || !slices.ContainsFunc(lease.GPUs, func(g allocator.LeaseGPU) bool { return g.Index == l.GPU }) {
 			continue
 		}
-		lu := su.leases[l.Lease]
-		if seen[l.Lease] == 0 {
-			lu.smKnown = true
+		if su.leases[l.Lease] == nil {
+			su.leases[l.Lease] = map[int]float64{}
 		}
-		seen[l.Lease]++
-		if l.SMUtilization != nil {
-			lu.sm += *l.SMUtilization
-		} else {
-			lu.smKnown = false
-		}
-		lu.memory += l.MemoryUsedBytes
-		su.leases[l.Lease] = lu
-	}
-	for id, n := range seen {
-		if n < len(on[id].GPUs) { // a GPU of the lease unreported: its use is not known
-			lu := su.leases[id]
-			lu.smKnown = false
-			su.leases[id] = lu
-		}
+		su.leases[l.Lease][l.GPU] = *l.SMUtilization
 	}
 	s.use[name] = su
 }
@@ -178,12 +156,19 @@ func (s *Service) useOf(l *allocator.Lease) (float64, bool) {
 	if su == nil {
 		return 0, false
 	}
-	lu, ok := su.leases[l.ID]
 	share := l.Share().GPUs()
-	if !ok || !lu.smKnown || share == 0 {
+	if share == 0 {
 		return 0, false
 	}
-	return lu.sm / share, true
+	var sm float64
+	for _, g := range l.GPUs {
+		v, ok := su.leases[l.ID][g.Index]
+		if !ok { // a GPU of the lease unreported: its use is not known
+			return 0, false
+		}
+		sm += v
+	}
+	return sm / share, true
 }
 
 // sampleUse adds a point to the history and each lease's use to its idle
@@ -209,11 +194,11 @@ func (s *Service) sampleUse(now time.Time) {
 	}
 	s.history.add(p)
 	live := map[string]bool{}
-	for _, l := range s.pool.Leases(now) {
+	s.pool.EachLease(now, func(l *allocator.Lease) {
 		live[l.ID] = true
-		use, ok := s.useOf(&l)
+		use, ok := s.useOf(l)
 		if !ok {
-			continue
+			return
 		}
 		w := s.windows[l.ID]
 		if w == nil {
@@ -221,7 +206,7 @@ func (s *Service) sampleUse(now time.Time) {
 			s.windows[l.ID] = w
 		}
 		w.add(use)
-	}
+	})
 	for id := range s.windows {
 		if !live[id] {
 			delete(s.windows, id)

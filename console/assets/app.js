@@ -12,7 +12,6 @@ let timer = null;
 let view = null;
 let sort = { key: "age", desc: false };
 let csvURL = null;
-let csvOf = "";
 
 function esc(s) {
   return String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
@@ -184,7 +183,6 @@ function renderLeases(v, now) {
     th.classList.toggle("sorted", th.dataset.sort === sort.key);
     th.classList.toggle("desc", th.dataset.sort === sort.key && sort.desc);
   }
-  updateCSV(rows);
 }
 
 function csvCell(x) {
@@ -192,21 +190,22 @@ function csvCell(x) {
   return /[",\n\r]/.test(s) || /^[=+\-@]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s;
 }
 
-// updateCSV points the CSV link at the rows shown, filtered and sorted,
-// making a new file only when they changed: one blob at a time, so that a
-// page left open does not grow.
-function updateCSV(rows) {
+// downloadCSV saves the rows shown, filtered and sorted, as leases.csv:
+// one file kept at a time, so that a page left open does not grow, and
+// none made on the reads nobody downloads.
+function downloadCSV() {
+  if (!view) return;
   const lines = [["lease", "namespace", "pod", "app", "server", "gpus", "share_gpus", "use", "granted_at", "expires_at"].join(",")];
-  for (const l of rows) {
+  for (const l of leaseRows(view)) {
     lines.push([l.id, l.namespace, l.pod, l.app, l.server, l.gpus.join(" "), l.shareGPUs.toFixed(2), l.use == null ? "" : l.use.toFixed(3),
       l.grantedAt, l.expiresAt || ""].map(csvCell).join(","));
   }
-  const text = lines.join("\n") + "\n";
-  if (text === csvOf) return;
   if (csvURL) URL.revokeObjectURL(csvURL);
-  csvURL = URL.createObjectURL(new Blob([text], { type: "text/csv" }));
-  csvOf = text;
-  $("#csv").href = csvURL;
+  csvURL = URL.createObjectURL(new Blob([lines.join("\n") + "\n"], { type: "text/csv" }));
+  const a = document.createElement("a");
+  a.href = csvURL;
+  a.download = "leases.csv";
+  a.click();
 }
 
 function renderPending(v, now) {
@@ -227,6 +226,7 @@ document.addEventListener("DOMContentLoaded", () => {
     read();
   });
   $("#signout").addEventListener("click", () => signOut());
+  $("#csv").addEventListener("click", downloadCSV);
   $("#lease-filter").addEventListener("input", () => view && renderLeases(view, Date.parse(view.at)));
   for (const th of document.querySelectorAll("#leases th")) {
     th.addEventListener("click", () => {
