@@ -179,6 +179,7 @@ func runPoolSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 		}
 	})
 	after := usageOf(b, components)
+	loop := schedulerLoop(b, ctx, pool.CP)
 
 	// Leases of cycles that failed after their filter end within the
 	// timeout; then they must be exactly the bound pods'.
@@ -198,6 +199,8 @@ func runPoolSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 	res.unallocated = 100 * float64(w.capacity-allocatedShare(status)) / float64(w.capacity)
 	res.report(b)
 	record.report(b, w.trace, w.pods)
+	record.path(run)
+	fmt.Print(loop)
 	gap := res.unallocated - w.replayed
 	b.ReportMetric(w.replayed, "replay-unallocated-%")
 	b.ReportMetric(gap, "points-from-replay")
@@ -251,6 +254,7 @@ func runStockSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 	before := usageOf(b, components)
 	run := submit(b, ctx, cp, len(w.pods), rate, func(i int) *corev1.Pod { return stockPod(podName(i), &w.pods[i]) }, nil)
 	after := usageOf(b, components)
+	loop := schedulerLoop(b, ctx, cp)
 	pods, err := cp.Client.CoreV1().Pods(scaleNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		b.Fatal(err)
@@ -265,6 +269,7 @@ func runStockSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 	res := run.result("stock kube-scheduler", rate, before, after)
 	res.unallocated = 100 * float64(int64(gpus)-busy) / float64(gpus)
 	res.report(b)
+	fmt.Print(loop)
 	fmt.Printf("GPUs left idle: %.2f%% with the stock kube-scheduler (MostAllocated), %.2f%% in the pool's replay of whole GPUs\n", res.unallocated, w.whole)
 	return res
 }
@@ -363,6 +368,7 @@ func tracePod(name string, p *simulate.Pod) *corev1.Pod {
 type scaleRun struct {
 	mu            sync.Mutex
 	created       []time.Time // when its Create was sent
+	admitted      []time.Time // when its Create returned: admission, webhooks included
 	bound         []time.Time // when the informer first saw spec.nodeName
 	unschedulable []bool      // PodScheduled=False, Unschedulable, and not bound
 	settled       int         // pods bound or unschedulable
@@ -375,7 +381,7 @@ type scaleRun struct {
 // scaleQuiet.
 func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, n int, rate float64, pod func(int) *corev1.Pod, created func()) *scaleRun {
 	b.Helper()
-	run := &scaleRun{created: make([]time.Time, n), bound: make([]time.Time, n), unschedulable: make([]bool, n)}
+	run := &scaleRun{created: make([]time.Time, n), admitted: make([]time.Time, n), bound: make([]time.Time, n), unschedulable: make([]bool, n)}
 	factory := informers.NewSharedInformerFactoryWithOptions(cp.Client, 0, informers.WithNamespace(scaleNamespace))
 	informer := factory.Core().V1().Pods().Informer()
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -403,6 +409,9 @@ func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, n int, 
 				if _, err := cp.Client.CoreV1().Pods(scaleNamespace).Create(gctx, p, metav1.CreateOptions{}); err != nil {
 					return fmt.Errorf("creating pod %d (%s): %w", i, p.Labels["trace-pod"], err)
 				}
+				run.mu.Lock()
+				run.admitted[i] = time.Now()
+				run.mu.Unlock()
 			}
 			return nil
 		})
@@ -489,10 +498,13 @@ type sideResult struct {
 	created, bound int
 	boundPerSecond float64
 	p50, p99, max  time.Duration // creation to bound
-	lastBound      time.Duration // from the first create to the last bind
-	cpu            map[string]time.Duration
-	peakRSS        map[string]int64
-	unallocated    float64 // GPU share (%) the side left unallocated
+	// admission is each pod's Create call, from sending it to its answer:
+	// part of creation to bound, and the only part a webhook adds.
+	admission   []time.Duration
+	lastBound   time.Duration // from the first create to the last bind
+	cpu         map[string]time.Duration
+	peakRSS     map[string]int64
+	unallocated float64 // GPU share (%) the side left unallocated
 }
 
 // result sums up the run: throughput, latencies, each component's CPU
@@ -516,6 +528,9 @@ func (r *scaleRun) result(name string, rate float64, before, after map[string]pr
 		return latencies[int(q*float64(len(latencies)-1))]
 	}
 	res.p50, res.p99, res.max = quantile(0.5), quantile(0.99), quantile(1)
+	for i, t := range r.admitted {
+		res.admission = append(res.admission, t.Sub(r.created[i]))
+	}
 	last := r.created[len(r.created)-1]
 	res.sent = float64(len(r.created)-1) / last.Sub(r.created[0]).Seconds()
 	res.boundPerSecond = float64(res.bound) / r.lastBound.Sub(r.created[0]).Seconds()
@@ -531,9 +546,10 @@ func (r *scaleRun) result(name string, rate float64, before, after map[string]pr
 func (res *sideResult) report(b *testing.B) {
 	b.Helper()
 	fmt.Printf("\n%s at 1,213 nodes: %d pods created at %.0f/s (%.0f/s asked); %d bound, %d unschedulable; %.1f pods bound/s; "+
-		"creation to bound p50 %v, p99 %v, max %v; the last bound %v after the first created\n",
+		"creation to bound p50 %v, p99 %v, max %v; the last bound %v after the first created; the Create call (admission) p50 %v, p99 %v, max %v\n",
 		res.name, res.created, res.sent, res.asked, res.bound, res.created-res.bound, res.boundPerSecond,
-		res.p50.Round(time.Millisecond), res.p99.Round(time.Millisecond), res.max.Round(time.Millisecond), res.lastBound.Round(time.Millisecond))
+		res.p50.Round(time.Millisecond), res.p99.Round(time.Millisecond), res.max.Round(time.Millisecond), res.lastBound.Round(time.Millisecond),
+		quantileOf(res.admission, 0.5), quantileOf(res.admission, 0.99), quantileOf(res.admission, 1))
 	for _, name := range slices.Sorted(maps.Keys(res.cpu)) {
 		fmt.Printf("  %-24s %7.1f CPU s  %6.2f CPU ms a pod  %5.0f MB peak RSS\n", name, res.cpu[name].Seconds(),
 			res.cpuPerPod(name), float64(res.peakRSS[name])/(1<<20))
@@ -576,6 +592,8 @@ func compareSides(rate float64, w *scaleWorkload, pool, stock *sideResult) strin
 	fmt.Fprintf(&t, "| creation to bound, p50 | %v | %v | |\n", pool.p50.Round(time.Millisecond), stock.p50.Round(time.Millisecond))
 	fmt.Fprintf(&t, "| creation to bound, p99 | %v | %v | %.2f (target ≤ 1.5) |\n", pool.p99.Round(time.Millisecond), stock.p99.Round(time.Millisecond),
 		pool.p99.Seconds()/stock.p99.Seconds())
+	fmt.Fprintf(&t, "| the Create call (admission), p50 / p99 | %v / %v | %v / %v | |\n", quantileOf(pool.admission, 0.5), quantileOf(pool.admission, 0.99),
+		quantileOf(stock.admission, 0.5), quantileOf(stock.admission, 0.99))
 	fmt.Fprintf(&t, "| bound / unschedulable | %d / %d | %d / %d | |\n", pool.bound, pool.created-pool.bound, stock.bound, stock.created-stock.bound)
 	for _, name := range append(slices.Clone(controlPlane), poolComponents...) {
 		s := "–"

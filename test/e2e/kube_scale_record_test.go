@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -12,11 +14,15 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/kube"
 	"github.com/gpupool/gpupool/simulate"
+	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
 )
 
 // extenderCall is one of gpupool-scheduler's records of a kube-scheduler
@@ -33,7 +39,11 @@ type extenderCall struct {
 	Lease  string `json:"lease"`
 	Err    string `json:"err"`
 	Took   int64  `json:"took"` // nanoseconds, as slog's JSON writes a duration
+	// Time is when the call ended: when it was logged.
+	Time time.Time `json:"time"`
 }
+
+func (c *extenderCall) start() time.Time { return c.Time.Add(-time.Duration(c.Took)) }
 
 // extenderCalls reads the filter and bind records, in the order
 // gpupool-scheduler logged them, from logs, and how many of the pod's
@@ -254,6 +264,131 @@ func (r *scaleRecord) report(b *testing.B, tr *simulate.Trace, arrivals []simula
 	b.ReportMetric(float64(retried), "pods-filtered-again")
 }
 
+// pathStages are the stages of a pod's way from creation to bound, as
+// the run and the record time them.
+var pathStages = []string{"Create call", "to the first filter", "first filter to bind", "bind", "bind to seen bound"}
+
+// path prints where the bound pods spent the time from creation to bound:
+// the Create call (admission); from its answer to the start of the first
+// filter (kube-scheduler's queue, and its own filters of the nodes); from
+// there to the start of the bind (filters again, kube-scheduler's reserve
+// and permit, its binding goroutine); the bind; from the bind's answer to
+// the benchmark's informer seeing the pod bound. For all pods and for
+// the slowest 1%: the p99 is theirs.
+func (r *scaleRecord) path(run *scaleRun) {
+	type way struct {
+		stages  []time.Duration
+		total   time.Duration
+		filters int
+		arrival int
+	}
+	firstFilter, bind := map[int]*extenderCall{}, map[int]*extenderCall{}
+	filters := map[int]int{}
+	for k := range r.calls {
+		c := &r.calls[k]
+		i, ok := arrival(c.Pod)
+		if !ok {
+			continue
+		}
+		switch {
+		case c.Msg == verbFilterRecord:
+			filters[i]++
+			if firstFilter[i] == nil {
+				firstFilter[i] = c
+			}
+		case c.Msg == verbBindRecord && c.Err == "":
+			bind[i] = c
+		}
+	}
+	run.mu.Lock()
+	var ways []way
+	for i, bound := range run.bound {
+		f, b := firstFilter[i], bind[i]
+		if bound.IsZero() || f == nil || b == nil || run.admitted[i].IsZero() {
+			continue
+		}
+		ways = append(ways, way{total: bound.Sub(run.created[i]), filters: filters[i], arrival: i, stages: []time.Duration{
+			run.admitted[i].Sub(run.created[i]), f.start().Sub(run.admitted[i]), b.start().Sub(f.start()), time.Duration(b.Took), bound.Sub(b.Time)}})
+	}
+	run.mu.Unlock()
+	if len(ways) == 0 {
+		return
+	}
+	slices.SortFunc(ways, func(a, b way) int { return int(a.total - b.total) })
+	slowest := ways[len(ways)*99/100:]
+	again := 0
+	arrived := make([]int, len(slowest))
+	for k, w := range slowest {
+		if w.filters > 1 {
+			again++
+		}
+		arrived[k] = w.arrival
+	}
+	slices.Sort(arrived)
+	fmt.Printf("where a bound pod's time goes (p50 of each stage, all %d pods | mean over the slowest %d, %d of them filtered more than once, created %d-th to %d-th, p50 %d-th):\n",
+		len(ways), len(slowest), again, arrived[0], arrived[len(arrived)-1], arrived[len(arrived)/2])
+	for s, name := range pathStages {
+		all := make([]time.Duration, len(ways))
+		for k, w := range ways {
+			all[k] = w.stages[s]
+		}
+		var sum time.Duration
+		for _, w := range slowest {
+			sum += w.stages[s]
+		}
+		fmt.Printf("  %-22s %9v | %9v\n", name, quantileOf(all, 0.5), (sum / time.Duration(len(slowest))).Round(100*time.Microsecond))
+	}
+	r.timeline(run)
+}
+
+// timeline prints, for each 10 s of the run from the first create, the
+// filters the pool answered (placed, refused) with the seconds they took,
+// and the p50 and max wait from the Create call's answer to the first
+// filter of the pods created then.
+func (r *scaleRecord) timeline(run *scaleRun) {
+	const step = 10 * time.Second
+	type bucket struct {
+		placed, refused int
+		took            time.Duration
+		waits           []time.Duration
+	}
+	run.mu.Lock()
+	start := run.created[0]
+	admitted := slices.Clone(run.admitted)
+	run.mu.Unlock()
+	var buckets []bucket
+	at := func(t time.Time) *bucket {
+		k := max(0, int(t.Sub(start)/step))
+		for len(buckets) <= k {
+			buckets = append(buckets, bucket{})
+		}
+		return &buckets[k]
+	}
+	seen := map[int]bool{}
+	for k := range r.calls {
+		c := &r.calls[k]
+		if c.Msg != verbFilterRecord {
+			continue
+		}
+		b := at(c.start())
+		b.took += time.Duration(c.Took)
+		if c.Result == "placed" {
+			b.placed++
+		} else {
+			b.refused++
+		}
+		if i, ok := arrival(c.Pod); ok && !seen[i] && i < len(admitted) && !admitted[i].IsZero() {
+			seen[i] = true
+			at(admitted[i]).waits = append(at(admitted[i]).waits, c.start().Sub(admitted[i]))
+		}
+	}
+	fmt.Println("the run by 10 s: filters placed / refused (s they took); pods created then, wait to the first filter p50 / max")
+	for k, b := range buckets {
+		fmt.Printf("  %4ds %5d / %4d (%5.1f s)   %4d pods %9v / %9v\n", k*int(step/time.Second), b.placed, b.refused, b.took.Seconds(),
+			len(b.waits), quantileOf(b.waits, 0.5), quantileOf(b.waits, 1))
+	}
+}
+
 // tally lists counts, the largest first, at most 8 lines.
 func tally(counts map[string]int) string {
 	keys := slices.Collect(maps.Keys(counts))
@@ -284,4 +419,61 @@ func quantileOf(d []time.Duration, q float64) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[int(q*float64(len(s)-1))].Round(100 * time.Microsecond)
+}
+
+// schedulerLoop says where kube-scheduler's one scheduling loop spent its
+// time in the run, from its own metrics: its attempts by result, with
+// the seconds they took; the extension points' seconds; and the events
+// that sent pods back to its queues. Read at the end of a side, on a
+// control plane of its own, it is that side's.
+func schedulerLoop(b testing.TB, ctx context.Context, cp *e2ekube.ControlPlane) string {
+	b.Helper()
+	text, err := cp.SchedulerMetrics(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(text))
+	if err != nil {
+		b.Fatal(err)
+	}
+	sums := func(family, label string) (count map[string]uint64, seconds map[string]float64) {
+		count, seconds = map[string]uint64{}, map[string]float64{}
+		for _, m := range families[family].GetMetric() {
+			key := labelValue(m, label)
+			count[key] += m.GetHistogram().GetSampleCount()
+			seconds[key] += m.GetHistogram().GetSampleSum()
+		}
+		return count, seconds
+	}
+	var out strings.Builder
+	count, seconds := sums("scheduler_scheduling_attempt_duration_seconds", "result")
+	fmt.Fprintf(&out, "kube-scheduler's attempts:")
+	for _, result := range slices.Sorted(maps.Keys(count)) {
+		fmt.Fprintf(&out, " %d %s, %.1f s (%.1f ms each);", count[result], result, seconds[result],
+			1000*seconds[result]/float64(max(count[result], 1)))
+	}
+	count, seconds = sums("scheduler_framework_extension_point_duration_seconds", "extension_point")
+	fmt.Fprintf(&out, "\n  its extension points, seconds:")
+	for _, point := range slices.Sorted(maps.Keys(count)) {
+		fmt.Fprintf(&out, " %s %.1f;", point, seconds[point])
+	}
+	queued := map[string]float64{}
+	for _, m := range families["scheduler_queue_incoming_pods_total"].GetMetric() {
+		queued[labelValue(m, "event")+" to "+labelValue(m, "queue")] += m.GetCounter().GetValue()
+	}
+	fmt.Fprintf(&out, "\n  pods into its queues by event:")
+	for _, k := range slices.Sorted(maps.Keys(queued)) {
+		fmt.Fprintf(&out, " %s %.0f;", k, queued[k])
+	}
+	return out.String() + "\n"
+}
+
+func labelValue(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
 }

@@ -76,6 +76,8 @@ type ControlPlane struct {
 	dir     string
 	procs   []*process // in the order they started
 	kwok    *process
+	// schedulerURL is kube-scheduler's secure port, once StartScheduler.
+	schedulerURL string
 }
 
 // serviceCIDR holds the Services' ClusterIPs; the first is the Service

@@ -226,6 +226,14 @@ func TestControlPlane(t *testing.T) {
 		if nodes[gpu.Name] != chosen {
 			t.Errorf("pod gpu runs on %q, want %s, the extender's choice", nodes[gpu.Name], chosen)
 		}
+		// Its metrics, which BenchmarkKubeScale reads, count the two.
+		metrics, err := cp.SchedulerMetrics(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !regexp.MustCompile(`(?m)^scheduler_schedule_attempts_total\{profile="`+gpukube.SchedulerName+`",result="scheduled"\} 1$`).Match(metrics) {
+			t.Errorf("kube-scheduler's metrics count no attempt of %s that scheduled a pod", gpukube.SchedulerName)
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		if filtered = slices.Compact(filtered); len(filtered) != 1 || filtered[0] != gpu.Name {

@@ -5,6 +5,9 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"path/filepath"
 	"strconv"
@@ -12,6 +15,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
 	componentbaseconfigv1alpha1 "k8s.io/component-base/config/v1alpha1"
 	schedulerconfigv1 "k8s.io/kube-scheduler/config/v1"
 	"k8s.io/utils/ptr"
@@ -88,8 +92,37 @@ func (c *ControlPlane) StartScheduler(ctx context.Context, o SchedulerOptions) e
 	if err != nil {
 		return err
 	}
-	readyz := "https://127.0.0.1:" + port + "/readyz"
-	return scheduler.waitFor(ctx, "/readyz", getOK(httpsClient(c.roots), readyz))
+	c.schedulerURL = "https://127.0.0.1:" + port
+	return scheduler.waitFor(ctx, "/readyz", getOK(httpsClient(c.roots), c.schedulerURL+"/readyz"))
+}
+
+// SchedulerMetrics is kube-scheduler's /metrics, in Prometheus' text
+// format, read as the administrator.
+func (c *ControlPlane) SchedulerMetrics(ctx context.Context) ([]byte, error) {
+	if c.schedulerURL == "" {
+		return nil, errors.New("kube-scheduler is not started")
+	}
+	transport, err := rest.TransportFor(c.Config)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.schedulerURL+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := (&http.Client{Transport: transport}).Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("kube-scheduler /metrics: %s: %s", resp.Status, body)
+	}
+	return body, nil
 }
 
 // schedulerConfig is kube-scheduler's KubeSchedulerConfiguration, as YAML.
