@@ -231,7 +231,7 @@ func TestControlPlane(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !regexp.MustCompile(`(?m)^scheduler_schedule_attempts_total\{profile="`+gpukube.SchedulerName+`",result="scheduled"\} 1$`).Match(metrics) {
+		if !regexp.MustCompile(`(?m)^scheduler_schedule_attempts_total\{profile="` + gpukube.SchedulerName + `",result="scheduled"\} 1$`).Match(metrics) {
 			t.Errorf("kube-scheduler's metrics count no attempt of %s that scheduled a pod", gpukube.SchedulerName)
 		}
 		mu.Lock()
