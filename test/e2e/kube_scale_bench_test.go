@@ -501,12 +501,12 @@ type sideResult struct {
 	// admission is each pod's Create call, from sending it to its answer:
 	// part of creation to bound, and the only part a webhook adds.
 	admission []time.Duration
-	// byTenSeconds is creation to bound by when the pods were created.
-	byTenSeconds string
-	lastBound    time.Duration // from the first create to the last bind
-	cpu          map[string]time.Duration
-	peakRSS      map[string]int64
-	unallocated  float64 // GPU share (%) the side left unallocated
+	// byCreation is creation to bound of the pods created in each 10 s.
+	byCreation  [][]time.Duration
+	lastBound   time.Duration // from the first create to the last bind
+	cpu         map[string]time.Duration
+	peakRSS     map[string]int64
+	unallocated float64 // GPU share (%) the side left unallocated
 }
 
 // result sums up the run: throughput, latencies, each component's CPU
@@ -533,23 +533,12 @@ func (r *scaleRun) result(name string, rate float64, before, after map[string]pr
 	for i, t := range r.admitted {
 		res.admission = append(res.admission, t.Sub(r.created[i]))
 	}
-	var buckets [][]time.Duration
 	for i, t := range r.bound {
-		if t.IsZero() {
-			continue
+		if !t.IsZero() {
+			at := tenSeconds(&res.byCreation, r.created[0], r.created[i])
+			*at = append(*at, t.Sub(r.created[i]))
 		}
-		k := int(r.created[i].Sub(r.created[0]) / (10 * time.Second))
-		for len(buckets) <= k {
-			buckets = append(buckets, nil)
-		}
-		buckets[k] = append(buckets[k], t.Sub(r.created[i]))
 	}
-	var by strings.Builder
-	by.WriteString("  creation to bound by 10 s of creation (pods bound: p50 / p99 / max):")
-	for k, b := range buckets {
-		fmt.Fprintf(&by, "\n    %4ds %4d  %v / %v / %v", 10*k, len(b), quantileOf(b, 0.5), quantileOf(b, 0.99), quantileOf(b, 1))
-	}
-	res.byTenSeconds = by.String() + "\n"
 	last := r.created[len(r.created)-1]
 	res.sent = float64(len(r.created)-1) / last.Sub(r.created[0]).Seconds()
 	res.boundPerSecond = float64(res.bound) / r.lastBound.Sub(r.created[0]).Seconds()
@@ -561,6 +550,16 @@ func (r *scaleRun) result(name string, rate float64, before, after map[string]pr
 	return res
 }
 
+// tenSeconds is the slot of t among slots of 10 s from start, the slots
+// grown to hold it.
+func tenSeconds[T any](slots *[]T, start, t time.Time) *T {
+	k := max(0, int(t.Sub(start)/(10*time.Second)))
+	for len(*slots) <= k {
+		*slots = append(*slots, *new(T))
+	}
+	return &(*slots)[k]
+}
+
 // report prints the side's figures and reports them as metrics.
 func (res *sideResult) report(b *testing.B) {
 	b.Helper()
@@ -569,7 +568,10 @@ func (res *sideResult) report(b *testing.B) {
 		res.name, res.created, res.sent, res.asked, res.bound, res.created-res.bound, res.boundPerSecond,
 		res.p50.Round(time.Millisecond), res.p99.Round(time.Millisecond), res.max.Round(time.Millisecond), res.lastBound.Round(time.Millisecond),
 		quantileOf(res.admission, 0.5), quantileOf(res.admission, 0.99), quantileOf(res.admission, 1))
-	fmt.Print(res.byTenSeconds)
+	fmt.Println("  creation to bound by 10 s of creation (pods bound: p50 / p99 / max):")
+	for k, d := range res.byCreation {
+		fmt.Printf("    %4ds %4d  %v / %v / %v\n", 10*k, len(d), quantileOf(d, 0.5), quantileOf(d, 0.99), quantileOf(d, 1))
+	}
 	for _, name := range slices.Sorted(maps.Keys(res.cpu)) {
 		fmt.Printf("  %-24s %7.1f CPU s  %6.2f CPU ms a pod  %5.0f MB peak RSS\n", name, res.cpu[name].Seconds(),
 			res.cpuPerPod(name), float64(res.peakRSS[name])/(1<<20))

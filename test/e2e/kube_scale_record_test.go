@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -314,7 +315,7 @@ func (r *scaleRecord) path(run *scaleRun) {
 	if len(ways) == 0 {
 		return
 	}
-	slices.SortFunc(ways, func(a, b way) int { return int(a.total - b.total) })
+	slices.SortFunc(ways, func(a, b way) int { return cmp.Compare(a.total, b.total) })
 	slowest := ways[len(ways)*99/100:]
 	again := 0
 	arrived := make([]int, len(slowest))
@@ -338,53 +339,43 @@ func (r *scaleRecord) path(run *scaleRun) {
 		}
 		fmt.Printf("  %-22s %9v | %9v\n", name, quantileOf(all, 0.5), (sum / time.Duration(len(slowest))).Round(100*time.Microsecond))
 	}
-	r.timeline(run)
+	r.timeline(run, firstFilter)
 }
 
 // timeline prints, for each 10 s of the run from the first create, the
 // filters the pool answered (placed, refused) with the seconds they took,
 // and the p50 and max wait from the Create call's answer to the first
-// filter of the pods created then.
-func (r *scaleRecord) timeline(run *scaleRun) {
-	const step = 10 * time.Second
-	type bucket struct {
+// filter (firstFilter, by arrival) of the pods created then.
+func (r *scaleRecord) timeline(run *scaleRun, firstFilter map[int]*extenderCall) {
+	type slot struct {
 		placed, refused int
 		took            time.Duration
 		waits           []time.Duration
 	}
+	var slots []slot
 	run.mu.Lock()
 	start := run.created[0]
-	admitted := slices.Clone(run.admitted)
-	run.mu.Unlock()
-	var buckets []bucket
-	at := func(t time.Time) *bucket {
-		k := max(0, int(t.Sub(start)/step))
-		for len(buckets) <= k {
-			buckets = append(buckets, bucket{})
+	for i, f := range firstFilter {
+		if i < len(run.admitted) && !run.admitted[i].IsZero() {
+			at := tenSeconds(&slots, start, run.created[i])
+			at.waits = append(at.waits, f.start().Sub(run.admitted[i]))
 		}
-		return &buckets[k]
 	}
-	seen := map[int]bool{}
+	run.mu.Unlock()
 	for k := range r.calls {
-		c := &r.calls[k]
-		if c.Msg != verbFilterRecord {
-			continue
-		}
-		b := at(c.start())
-		b.took += time.Duration(c.Took)
-		if c.Result == "placed" {
-			b.placed++
-		} else {
-			b.refused++
-		}
-		if i, ok := arrival(c.Pod); ok && !seen[i] && i < len(admitted) && !admitted[i].IsZero() {
-			seen[i] = true
-			at(admitted[i]).waits = append(at(admitted[i]).waits, c.start().Sub(admitted[i]))
+		if c := &r.calls[k]; c.Msg == verbFilterRecord {
+			at := tenSeconds(&slots, start, c.start())
+			at.took += time.Duration(c.Took)
+			if c.Result == "placed" {
+				at.placed++
+			} else {
+				at.refused++
+			}
 		}
 	}
 	fmt.Println("the run by 10 s: filters placed / refused (s they took); pods created then, wait to the first filter p50 / max")
-	for k, b := range buckets {
-		fmt.Printf("  %4ds %5d / %4d (%5.1f s)   %4d pods %9v / %9v\n", k*int(step/time.Second), b.placed, b.refused, b.took.Seconds(),
+	for k, b := range slots {
+		fmt.Printf("  %4ds %5d / %4d (%5.1f s)   %4d pods %9v / %9v\n", 10*k, b.placed, b.refused, b.took.Seconds(),
 			len(b.waits), quantileOf(b.waits, 0.5), quantileOf(b.waits, 1))
 	}
 }
