@@ -64,6 +64,12 @@ type AcquireRequest struct {
 	TTL           string `json:"ttl,omitempty"`
 	UntilReleased bool   `json:"untilReleased,omitempty"`
 	Wait          string `json:"wait,omitempty"`
+	// AnswerBeforeDurable asks for the answer as soon as the lease is
+	// granted, before the grant is durable: a crash of the allocator may
+	// still lose it. The same request again, without it, answers once the
+	// grant is durable. A scheduler asks so inside its scheduling loop,
+	// and again before it binds.
+	AnswerBeforeDurable bool `json:"answerBeforeDurable,omitempty"`
 
 	// percentGiven tells an explicit "gpuPercent": 0, which is out of
 	// range, from no gpuPercent at all, which asks for whole GPUs.

@@ -174,7 +174,11 @@ func (h *handler) acquire(w http.ResponseWriter, r *http.Request) {
 		// A queued request outlives the server's write timeout by design.
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + time.Minute))
 	}
-	l, err := h.s.Acquire(r.Context(), req, wait)
+	acquire := h.s.Acquire
+	if in.AnswerBeforeDurable {
+		acquire = h.s.AcquireBeforeDurable
+	}
+	l, err := acquire(r.Context(), req, wait)
 	h.reply(w, http.StatusCreated, api.NewLease(l), err)
 }
 

@@ -8,8 +8,24 @@ import (
 	"github.com/gpupool/gpupool/allocator/store"
 )
 
-// Acquire grants a lease, waiting up to wait for capacity or quota.
+// Acquire grants a lease, waiting up to wait for capacity or quota, and
+// answers once the grant is durable.
 func (s *Service) Acquire(ctx context.Context, r allocator.Request, wait time.Duration) (allocator.Lease, error) {
+	return s.acquire(ctx, r, wait, true)
+}
+
+// AcquireBeforeDurable grants a lease as Acquire does, but answers as soon
+// as the grant is made, while its write is still under way. A scheduler
+// that decides inside its one scheduling loop asks this way, so that the
+// loop does not wait for the store, and makes the grant durable later,
+// off the loop, by asking again with the same idempotency key: that
+// answer waits for the write. Until then the lease may be lost to a crash
+// of the allocator, and the caller must not act on it.
+func (s *Service) AcquireBeforeDurable(ctx context.Context, r allocator.Request, wait time.Duration) (allocator.Lease, error) {
+	return s.acquire(ctx, r, wait, false)
+}
+
+func (s *Service) acquire(ctx context.Context, r allocator.Request, wait time.Duration, answerDurable bool) (allocator.Lease, error) {
 	start := time.Now()
 	deadline := start.Add(wait)
 	if wait > 0 {
@@ -19,7 +35,7 @@ func (s *Service) Acquire(ctx context.Context, r allocator.Request, wait time.Du
 		var l allocator.Lease
 		var replay bool
 		var wake chan struct{}
-		err := s.write(ctx, func(now time.Time) (store.Change, error) {
+		done, err := s.apply(func(now time.Time) (store.Change, error) {
 			before := s.pool.NextID()
 			var err error
 			l, err = s.pool.Acquire(now, r)
@@ -36,6 +52,11 @@ func (s *Service) Acquire(ctx context.Context, r allocator.Request, wait time.Du
 			}
 			return store.Change{Leases: []allocator.Lease{l}, NextID: s.pool.NextID()}, nil
 		})
+		if done != nil && answerDurable {
+			if derr := durable(ctx, done); derr != nil {
+				err = derr
+			}
+		}
 		if err == nil {
 			if !replay {
 				s.metrics.acquired(start, nil)

@@ -507,16 +507,24 @@ func podOwner(pod string) api.Owner {
 }
 
 // failingStore fails every Apply once told to, the next unavailable ones
-// as a store that may come back, and records what it wrote.
+// as a store that may come back, holds them while held is open, and
+// records what it wrote.
 type failingStore struct {
 	store.Store
 	mu          sync.Mutex
 	failing     bool
 	unavailable int
+	held        chan struct{}
 	written     int
 }
 
 func (f *failingStore) Apply(ctx context.Context, changes []store.Change) error {
+	f.mu.Lock()
+	held := f.held
+	f.mu.Unlock()
+	if held != nil {
+		<-held
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.failing {

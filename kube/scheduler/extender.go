@@ -104,7 +104,7 @@ func (e *Extender) filter(ctx context.Context, args *filterArgs) (*extenderv1.Ex
 	switch {
 	case err == nil:
 		answer = &extenderv1.ExtenderFilterResult{NodeNames: &[]string{lease.Server}}
-		e.watchBind(pod, lease)
+		e.watchBind(pod)
 	case errors.As(err, new(*refusal)):
 		answer, res = unschedulable(nodes, err.Error()), resultUnschedulable
 	default:
@@ -113,7 +113,7 @@ func (e *Extender) filter(ctx context.Context, args *filterArgs) (*extenderv1.Ex
 		if pod != nil {
 			// The allocator may have granted a lease whose answer was
 			// lost: it too ends unless a bind comes.
-			e.watchBind(pod, api.Lease{})
+			e.watchBind(pod)
 		}
 	}
 	// One record a call: what docs/design.md's "Scheduling at
@@ -136,6 +136,9 @@ func (e *Extender) place(ctx context.Context, pod *v1.Pod, nodes []string) (api.
 	if err != nil {
 		return api.Lease{}, &refusal{err.Error()}
 	}
+	// The filter holds kube-scheduler's one scheduling loop: it does not
+	// wait for the store. The bind, beside the loop, does (acquireOn).
+	req.AnswerBeforeDurable = true
 	lease, err := e.alloc.Acquire(ctx, req)
 	if client.IsReason(err, api.ReasonConflict) {
 		// The pod's lease from an earlier cycle is on a node no longer
@@ -246,10 +249,11 @@ func leaseRequest(pod *v1.Pod, servers []string) (api.AcquireRequest, error) {
 // its filter took, whose ID and GPUs go on the pod as annotations, which
 // kube-apiserver writes in the same write as the node. The Binding names
 // the pod's UID, so kube-apiserver refuses it for another pod of the name
-// or a pod bound already: no read of the pod comes first. Without the
-// filter's lease at hand (gpupool-scheduler restarted, the wait expired)
-// it acquires the pod's lease again pinned to the node, the same lease
-// when it is still held: the request and its key are the same.
+// or a pod bound already: no read of the pod comes first. The lease comes
+// from acquiring the pod's lease again pinned to the node, which answers
+// the filter's lease (the request and its key are the same) once it is
+// durable, and takes one on the node when the filter's is gone (its wait
+// for the bind expired, the allocator restarted before its write).
 func (e *Extender) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (*extenderv1.ExtenderBindingResult, result) {
 	start := time.Now()
 	unlock := e.calls.lock(args.PodUID, true)
@@ -266,14 +270,11 @@ func (e *Extender) bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 }
 
 func (e *Extender) bindPod(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (api.Lease, error) {
-	lease, ok := e.unbound.lease(args.PodUID)
-	if !ok || lease.Server != args.Node {
-		var err error
-		if lease, err = e.acquireOn(ctx, args); err != nil {
-			return api.Lease{}, err
-		}
+	lease, err := e.acquireOn(ctx, args)
+	if err != nil {
+		return api.Lease{}, err
 	}
-	err := e.kube.CoreV1().Pods(args.PodNamespace).Bind(ctx, &v1.Binding{
+	err = e.kube.CoreV1().Pods(args.PodNamespace).Bind(ctx, &v1.Binding{
 		ObjectMeta: metav1.ObjectMeta{Name: args.PodName, Namespace: args.PodNamespace, UID: args.PodUID, Annotations: kube.LeaseAnnotations(&lease)},
 		Target:     v1.ObjectReference{Kind: "Node", Name: args.Node},
 	}, metav1.CreateOptions{})
@@ -294,7 +295,10 @@ func (e *Extender) bindPod(ctx context.Context, args *extenderv1.ExtenderBinding
 	return api.Lease{}, fmt.Errorf("gpupool extender: binding the pod: %w", err)
 }
 
-// acquireOn acquires the pod's lease pinned to the bind's node.
+// acquireOn acquires the pod's lease pinned to the bind's node, and
+// answers once it is durable: the filter's grant, answered before its
+// write, comes back under the same key; a grant the allocator lost to a
+// restart is made again on that node if it still fits.
 func (e *Extender) acquireOn(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (api.Lease, error) {
 	pod, err := e.pods.pod(ctx, args.PodNamespace, args.PodName, args.PodUID, false)
 	if err != nil {

@@ -370,6 +370,69 @@ func TestBindWritesTheLeaseOnThePod(t *testing.T) {
 	}
 }
 
+// TestOnlyTheBindWaitsForTheStore: the filter, inside kube-scheduler's
+// one scheduling loop, asks for the lease without waiting for its write;
+// the bind asks again for the same lease, durably, before the Binding.
+func TestOnlyTheBindWaitsForTheStore(t *testing.T) {
+	a := servicetest.Start(t, nil)
+	a.Register(t, []api.Server{servicetest.Server("gpu-a", 1)})
+	var mu sync.Mutex
+	var asked []string // each acquisition, in order: "early" or "durable" and its key
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/leases" {
+			var in api.AcquireRequest
+			if err := json.Unmarshal(body, &in); err != nil {
+				t.Errorf("acquisition %s: %v", body, err)
+			}
+			how := "durable"
+			if in.AnswerBeforeDurable {
+				how = "early"
+			}
+			mu.Lock()
+			asked = append(asked, how+" "+in.IdempotencyKey)
+			mu.Unlock()
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.URL.Scheme, r.URL.Host, r.RequestURI = "http", strings.TrimPrefix(a.URL, "http://"), ""
+		resp, err := http.DefaultTransport.RoundTrip(r)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer func() { _ = resp.Body.Close() }()
+		maps.Copy(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(proxy.Close)
+	alloc, err := client.New([]string{proxy.URL}, servicetest.AdminToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := testPod("trainer-0", half)
+	te := newExtenderOn(t, alloc, pod)
+	placedOn(t, te.callFilter(t, pod, "gpu-a", "gpu-b"), "gpu-a")
+	mu.Lock()
+	filtered := slices.Clone(asked)
+	mu.Unlock()
+	if len(filtered) != 1 || !strings.HasPrefix(filtered[0], "early ") {
+		t.Fatalf("the filter's acquisitions: %q, want one answered early", filtered)
+	}
+	if res := te.callBind(t, pod, "gpu-a"); res.Error != "" {
+		t.Fatalf("bind: %s", res.Error)
+	}
+	key := strings.TrimPrefix(filtered[0], "early ")
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"early " + key, "durable " + key}; !slices.Equal(asked, want) {
+		t.Errorf("acquisitions %q, want %q: the bind asks for the filter's lease, durably", asked, want)
+	}
+	if n := len(te.bindings()); n != 1 {
+		t.Errorf("%d bindings, want one", n)
+	}
+}
+
 // bindings are the Bindings the cluster took so far.
 func (te *testExtender) bindings() []*v1.Binding {
 	te.mu.Lock()

@@ -7,8 +7,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/gpupool/gpupool/allocator/api"
 )
 
 // DefaultUnboundLeaseTimeout is how long a lease taken in filter waits
@@ -28,15 +26,13 @@ type unboundLeases struct {
 	waits   map[types.UID]*bindWait
 }
 
-// bindWait is a pod's lease from its filter, waiting for the bind.
+// bindWait is a pod's wait for its bind after a filter took its lease.
 type bindWait struct {
-	lease api.Lease
 	timer *time.Timer
 }
 
-// watch (re)starts the pod's wait for its bind with the lease its filter
-// took; expire runs at the end.
-func (u *unboundLeases) watch(uid types.UID, lease api.Lease, expire func()) {
+// watch (re)starts the pod's wait for its bind; expire runs at the end.
+func (u *unboundLeases) watch(uid types.UID, expire func()) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if w := u.waits[uid]; w != nil {
@@ -45,7 +41,7 @@ func (u *unboundLeases) watch(uid types.UID, lease api.Lease, expire func()) {
 	if u.waits == nil {
 		u.waits = map[types.UID]*bindWait{}
 	}
-	w := &bindWait{lease: lease}
+	w := &bindWait{}
 	w.timer = time.AfterFunc(u.timeout, func() {
 		u.mu.Lock()
 		current := u.waits[uid] == w
@@ -58,16 +54,6 @@ func (u *unboundLeases) watch(uid types.UID, lease api.Lease, expire func()) {
 		}
 	})
 	u.waits[uid] = w
-}
-
-// lease is the lease the pod's filter took, if it waits for its bind.
-func (u *unboundLeases) lease(uid types.UID) (api.Lease, bool) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if w := u.waits[uid]; w != nil {
-		return w.lease, true
-	}
-	return api.Lease{}, false
 }
 
 // bound ends the pod's wait.
@@ -88,8 +74,8 @@ func (u *unboundLeases) waiting() int {
 }
 
 // watchBind releases pod's leases if it is not bound within the timeout.
-func (e *Extender) watchBind(pod *v1.Pod, lease api.Lease) {
-	e.unbound.watch(pod.UID, lease, func() {
+func (e *Extender) watchBind(pod *v1.Pod) {
+	e.unbound.watch(pod.UID, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		unlock := e.calls.lock(pod.UID, false)
