@@ -429,6 +429,12 @@ func TestKubeSchedulerConfig(t *testing.T) {
 	if p := config.PercentageOfNodesToScore; p == nil || *p != 100 {
 		t.Errorf("percentageOfNodesToScore %v: want 100, every feasible node to the extender", p)
 	}
+	if i, m := config.PodInitialBackoffSeconds, config.PodMaxBackoffSeconds; i == nil || *i != 10 || m == nil || *m != 10 {
+		t.Errorf("podInitialBackoffSeconds %v, podMaxBackoffSeconds %v: want 10 and 10, a refused pod tried again after 10 s", i, m)
+	}
+	if p := config.Profiles[0].Plugins; p == nil || !slices.Equal(p.PostFilter.Disabled, []schedulerconfigv1.Plugin{{Name: "DefaultPreemption"}}) {
+		t.Errorf("the profile's plugins %+v: want DefaultPreemption disabled, which frees no GPU share", p)
+	}
 	e := config.Extenders[0]
 	managed := []schedulerconfigv1.ExtenderManagedResource{{Name: kube.ResourceGPU, IgnoredByScheduler: true}}
 	if e.FilterVerb != "filter" || e.BindVerb != "bind" || !e.NodeCacheCapable || !slices.Equal(e.ManagedResources, managed) {

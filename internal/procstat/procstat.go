@@ -88,3 +88,46 @@ func statusKB(status []byte, field string) (int64, error) {
 	}
 	return 0, fmt.Errorf("no %s (a zombie has none)", field)
 }
+
+// Machine is the whole machine's CPU time so far, all CPUs summed, from
+// /proc/stat: what a process's own time does not say, whether the CPU
+// was free beside it.
+type Machine struct {
+	// Busy is user, nice, system, irq and softirq time; Idle idle and
+	// iowait; Steal the time a hypervisor ran another guest on these
+	// CPUs, which no process here sees.
+	Busy, Idle, Steal time.Duration
+}
+
+// ReadMachine reads the machine's CPU time from /proc/stat.
+func ReadMachine() (Machine, error) {
+	stat, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return Machine{}, err
+	}
+	m, err := machineTime(stat)
+	if err != nil {
+		return Machine{}, fmt.Errorf("/proc/stat: %w", err)
+	}
+	return m, nil
+}
+
+// machineTime parses /proc/stat's first line, "cpu" and its times in
+// clock ticks: user nice system idle iowait irq softirq steal (proc(5)).
+func machineTime(stat []byte) (Machine, error) {
+	line, _, _ := bytes.Cut(stat, []byte{'\n'})
+	fields := strings.Fields(string(line))
+	if len(fields) < 9 || fields[0] != "cpu" {
+		return Machine{}, fmt.Errorf("first line %q: want cpu and at least 8 times", line)
+	}
+	var ticks [8]int64
+	for i := range ticks {
+		v, err := strconv.ParseInt(fields[i+1], 10, 64)
+		if err != nil {
+			return Machine{}, err
+		}
+		ticks[i] = v
+	}
+	d := func(t int64) time.Duration { return time.Duration(t) * time.Second / clockTicks }
+	return Machine{Busy: d(ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6]), Idle: d(ticks[3] + ticks[4]), Steal: d(ticks[7])}, nil
+}

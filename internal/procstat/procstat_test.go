@@ -39,3 +39,19 @@ func TestReadThisProcess(t *testing.T) {
 		t.Error("no error for a process that does not exist")
 	}
 }
+
+func TestMachineTime(t *testing.T) {
+	stat := []byte("cpu  700 60 150 6000 40 0 10 25 0 0\ncpu0 350 30 75 3000 20 0 5 12 0 0\n")
+	want := Machine{Busy: 9200 * time.Millisecond, Idle: 60400 * time.Millisecond, Steal: 250 * time.Millisecond}
+	if got, err := machineTime(stat); err != nil || got != want {
+		t.Errorf("machineTime = %+v, %v; want %+v", got, err, want)
+	}
+	for _, bad := range []string{"", "intr 1 2 3", "cpu 1 2 3", "cpu 1 2 x 4 5 6 7 8"} {
+		if _, err := machineTime([]byte(bad)); err == nil {
+			t.Errorf("no error for %q", bad)
+		}
+	}
+	if m, err := ReadMachine(); err != nil || m.Busy <= 0 || m.Idle < 0 {
+		t.Errorf("ReadMachine() = %+v, %v; want some busy time", m, err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -173,7 +174,7 @@ func runPoolSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 			b.Fatal(err)
 		}
 	}
-	run := submit(b, ctx, pool.CP, len(w.pods), rate, func(i int) *corev1.Pod { return tracePod(podName(i), &w.pods[i]) }, func() {
+	run := submit(b, ctx, pool.CP, components, len(w.pods), rate, func(i int) *corev1.Pod { return tracePod(podName(i), &w.pods[i]) }, func() {
 		if *scaleQueued {
 			_ = syscall.Kill(pool.CP.PID("kube-scheduler"), syscall.SIGCONT)
 		}
@@ -252,7 +253,7 @@ func runStockSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 		components[name] = cp.PID(name)
 	}
 	before := usageOf(b, components)
-	run := submit(b, ctx, cp, len(w.pods), rate, func(i int) *corev1.Pod { return stockPod(podName(i), &w.pods[i]) }, nil)
+	run := submit(b, ctx, cp, components, len(w.pods), rate, func(i int) *corev1.Pod { return stockPod(podName(i), &w.pods[i]) }, nil)
 	after := usageOf(b, components)
 	loop := schedulerLoop(b, ctx, cp)
 	pods, err := cp.Client.CoreV1().Pods(scaleNamespace).List(ctx, metav1.ListOptions{})
@@ -373,13 +374,59 @@ type scaleRun struct {
 	unschedulable []bool      // PodScheduled=False, Unschedulable, and not bound
 	settled       int         // pods bound or unschedulable
 	lastBound     time.Time
+	// cpu are the machine's and the components' CPU times at the first
+	// create and every 10 s after, and once all pods settled.
+	cpu []cpuSample
+}
+
+// cpuSample is the machine's CPU time and each component's at one moment.
+type cpuSample struct {
+	machine procstat.Machine
+	procs   map[string]time.Duration
+}
+
+// sampleCPU samples the machine and the processes pids now, every 10 s
+// until stop is closed, and then once more; the samples come on the
+// channel it returns.
+func sampleCPU(b testing.TB, pids map[string]int, stop <-chan struct{}) <-chan []cpuSample {
+	b.Helper()
+	sample := func() cpuSample {
+		m, err := procstat.ReadMachine()
+		if err != nil {
+			b.Error(err)
+		}
+		procs := map[string]time.Duration{}
+		for name, pid := range pids {
+			if u, err := procstat.Read(pid); err == nil {
+				procs[name] = u.CPU
+			}
+		}
+		return cpuSample{machine: m, procs: procs}
+	}
+	out := make(chan []cpuSample, 1)
+	samples := []cpuSample{sample()}
+	go func() {
+		tick := time.NewTicker(10 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tick.C:
+				samples = append(samples, sample())
+			case <-stop:
+				out <- append(samples, sample())
+				return
+			}
+		}
+	}()
+	return out
 }
 
 // submit creates n pods, pod(i) the i-th, in order at rate a second, calls
 // created (if any) once all are, and returns once each is bound or
 // unschedulable, as a pod informer sees them, and no pod was bound for
-// scaleQuiet.
-func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, n int, rate float64, pod func(int) *corev1.Pod, created func()) *scaleRun {
+// scaleQuiet. It samples the CPU of the machine and of the processes pids
+// every 10 s meanwhile.
+func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, pids map[string]int, n int, rate float64, pod func(int) *corev1.Pod, created func()) *scaleRun {
 	b.Helper()
 	run := &scaleRun{created: make([]time.Time, n), admitted: make([]time.Time, n), bound: make([]time.Time, n), unschedulable: make([]bool, n)}
 	factory := informers.NewSharedInformerFactoryWithOptions(cp.Client, 0, informers.WithNamespace(scaleNamespace))
@@ -416,6 +463,8 @@ func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, n int, 
 			return nil
 		})
 	}
+	stopSampling := make(chan struct{})
+	samples := sampleCPU(b, pids, stopSampling)
 	start := time.Now()
 	func() {
 		defer close(next)
@@ -438,6 +487,8 @@ func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, n int, 
 	for {
 		settled, lastBound := run.progress()
 		if settled == n && time.Since(lastBound) > scaleQuiet {
+			close(stopSampling)
+			run.cpu = <-samples
 			return run
 		}
 		if time.Now().After(deadline) {
@@ -502,7 +553,10 @@ type sideResult struct {
 	// part of creation to bound, and the only part a webhook adds.
 	admission []time.Duration
 	// byCreation is creation to bound of the pods created in each 10 s.
-	byCreation  [][]time.Duration
+	byCreation [][]time.Duration
+	// cpuBy10s is the CPU of the machine and of each component in each
+	// 10 s of the run.
+	cpuBy10s    []cpuWindow
 	lastBound   time.Duration // from the first create to the last bind
 	cpu         map[string]time.Duration
 	peakRSS     map[string]int64
@@ -543,11 +597,44 @@ func (r *scaleRun) result(name string, rate float64, before, after map[string]pr
 	res.sent = float64(len(r.created)-1) / last.Sub(r.created[0]).Seconds()
 	res.boundPerSecond = float64(res.bound) / r.lastBound.Sub(r.created[0]).Seconds()
 	res.lastBound = r.lastBound.Sub(r.created[0])
+	for k := 1; k < len(r.cpu); k++ {
+		from, to := r.cpu[k-1], r.cpu[k]
+		wnd := cpuWindow{busy: to.machine.Busy - from.machine.Busy, steal: to.machine.Steal - from.machine.Steal,
+			length: to.machine.Busy + to.machine.Idle + to.machine.Steal - from.machine.Busy - from.machine.Idle - from.machine.Steal,
+			procs:  map[string]time.Duration{}}
+		for name, t := range to.procs {
+			wnd.procs[name] = t - from.procs[name]
+		}
+		res.cpuBy10s = append(res.cpuBy10s, wnd)
+	}
 	for name := range after {
 		res.cpu[name] = after[name].cpu - before[name].cpu
 		res.peakRSS[name] = after[name].peakRSS
 	}
 	return res
+}
+
+// cpuWindow is the CPU time spent in one window of the run, all CPUs
+// summed: busy, stolen by a hypervisor, by each component, out of length
+// (the window's wall time times the CPUs).
+type cpuWindow struct {
+	busy, steal, length time.Duration
+	procs               map[string]time.Duration
+}
+
+// String says the window's busy and stolen CPU, in cores, and what each
+// component and everything else (this benchmark, other processes) spent.
+func (w cpuWindow) String() string {
+	cores := func(d time.Duration) float64 { return d.Seconds() / (w.length.Seconds() / float64(runtime.NumCPU())) }
+	var b strings.Builder
+	fmt.Fprintf(&b, "%.2f busy, %.2f stolen:", cores(w.busy), cores(w.steal))
+	rest := w.busy
+	for _, name := range slices.Sorted(maps.Keys(w.procs)) {
+		fmt.Fprintf(&b, " %s %.2f", name, cores(w.procs[name]))
+		rest -= w.procs[name]
+	}
+	fmt.Fprintf(&b, ", the rest %.2f", cores(rest))
+	return b.String()
 }
 
 // tenSeconds is the slot of t among slots of 10 s from start, the slots
@@ -571,6 +658,10 @@ func (res *sideResult) report(b *testing.B) {
 	fmt.Println("  creation to bound by 10 s of creation (pods bound: p50 / p99 / max):")
 	for k, d := range res.byCreation {
 		fmt.Printf("    %4ds %4d  %v / %v / %v\n", 10*k, len(d), quantileOf(d, 0.5), quantileOf(d, 0.99), quantileOf(d, 1))
+	}
+	fmt.Printf("  the machine by 10 s of the run, in cores of %d: busy, stolen by the hypervisor, each component:\n", runtime.NumCPU())
+	for k, w := range res.cpuBy10s {
+		fmt.Printf("    %4ds  %v\n", 10*k, w)
 	}
 	for _, name := range slices.Sorted(maps.Keys(res.cpu)) {
 		fmt.Printf("  %-24s %7.1f CPU s  %6.2f CPU ms a pod  %5.0f MB peak RSS\n", name, res.cpu[name].Seconds(),

@@ -161,7 +161,13 @@ func (c *ControlPlane) schedulerConfig(kubeconfig string, o SchedulerOptions) ([
 		config.Profiles[0].PluginConfig = []schedulerconfigv1.PluginConfig{{Name: "NodeResourcesFit", Args: runtime.RawExtension{Raw: raw}}}
 	}
 	if !o.DefaultOnly {
-		config.Profiles = append(config.Profiles, schedulerconfigv1.KubeSchedulerProfile{SchedulerName: ptr.To(gpukube.SchedulerName)})
+		// As deploy/components/kubernetes/kube-scheduler-config.yaml has
+		// it, and says why: no preemption for the pool's pods, 10 s before
+		// a refused pod is tried again.
+		config.Profiles = append(config.Profiles, schedulerconfigv1.KubeSchedulerProfile{SchedulerName: ptr.To(gpukube.SchedulerName),
+			Plugins: &schedulerconfigv1.Plugins{PostFilter: schedulerconfigv1.PluginSet{Disabled: []schedulerconfigv1.Plugin{{Name: "DefaultPreemption"}}}}})
+		config.PodInitialBackoffSeconds = ptr.To[int64](10)
+		config.PodMaxBackoffSeconds = ptr.To[int64](10)
 	}
 	if o.ExtenderURL != "" {
 		extenderURL, err := url.Parse(o.ExtenderURL)
