@@ -95,7 +95,7 @@ func poolOverview() Dashboard {
 				}},
 			}, {
 				Kind: Timeseries, Title: "Lease request latency", Unit: "s",
-				Description: "Time to answer a lease request, durable write and queueing included.",
+				Description: "Time to answer a lease request, queueing included, and its durable write unless the request asked for the answer before it (the scheduler extender's filter).",
 				Targets: []Target{
 					{Expr: `histogram_quantile(0.99, sum by (le) (rate(bitfusion_lease_acquisition_duration_seconds_bucket{<sel>}[$__rate_interval])))`, Legend: "p99"},
 					{Expr: `histogram_quantile(0.5, sum by (le) (rate(bitfusion_lease_acquisition_duration_seconds_bucket{<sel>}[$__rate_interval])))`, Legend: "p50"},

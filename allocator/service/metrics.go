@@ -24,7 +24,7 @@ var (
 	acquisitionsTotal = metricdef.Counter("bitfusion_lease_acquisitions_total", "requests", metricdef.Labels{"outcome", "reason"},
 		"Lease requests answered, by outcome (granted, rejected) and the reason for a rejection.")
 	acquisitionDuration = metricdef.Histogram("bitfusion_lease_acquisition_duration_seconds", "seconds", nil,
-		"Time to answer a lease request, durable write and any queueing included.", prometheus.ExponentialBuckets(0.0005, 2, 16))
+		"Time to answer a lease request, any queueing included, and its durable write unless it asked for the answer before (answerBeforeDurable, the scheduler's filter).", prometheus.ExponentialBuckets(0.0005, 2, 16))
 	releasesTotal = metricdef.Counter("bitfusion_lease_releases_total", "leases", nil,
 		"Leases released by their holders.")
 	expirationsTotal = metricdef.Counter("bitfusion_lease_expirations_total", "leases", nil,
