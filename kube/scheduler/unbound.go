@@ -23,12 +23,9 @@ const DefaultUnboundLeaseTimeout = 30 * time.Second
 type unboundLeases struct {
 	timeout time.Duration
 	mu      sync.Mutex
-	waits   map[types.UID]*bindWait
-}
-
-// bindWait is a pod's wait for its bind after a filter took its lease.
-type bindWait struct {
-	timer *time.Timer
+	// waits are the pods whose filter took a lease, each with the timer
+	// of its wait for the bind.
+	waits map[types.UID]*time.Timer
 }
 
 // watch (re)starts the pod's wait for its bind; expire runs at the end.
@@ -36,13 +33,14 @@ func (u *unboundLeases) watch(uid types.UID, expire func()) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if w := u.waits[uid]; w != nil {
-		w.timer.Stop()
+		w.Stop()
 	}
 	if u.waits == nil {
-		u.waits = map[types.UID]*bindWait{}
+		u.waits = map[types.UID]*time.Timer{}
 	}
-	w := &bindWait{}
-	w.timer = time.AfterFunc(u.timeout, func() {
+	// The callback takes u.mu, held here until w is in the map.
+	var w *time.Timer
+	w = time.AfterFunc(u.timeout, func() {
 		u.mu.Lock()
 		current := u.waits[uid] == w
 		if current {
@@ -61,7 +59,7 @@ func (u *unboundLeases) bound(uid types.UID) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if w := u.waits[uid]; w != nil {
-		w.timer.Stop()
+		w.Stop()
 		delete(u.waits, uid)
 	}
 }

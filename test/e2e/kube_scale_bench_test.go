@@ -168,7 +168,6 @@ func runPoolSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 	for _, name := range controlPlane {
 		components[name] = pool.CP.PID(name)
 	}
-	before := usageOf(b, components)
 	if *scaleQueued {
 		if err := syscall.Kill(pool.CP.PID("kube-scheduler"), syscall.SIGSTOP); err != nil {
 			b.Fatal(err)
@@ -179,7 +178,6 @@ func runPoolSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 			_ = syscall.Kill(pool.CP.PID("kube-scheduler"), syscall.SIGCONT)
 		}
 	})
-	after := usageOf(b, components)
 	loop := schedulerLoop(b, ctx, pool.CP)
 
 	// Leases of cycles that failed after their filter end within the
@@ -196,7 +194,7 @@ func runPoolSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 	if err != nil {
 		b.Fatal(err)
 	}
-	res := run.result("gpupool", rate, before, after)
+	res := run.result("gpupool", rate)
 	res.unallocated = 100 * float64(w.capacity-allocatedShare(status)) / float64(w.capacity)
 	res.report(b)
 	record.report(b, w.trace, w.pods)
@@ -252,9 +250,7 @@ func runStockSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 	for _, name := range controlPlane {
 		components[name] = cp.PID(name)
 	}
-	before := usageOf(b, components)
 	run := submit(b, ctx, cp, components, len(w.pods), rate, func(i int) *corev1.Pod { return stockPod(podName(i), &w.pods[i]) }, nil)
-	after := usageOf(b, components)
 	loop := schedulerLoop(b, ctx, cp)
 	pods, err := cp.Client.CoreV1().Pods(scaleNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -267,7 +263,7 @@ func runStockSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 			busy += q.Value()
 		}
 	}
-	res := run.result("stock kube-scheduler", rate, before, after)
+	res := run.result("stock kube-scheduler", rate)
 	res.unallocated = 100 * float64(int64(gpus)-busy) / float64(gpus)
 	res.report(b)
 	fmt.Print(loop)
@@ -379,10 +375,12 @@ type scaleRun struct {
 	cpu []cpuSample
 }
 
-// cpuSample is the machine's CPU time and each component's at one moment.
+// cpuSample is the machine's CPU time and each component's usage at one
+// moment.
 type cpuSample struct {
+	at      time.Time
 	machine procstat.Machine
-	procs   map[string]time.Duration
+	procs   map[string]procUsage
 }
 
 // sampleCPU samples the machine and the processes pids now, every 10 s
@@ -395,13 +393,15 @@ func sampleCPU(b testing.TB, pids map[string]int, stop <-chan struct{}) <-chan [
 		if err != nil {
 			b.Error(err)
 		}
-		procs := map[string]time.Duration{}
+		procs := make(map[string]procUsage, len(pids))
 		for name, pid := range pids {
-			if u, err := procstat.Read(pid); err == nil {
-				procs[name] = u.CPU
+			u, err := procstat.Read(pid)
+			if err != nil {
+				b.Errorf("%s: %v", name, err)
 			}
+			procs[name] = procUsage{cpu: u.CPU, peakRSS: u.PeakRSS}
 		}
-		return cpuSample{machine: m, procs: procs}
+		return cpuSample{at: time.Now(), machine: m, procs: procs}
 	}
 	out := make(chan []cpuSample, 1)
 	samples := []cpuSample{sample()}
@@ -565,7 +565,7 @@ type sideResult struct {
 
 // result sums up the run: throughput, latencies, each component's CPU
 // over the run and peak memory.
-func (r *scaleRun) result(name string, rate float64, before, after map[string]procUsage) *sideResult {
+func (r *scaleRun) result(name string, rate float64) *sideResult {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	res := &sideResult{name: name, asked: rate, created: len(r.created), cpu: map[string]time.Duration{}, peakRSS: map[string]int64{}}
@@ -600,32 +600,31 @@ func (r *scaleRun) result(name string, rate float64, before, after map[string]pr
 	for k := 1; k < len(r.cpu); k++ {
 		from, to := r.cpu[k-1], r.cpu[k]
 		wnd := cpuWindow{busy: to.machine.Busy - from.machine.Busy, steal: to.machine.Steal - from.machine.Steal,
-			length: to.machine.Busy + to.machine.Idle + to.machine.Steal - from.machine.Busy - from.machine.Idle - from.machine.Steal,
-			procs:  map[string]time.Duration{}}
-		for name, t := range to.procs {
-			wnd.procs[name] = t - from.procs[name]
+			wall: to.at.Sub(from.at), procs: map[string]time.Duration{}}
+		for name, u := range to.procs {
+			wnd.procs[name] = u.cpu - from.procs[name].cpu
 		}
 		res.cpuBy10s = append(res.cpuBy10s, wnd)
 	}
-	for name := range after {
-		res.cpu[name] = after[name].cpu - before[name].cpu
-		res.peakRSS[name] = after[name].peakRSS
+	opening, closing := r.cpu[0], r.cpu[len(r.cpu)-1]
+	for name, u := range closing.procs {
+		res.cpu[name] = u.cpu - opening.procs[name].cpu
+		res.peakRSS[name] = u.peakRSS
 	}
 	return res
 }
 
 // cpuWindow is the CPU time spent in one window of the run, all CPUs
-// summed: busy, stolen by a hypervisor, by each component, out of length
-// (the window's wall time times the CPUs).
+// summed: busy, stolen by a hypervisor, by each component, in wall time.
 type cpuWindow struct {
-	busy, steal, length time.Duration
-	procs               map[string]time.Duration
+	busy, steal, wall time.Duration
+	procs             map[string]time.Duration
 }
 
 // String says the window's busy and stolen CPU, in cores, and what each
 // component and everything else (this benchmark, other processes) spent.
 func (w cpuWindow) String() string {
-	cores := func(d time.Duration) float64 { return d.Seconds() / (w.length.Seconds() / float64(runtime.NumCPU())) }
+	cores := func(d time.Duration) float64 { return d.Seconds() / w.wall.Seconds() }
 	var b strings.Builder
 	fmt.Fprintf(&b, "%.2f busy, %.2f stolen:", cores(w.busy), cores(w.steal))
 	rest := w.busy
@@ -737,20 +736,6 @@ func compareSides(rate float64, w *scaleWorkload, pool, stock *sideResult) strin
 type procUsage struct {
 	cpu     time.Duration
 	peakRSS int64 // bytes
-}
-
-// usageOf reads each process's usage from /proc.
-func usageOf(b testing.TB, pids map[string]int) map[string]procUsage {
-	b.Helper()
-	usage := make(map[string]procUsage, len(pids))
-	for name, pid := range pids {
-		u, err := procstat.Read(pid)
-		if err != nil {
-			b.Fatalf("%s: %v", name, err)
-		}
-		usage[name] = procUsage{cpu: u.CPU, peakRSS: u.PeakRSS}
-	}
-	return usage
 }
 
 // allocatedShare is the GPU share the pool's leases hold.

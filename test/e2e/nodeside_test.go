@@ -28,6 +28,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/metricstest"
+	"github.com/gpupool/gpupool/internal/procstat"
 	"github.com/gpupool/gpupool/kube"
 	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
 )
@@ -381,8 +382,11 @@ func TestNodeSide(t *testing.T) {
 	}
 	t.Logf("pod created to Running with its lease and GPU environment: %s over %d pods", quantiles(toRunning), timed)
 	t.Logf("pod deleted to its lease ended: %s over %d pods", quantiles(toReleased), timed)
-	plugin := usageOf(t, map[string]int{"plugin": p.plugin.Process.Pid})["plugin"]
-	t.Logf("gpupool-device-plugin after %d pods: peak RSS %.1f MiB, CPU %v", timed+len(pods), float64(plugin.peakRSS)/(1<<20), plugin.cpu)
+	plugin, err := procstat.Read(p.plugin.Process.Pid)
+	if err != nil {
+		t.Fatalf("gpupool-device-plugin: %v", err)
+	}
+	t.Logf("gpupool-device-plugin after %d pods: peak RSS %.1f MiB, CPU %v", timed+len(pods), float64(plugin.PeakRSS)/(1<<20), plugin.CPU)
 	// Their shares are free again: only tf-training's two halves are held.
 	server, err := p.Admin.Server(ctx, nodePoolNode)
 	if err != nil {
