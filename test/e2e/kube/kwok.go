@@ -65,8 +65,10 @@ func (c *ControlPlane) AddKwokNode(ctx context.Context, name string, capacity ma
 }
 
 // AddKwokNodes creates nodes that kwok manages, several at a time, and
-// returns once kwok has made them all Ready. Pods run on them once bound,
-// by a scheduler or by naming the node in spec.nodeName, if they carry
+// returns once they can all take pods: kwok has made them Ready and the
+// node lifecycle controller has lifted the not-ready taint that
+// kube-apiserver puts on every new node. Pods run on them once bound, by a
+// scheduler or by naming the node in spec.nodeName, if they carry
 // KwokToleration.
 func (c *ControlPlane) AddKwokNodes(ctx context.Context, nodes []Node) error {
 	objects := make([]*corev1.Node, len(nodes))
@@ -77,17 +79,18 @@ func (c *ControlPlane) AddKwokNodes(ctx context.Context, nodes []Node) error {
 		}
 		objects[i] = node
 	}
-	notReady := make(map[string]bool, len(nodes))
+	waiting := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
-		notReady[n.Name] = true
+		waiting[n.Name] = true
 	}
-	// One watch sees the nodes become Ready, rather than a GET per node.
+	// One watch sees the nodes become schedulable, rather than a GET per
+	// node.
 	var mu sync.Mutex
 	markReady := func(obj any) {
 		node, ok := obj.(*corev1.Node)
-		if ok && nodeReady(node) {
+		if ok && nodeSchedulable(node) {
 			mu.Lock()
-			delete(notReady, node.Name)
+			delete(waiting, node.Name)
 			mu.Unlock()
 		}
 	}
@@ -119,12 +122,12 @@ func (c *ControlPlane) AddKwokNodes(ctx context.Context, nodes []Node) error {
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	what := fmt.Sprintf("%d nodes to be Ready", len(nodes))
+	what := fmt.Sprintf("%d nodes to be Ready and untainted", len(nodes))
 	return c.kwok.waitFor(ctx, what, func(context.Context) error {
 		mu.Lock()
 		defer mu.Unlock()
-		for name := range notReady {
-			return fmt.Errorf("%d not Ready, such as %s", len(notReady), name)
+		for name := range waiting {
+			return fmt.Errorf("%d not Ready or still tainted, such as %s", len(waiting), name)
 		}
 		return nil
 	})
@@ -153,6 +156,21 @@ func kwokNode(n Node) (*corev1.Node, error) {
 		},
 		Status: corev1.NodeStatus{Capacity: resources, Allocatable: resources},
 	}, nil
+}
+
+// nodeSchedulable says whether pods tolerating kwok's taint can be
+// scheduled on node. Ready is not enough: kube-apiserver taints each new
+// node node.kubernetes.io/not-ready, and the node lifecycle controller
+// lifts it only after it sees the node Ready. Creating pods in between
+// gave kube-scheduler a few of the nodes to choose from (at 1,213 nodes,
+// 1,107 still tainted when the last was Ready).
+func nodeSchedulable(node *corev1.Node) bool {
+	for _, t := range node.Spec.Taints {
+		if t.Key != kwokNodeKey {
+			return false
+		}
+	}
+	return nodeReady(node)
 }
 
 func nodeReady(node *corev1.Node) bool {
