@@ -86,7 +86,7 @@ func (c *ControlPlane) AddKwokNodes(ctx context.Context, nodes []Node) error {
 	// One watch sees the nodes become schedulable, rather than a GET per
 	// node.
 	var mu sync.Mutex
-	markReady := func(obj any) {
+	markSchedulable := func(obj any) {
 		node, ok := obj.(*corev1.Node)
 		if ok && nodeSchedulable(node) {
 			mu.Lock()
@@ -97,8 +97,8 @@ func (c *ControlPlane) AddKwokNodes(ctx context.Context, nodes []Node) error {
 	factory := informers.NewSharedInformerFactory(c.Client, 0)
 	informer := factory.Core().V1().Nodes().Informer()
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    markReady,
-		UpdateFunc: func(_, obj any) { markReady(obj) },
+		AddFunc:    markSchedulable,
+		UpdateFunc: func(_, obj any) { markSchedulable(obj) },
 	}); err != nil {
 		return err
 	}
