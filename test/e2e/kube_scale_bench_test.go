@@ -62,6 +62,7 @@ const (
 // Knobs that push the pool's side into the regimes a busy cluster meets.
 var (
 	scaleExtenderTimeout = flag.Duration("kubescale.extender-timeout", 0, "kube-scheduler's httpTimeout for gpupool's extender; 0 is its default, 5s: shorter makes binds and filters time out as on a saturated control plane")
+	scaleExtender        = flag.Bool("kubescale.extender", false, "place the pool's side through gpupool-scheduler's extender, not gpupool-kube-scheduler's plugin")
 	scaleQueued          = flag.Bool("kubescale.queued", false, "stop kube-scheduler (SIGSTOP) while the pods are created: every pod is queued before the first is placed")
 )
 
@@ -160,7 +161,7 @@ func runPoolSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 	defer cancel()
 	pool := startKubePool(b, ctx, kubePoolOptions{Namespaces: []string{scaleNamespace}, AllocatorArgs: []string{"--policy", scalePolicy},
 		SchedulerArgs:   []string{"--log-level", "debug", "--log-format", "json", "--unbound-lease-timeout", scaleUnboundTimeout.String()},
-		ExtenderTimeout: *scaleExtenderTimeout})
+		ExtenderTimeout: *scaleExtenderTimeout, Plugin: !*scaleExtender})
 	addTraceServers(b, ctx, pool, w.trace.Servers)
 
 	components := map[string]int{"allocator": pool.Allocator.cmd.Process.Pid, "gpupool-scheduler": pool.scheduler.Process.Pid,
@@ -295,7 +296,15 @@ func stockPod(name string, p *simulate.Pod) *corev1.Pod {
 func recordOf(b testing.TB, ctx context.Context, pool *kubePool) *scaleRecord {
 	b.Helper()
 	r := &scaleRecord{}
-	r.calls, r.released = extenderCalls(pool.Logs.String())
+	if pool.plugin {
+		logs, err := pool.CP.Log("kube-scheduler")
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.calls, r.released = extenderCalls(string(logs), "")
+	} else {
+		r.calls, r.released = extenderCalls(pool.Logs.String(), "gpupool-scheduler: ")
+	}
 	pods, err := pool.CP.Client.CoreV1().Pods(scaleNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		b.Fatal(err)

@@ -46,14 +46,15 @@ type extenderCall struct {
 
 func (c *extenderCall) start() time.Time { return c.Time.Add(-time.Duration(c.Took)) }
 
-// extenderCalls reads the filter and bind records, in the order
-// gpupool-scheduler logged them, from logs, and how many of the pod's
-// leases it released to place the pod again.
-func extenderCalls(logs string) (calls []extenderCall, released int) {
+// extenderCalls reads the filter and bind records, in the order they were
+// logged, from the lines of logs that begin with prefix (gpupool-scheduler's
+// in the harness's log; none in kube-scheduler's own, the plugin's), and
+// how many of the pod's leases were released to place the pod again.
+func extenderCalls(logs, prefix string) (calls []extenderCall, released int) {
 	sc := bufio.NewScanner(strings.NewReader(logs))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "gpupool-scheduler: ")
+		line, ok := strings.CutPrefix(sc.Text(), prefix)
 		if !ok || !strings.HasPrefix(line, "{") {
 			continue
 		}
@@ -64,7 +65,7 @@ func extenderCalls(logs string) (calls []extenderCall, released int) {
 		switch c.Msg {
 		case verbFilterRecord, verbBindRecord:
 			calls = append(calls, c)
-		case "filter: released the pod's lease to place it again":
+		case "filter: released the pod's lease to place it again", pluginReleasedToPlaceAgain:
 			released++
 		}
 	}
@@ -74,6 +75,9 @@ func extenderCalls(logs string) (calls []extenderCall, released int) {
 const (
 	verbFilterRecord = "filter"
 	verbBindRecord   = "bind"
+	// pluginReleasedToPlaceAgain is the plugin's line for a lease released
+	// because kube-scheduler's filters refused its node.
+	pluginReleasedToPlaceAgain = "released the lease of a pod whose node kube-scheduler's filters refused: it is placed among the feasible nodes next"
 )
 
 // scaleRecord is what explains where a BenchmarkKubeScale run placed the

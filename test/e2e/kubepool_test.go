@@ -2,11 +2,14 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,6 +48,10 @@ type kubePoolOptions struct {
 	ExtenderTimeout time.Duration
 	// HPASyncPeriod is the HPA controller's; zero is the harness's default.
 	HPASyncPeriod time.Duration
+	// Plugin places the pool's pods with gpupool-kube-scheduler's GPUPool
+	// plugin, not the extender (gpupool-scheduler runs for its lease
+	// controller).
+	Plugin bool
 }
 
 // kubePool is gpupool deployed on a real control plane as users deploy
@@ -64,6 +71,9 @@ type kubePool struct {
 	Replicas []*allocatorProcess
 	// Logs gather gpupool-webhook's and gpupool-scheduler's output.
 	Logs *syncBuffer
+	// plugin: the pods are placed by gpupool-kube-scheduler's plugin, whose
+	// lines are in kube-scheduler's log.
+	plugin bool
 	// AllocatorForScheduler, when set, is where gpupool-scheduler started
 	// from then on finds the allocator, such as a proxy that slows it.
 	AllocatorForScheduler string
@@ -138,10 +148,53 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 	}
 	p.extender = "127.0.0.1:" + freePort(t)
 	p.startScheduler(t)
-	if err := cp.StartScheduler(ctx, e2ekube.SchedulerOptions{ExtenderURL: "http://" + p.extender, ExtenderTimeout: o.ExtenderTimeout}); err != nil {
+	schedulerOptions := e2ekube.SchedulerOptions{ExtenderURL: "http://" + p.extender, ExtenderTimeout: o.ExtenderTimeout}
+	if o.Plugin {
+		args, err := json.Marshal(map[string]any{"allocator": strings.Join(p.allocatorURLs(), ","), "tokenFile": p.config.adminTokenFile(t),
+			"unboundLeaseTimeout": pluginUnboundLeaseTimeout(o.SchedulerArgs), "logLevel": "debug"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		schedulerOptions = e2ekube.SchedulerOptions{Plugin: &e2ekube.SchedulerPlugin{Binary: gpupoolKubeScheduler(t), Args: args}}
+		p.plugin = true
+	}
+	if err := cp.StartScheduler(ctx, schedulerOptions); err != nil {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// kubeSchedulerBuild is gpupool-kube-scheduler, built into binDir by the
+// first test that needs it: a module of its own, which TestMain's build
+// does not reach, and over a minute to link.
+var kubeSchedulerBuild struct {
+	once sync.Once
+	err  error
+}
+
+func gpupoolKubeScheduler(t testing.TB) string {
+	t.Helper()
+	kubeSchedulerBuild.once.Do(func() {
+		out, err := exec.Command("../../cmd/gpupool-kube-scheduler/build.sh", binDir).CombinedOutput()
+		if err != nil {
+			kubeSchedulerBuild.err = fmt.Errorf("building gpupool-kube-scheduler: %w\n%s", err, out)
+		}
+	})
+	if kubeSchedulerBuild.err != nil {
+		t.Fatal(kubeSchedulerBuild.err)
+	}
+	return filepath.Join(binDir, "gpupool-kube-scheduler")
+}
+
+// pluginUnboundLeaseTimeout is gpupool-scheduler's --unbound-lease-timeout
+// among args, for the plugin; "" for its default.
+func pluginUnboundLeaseTimeout(args []string) string {
+	for i, a := range args {
+		if a == "--unbound-lease-timeout" && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return "0s"
 }
 
 // startReplicas starts n allocators on a 3-member etcd and waits until

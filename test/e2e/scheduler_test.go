@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -20,11 +21,25 @@ import (
 // kube-apiserver copies them from the Binding onto the pod. A pod the pool
 // cannot place stays Pending with a FailedScheduling event giving the
 // allocator's reason, and another, while the allocator is down, one
-// saying that it cannot be reached. The lease ends with its pod.
+// saying that it cannot be reached. The lease ends with its pod. A pod
+// whose only fit is a node kube-scheduler's own filters refuse (a taint)
+// waits, saying why, and is placed there once the taint goes, with no
+// lease left elsewhere. All of it both ways: through gpupool-scheduler's
+// extender, and through gpupool-kube-scheduler's plugin, which asks the
+// pool first and has kube-scheduler check the lease's node alone.
 func TestSchedulerPlacesThroughThePool(t *testing.T) {
+	for _, way := range []struct {
+		name   string
+		plugin bool
+	}{{"extender", false}, {"plugin", true}} {
+		t.Run(way.name, func(t *testing.T) { testSchedulerPlacesThroughThePool(t, way.plugin) })
+	}
+}
+
+func testSchedulerPlacesThroughThePool(t *testing.T, plugin bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pool := startKubePool(t, ctx, kubePoolOptions{Namespaces: []string{"training"}})
+	pool := startKubePool(t, ctx, kubePoolOptions{Namespaces: []string{"training"}, Plugin: plugin})
 	pool.addNodes(t, ctx, 2, nil, "gpu-0")
 	pool.addNodes(t, ctx, 0, nil, "cpu-0")
 	pods := pool.CP.Client.CoreV1().Pods("training")
@@ -79,5 +94,33 @@ func TestSchedulerPlacesThroughThePool(t *testing.T) {
 	}
 	if got := pool.leasesOf(t, ctx, waiting); len(got) != 1 {
 		t.Errorf("%s, placed once the allocator returned, holds %+v; want one lease", waiting.Name, got)
+	}
+
+	// gpu-1 alone has two free GPUs, but a taint keeps the pod off it.
+	pool.addNodes(t, ctx, 2, nil, "gpu-1")
+	taint := corev1.Taint{Key: "example.com/maintenance", Effect: corev1.TaintEffectNoSchedule}
+	setTaints := func(taints ...corev1.Taint) {
+		t.Helper()
+		node, err := pool.CP.Client.CoreV1().Nodes().Get(ctx, "gpu-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node.Spec.Taints = append(slices.DeleteFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == taint.Key }), taints...)
+		if _, err := pool.CP.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setTaints(taint)
+	whole := create("whole", 2, 0)
+	pool.waitFailedScheduling(t, ctx, whole, "gpupool allocator: no server has 2 free GPUs")
+	if got := pool.leasesOf(t, ctx, whole); len(got) != 0 {
+		t.Errorf("%s, unschedulable, holds %+v", whole.Name, got)
+	}
+	setTaints()
+	if got := waitBound(whole); got.Spec.NodeName != "gpu-1" {
+		t.Errorf("%s bound to %s, want gpu-1", whole.Name, got.Spec.NodeName)
+	}
+	if got := pool.leasesOf(t, ctx, whole); len(got) != 1 || got[0].Server != "gpu-1" {
+		t.Errorf("%s holds %+v, want one lease on gpu-1", whole.Name, got)
 	}
 }

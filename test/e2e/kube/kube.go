@@ -21,6 +21,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -386,6 +387,11 @@ func (c *ControlPlane) Stop() {
 // to print.
 func (c *ControlPlane) Logs(lines int) string {
 	return logTails(lines, c.procs...)
+}
+
+// Log is the whole log of the component started as name.
+func (c *ControlPlane) Log(name string) ([]byte, error) {
+	return os.ReadFile(filepath.Join(c.dir, name+".log"))
 }
 
 // PID is the process ID of the component started as name ("etcd",

@@ -43,6 +43,17 @@ type SchedulerOptions struct {
 	// cluster without gpupool packs extended resources such as GPUs;
 	// empty keeps the default, LeastAllocated.
 	MostAllocated []string
+	// Plugin, when set, places the pool's pods with gpupool's
+	// scheduler-framework plugin (kube/scheduler.Plugin) instead of the
+	// extender: kube-scheduler is this binary, gpupool-kube-scheduler, and
+	// the gpupool profile runs the plugin with these args (JSON).
+	Plugin *SchedulerPlugin
+}
+
+// SchedulerPlugin is gpupool-kube-scheduler and its plugin's args.
+type SchedulerPlugin struct {
+	Binary string
+	Args   []byte
 }
 
 // StartScheduler starts kube-scheduler, with two profiles, default-scheduler
@@ -80,7 +91,11 @@ func (c *ControlPlane) StartScheduler(ctx context.Context, o SchedulerOptions) e
 	if f.err != nil {
 		return f.err
 	}
-	scheduler, err := c.start("kube-scheduler", filepath.Join(c.binDir, "kube-scheduler"), nil,
+	binary := filepath.Join(c.binDir, "kube-scheduler")
+	if o.Plugin != nil {
+		binary = o.Plugin.Binary
+	}
+	scheduler, err := c.start("kube-scheduler", binary, nil,
 		"--config="+configFile,
 		"--authentication-kubeconfig="+kubeconfig,
 		"--authorization-kubeconfig="+kubeconfig,
@@ -164,8 +179,33 @@ func (c *ControlPlane) schedulerConfig(kubeconfig string, o SchedulerOptions) ([
 		// As deploy/components/kubernetes/kube-scheduler-config.yaml has
 		// it, and says why: no preemption for the pool's pods, 10 s before
 		// a refused pod is tried again.
-		config.Profiles = append(config.Profiles, schedulerconfigv1.KubeSchedulerProfile{SchedulerName: ptr.To(gpukube.SchedulerName),
-			Plugins: &schedulerconfigv1.Plugins{PostFilter: schedulerconfigv1.PluginSet{Disabled: []schedulerconfigv1.Plugin{{Name: "DefaultPreemption"}}}}})
+		profile := schedulerconfigv1.KubeSchedulerProfile{SchedulerName: ptr.To(gpukube.SchedulerName),
+			Plugins: &schedulerconfigv1.Plugins{PostFilter: schedulerconfigv1.PluginSet{Disabled: []schedulerconfigv1.Plugin{{Name: "DefaultPreemption"}}}}}
+		if o.Plugin != nil {
+			// The plugin's lease decides the node: no other scorer, and
+			// its bind writes the lease with the node.
+			gpupool := []schedulerconfigv1.Plugin{{Name: "GPUPool"}}
+			all := []schedulerconfigv1.Plugin{{Name: "*"}}
+			profile.Plugins = &schedulerconfigv1.Plugins{
+				PreFilter:  schedulerconfigv1.PluginSet{Enabled: gpupool},
+				PostFilter: schedulerconfigv1.PluginSet{Enabled: gpupool, Disabled: all},
+				PreScore:   schedulerconfigv1.PluginSet{Enabled: gpupool, Disabled: all},
+				Score:      schedulerconfigv1.PluginSet{Enabled: gpupool, Disabled: all},
+				Reserve:    schedulerconfigv1.PluginSet{Enabled: gpupool},
+				Bind:       schedulerconfigv1.PluginSet{Enabled: gpupool, Disabled: all},
+			}
+			// bitfusion.io/gpu is the pool's to count, not the nodes'.
+			fit, err := json.Marshal(schedulerconfigv1.NodeResourcesFitArgs{
+				TypeMeta:              metav1.TypeMeta{APIVersion: schedulerconfigv1.SchemeGroupVersion.String(), Kind: "NodeResourcesFitArgs"},
+				IgnoredResourceGroups: []string{"bitfusion.io"},
+			})
+			if err != nil {
+				return nil, err
+			}
+			profile.PluginConfig = []schedulerconfigv1.PluginConfig{{Name: "GPUPool", Args: runtime.RawExtension{Raw: o.Plugin.Args}},
+				{Name: "NodeResourcesFit", Args: runtime.RawExtension{Raw: fit}}}
+		}
+		config.Profiles = append(config.Profiles, profile)
 		config.PodInitialBackoffSeconds = ptr.To[int64](10)
 		config.PodMaxBackoffSeconds = ptr.To[int64](10)
 	}

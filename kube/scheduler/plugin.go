@@ -1,0 +1,347 @@
+package scheduler
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/component-base/metrics/legacyregistry"
+	"k8s.io/klog/v2"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/internal/cli"
+)
+
+// PluginName is the scheduler-framework plugin's name in a
+// KubeSchedulerConfiguration profile.
+const PluginName = "GPUPool"
+
+// Plugin places pods through the pool from inside kube-scheduler, in the
+// one scheduling loop, without the extender's HTTP hop, and with what the
+// extender protocol lacks: Unreserve, queueing hints, and a PreFilter that
+// narrows the nodes.
+//
+// A pod's first cycle asks the allocator first, among all its servers,
+// and hands kube-scheduler the lease's server as the only node to filter
+// (PreFilter), so kube-scheduler checks one node, not every node of the
+// cluster. The pool's policy counts GPUs, CPU and memory as kube-scheduler
+// does for the pods it places; when kube-scheduler's filters still refuse
+// that node (a taint, a selector, another scheduler's pods), the lease is
+// released (PostFilter) and the pod's next cycles take the long way: every
+// node filtered, the lease acquired among the feasible ones (PreScore, or
+// Reserve when one node is feasible), its server scored first.
+type Plugin struct {
+	core *Extender
+	// longWay are the pods whose lease from PreFilter was on a node
+	// kube-scheduler's filters refused, with when.
+	longWay longWay
+}
+
+var (
+	_ fwk.PreFilterPlugin   = (*Plugin)(nil)
+	_ fwk.PostFilterPlugin  = (*Plugin)(nil)
+	_ fwk.PreScorePlugin    = (*Plugin)(nil)
+	_ fwk.ScorePlugin       = (*Plugin)(nil)
+	_ fwk.ReservePlugin     = (*Plugin)(nil)
+	_ fwk.BindPlugin        = (*Plugin)(nil)
+	_ fwk.EnqueueExtensions = (*Plugin)(nil)
+)
+
+// NewPlugin returns the plugin over core, which holds the allocator's
+// client and reads pods.
+func NewPlugin(core *Extender) *Plugin {
+	return &Plugin{core: core, longWay: longWay{since: map[types.UID]time.Time{}}}
+}
+
+// Name is PluginName.
+func (p *Plugin) Name() string { return PluginName }
+
+// cycleKey is where a cycle keeps the pool's answer.
+const cycleKey fwk.StateKey = "gpupool.io/lease"
+
+// cycleLease is the pool's answer in one scheduling cycle: a lease, or why
+// the pool refused the pod.
+type cycleLease struct {
+	lease   api.Lease
+	refused string
+}
+
+func (c *cycleLease) Clone() fwk.StateData { return c }
+
+func leaseOf(state fwk.CycleState) *cycleLease {
+	d, err := state.Read(cycleKey)
+	if err != nil {
+		return nil
+	}
+	c, _ := d.(*cycleLease)
+	return c
+}
+
+// PreFilter acquires the pod's lease among all the pool's servers and
+// narrows kube-scheduler's filters to its server; a pod whose earlier
+// lease kube-scheduler refused goes the long way.
+func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	if p.longWay.has(pod.UID) {
+		return nil, nil
+	}
+	lease, st := p.acquire(ctx, state, pod, nil)
+	if !st.IsSuccess() {
+		return nil, st
+	}
+	return &fwk.PreFilterResult{NodeNames: sets.New(lease.Server)}, nil
+}
+
+// PreFilterExtensions is nil: the plugin keeps no per-node state.
+func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+
+// acquire takes the pod's lease among nodes (nil: any server) and keeps
+// it in the cycle; a refusal is Unschedulable with the pool's reason.
+func (p *Plugin) acquire(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []string) (api.Lease, *fwk.Status) {
+	start := time.Now()
+	unlock := p.core.calls.lock(pod.UID, false)
+	lease, err := p.core.place(ctx, pod, nodes)
+	unlock()
+	res := resultPlaced
+	var st *fwk.Status
+	switch {
+	case err == nil:
+		state.Write(cycleKey, &cycleLease{lease: lease})
+	case errors.As(err, new(*refusal)):
+		// Unresolvable: preemption frees only what kube-scheduler's own
+		// filters count, never a GPU share.
+		res, st = resultUnschedulable, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
+	default:
+		res, st = resultError, fwk.AsStatus(err)
+	}
+	if err == nil || res == resultError {
+		// A lease whose cycle fails where no Unreserve follows ends
+		// unless a bind comes; so does one granted with its answer lost.
+		p.core.watchBind(pod)
+	}
+	p.core.metrics.answered(verbFilter, res, start)
+	p.core.log.Debug("filter", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID, "nodes", len(nodes), "result", res,
+		"server", lease.Server, "lease", lease.ID, "err", errText(err), "took", time.Since(start))
+	return lease, st
+}
+
+// PostFilter runs when no node passed kube-scheduler's filters: a lease
+// PreFilter took on a node they refused is released, and the pod goes the
+// long way from its next cycle.
+func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
+	if c := leaseOf(state); c != nil && c.refused == "" {
+		p.longWay.add(pod.UID)
+		p.release(ctx, pod, "released the lease of a pod whose node kube-scheduler's filters refused: it is placed among the feasible nodes next")
+	}
+	return nil, fwk.NewStatus(fwk.Unschedulable)
+}
+
+// release releases the pod's leases unless it is bound or being bound.
+func (p *Plugin) release(ctx context.Context, pod *v1.Pod, why string) {
+	unlock := p.core.calls.lock(pod.UID, false)
+	defer unlock()
+	if err := p.core.notBound(ctx, pod); err != nil {
+		klog.FromContext(ctx).V(2).Info("the pod keeps its lease", "pod", klog.KObj(pod), "why", err)
+		return
+	}
+	if _, err := p.core.releaseLeases(ctx, pod, why); err != nil {
+		// Its wait for a bind (watchBind) releases it later.
+		p.core.log.Warn("releasing a lease", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+	}
+}
+
+// PreScore, on the long way, acquires the pod's lease among the feasible
+// nodes; Reserve says the pool's refusal.
+func (p *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
+	if leaseOf(state) != nil {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	names := make([]string, len(nodes))
+	for i, n := range nodes {
+		names[i] = n.Node().Name
+	}
+	_, st := p.acquire(ctx, state, pod, names)
+	switch {
+	case st.IsRejected():
+		state.Write(cycleKey, &cycleLease{refused: st.Message()})
+	case !st.IsSuccess():
+		return st
+	}
+	return nil
+}
+
+// Score puts the lease's server first.
+func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, node fwk.NodeInfo) (int64, *fwk.Status) {
+	if c := leaseOf(state); c != nil && c.lease.Server == node.Node().Name {
+		return fwk.MaxNodeScore, nil
+	}
+	return fwk.MinNodeScore, nil
+}
+
+// ScoreExtensions is nil: scores are already in range.
+func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
+
+// Reserve holds the lease on the chosen node: the cycle's lease, or one
+// acquired on that node when it was the only one feasible (kube-scheduler
+// then skips PreScore).
+func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, node string) *fwk.Status {
+	c := leaseOf(state)
+	if c == nil {
+		if _, st := p.acquire(ctx, state, pod, []string{node}); !st.IsSuccess() {
+			return st
+		}
+		c = leaseOf(state)
+	}
+	switch {
+	case c.refused != "":
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, c.refused)
+	case c.lease.Server != node:
+		return fwk.AsStatus(fmt.Errorf("gpupool: the pod's lease %s is on %s, not on %s", c.lease.ID, c.lease.Server, node))
+	}
+	return nil
+}
+
+// Unreserve releases the cycle's lease: the cycle failed after Reserve.
+func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ string) {
+	if c := leaseOf(state); c != nil && c.refused == "" {
+		p.release(ctx, pod, "released the lease of a pod whose scheduling cycle failed")
+	}
+}
+
+// Bind binds the pod with its lease, as the extender's bind does.
+func (p *Plugin) Bind(ctx context.Context, _ fwk.CycleState, pod *v1.Pod, node string) *fwk.Status {
+	_, res := p.core.bind(ctx, &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: node})
+	if res != resultBound {
+		return fwk.AsStatus(fmt.Errorf("gpupool: binding pod %s/%s to %s failed", pod.Namespace, pod.Name, node))
+	}
+	p.longWay.remove(pod.UID)
+	return nil
+}
+
+// EventsToRegister: a pod the pool refused may fit once a lease ends (an
+// assigned pod deleted) or a node comes or changes (added, a taint or a
+// label: more candidates on the long way); one whose lease kube-scheduler
+// refused is tried again, the long way, at its own next update
+// (kube-scheduler's PodScheduled condition).
+func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
+	return []fwk.ClusterEventWithHint{
+		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete}},
+		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeTaint | fwk.UpdateNodeLabel}},
+		{Event: fwk.ClusterEvent{Resource: fwk.Pod, ActionType: fwk.Update}, QueueingHintFn: p.longWayHint},
+	}, nil
+}
+
+func (p *Plugin) longWayHint(_ klog.Logger, pod *v1.Pod, _, newObj any) (fwk.QueueingHint, error) {
+	if updated, ok := newObj.(*v1.Pod); ok && updated.UID == pod.UID && p.longWay.has(pod.UID) {
+		return fwk.Queue, nil
+	}
+	return fwk.QueueSkip, nil
+}
+
+// longWay remembers the pods to place among the feasible nodes, for an
+// hour at most: a pod deleted meanwhile is forgotten then.
+type longWay struct {
+	mu    sync.Mutex
+	since map[types.UID]time.Time
+}
+
+const longWayFor = time.Hour
+
+func (l *longWay) add(uid types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	for u, t := range l.since {
+		if now.Sub(t) > longWayFor {
+			delete(l.since, u)
+		}
+	}
+	l.since[uid] = now
+}
+
+func (l *longWay) has(uid types.UID) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.since[uid]
+	return ok
+}
+
+func (l *longWay) remove(uid types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.since, uid)
+}
+
+// DecodePluginArgs reads the plugin's args from a profile's pluginConfig.
+func DecodePluginArgs(obj runtime.Object, into any) error {
+	u, ok := obj.(*runtime.Unknown)
+	if !ok || u == nil {
+		return fmt.Errorf("%s: no args: its pluginConfig must name the allocator", PluginName)
+	}
+	d := json.NewDecoder(bytes.NewReader(u.Raw))
+	d.DisallowUnknownFields()
+	if err := d.Decode(into); err != nil {
+		return fmt.Errorf("%s args: %w", PluginName, err)
+	}
+	return nil
+}
+
+// PluginArgs are the plugin's args in a profile's pluginConfig.
+type PluginArgs struct {
+	// Allocator is the allocator's URL, or its replicas', comma-separated.
+	Allocator string `json:"allocator"`
+	// AllocatorCAFile verifies an https allocator; empty trusts the
+	// system's roots.
+	AllocatorCAFile string `json:"allocatorCAFile,omitempty"`
+	// TokenFile holds an admin token: the plugin acquires in every
+	// namespace.
+	TokenFile string `json:"tokenFile"`
+	// UnboundLeaseTimeout: how long a lease waits for its bind where no
+	// Unreserve comes (DefaultUnboundLeaseTimeout when 0).
+	UnboundLeaseTimeout metav1.Duration `json:"unboundLeaseTimeout,omitempty"`
+	// LogLevel of the plugin's own lines on stderr, as slog names them;
+	// debug logs every acquisition and bind.
+	LogLevel string `json:"logLevel,omitempty"`
+}
+
+// NewPluginFromArgs is the plugin's factory for kube-scheduler's registry
+// (app.WithPlugin).
+func NewPluginFromArgs(_ context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
+	var args PluginArgs
+	if err := DecodePluginArgs(obj, &args); err != nil {
+		return nil, err
+	}
+	if args.Allocator == "" || args.TokenFile == "" {
+		return nil, fmt.Errorf("%s args: allocator and tokenFile are required", PluginName)
+	}
+	alloc, err := cli.AllocatorClient(args.Allocator, args.AllocatorCAFile, "tokenFile", args.TokenFile)
+	if err != nil {
+		return nil, fmt.Errorf("%s args: %w", PluginName, err)
+	}
+	// The acquisition holds the one scheduling loop: fail over between
+	// replicas once, and give up within 3 s.
+	alloc.Retries, alloc.Timeout = 2*len(strings.Split(args.Allocator, ",")), 3*time.Second
+	var level slog.Level
+	if args.LogLevel != "" {
+		if err := level.UnmarshalText([]byte(args.LogLevel)); err != nil {
+			return nil, fmt.Errorf("%s args: logLevel: %w", PluginName, err)
+		}
+	}
+	core := New(Config{Allocator: alloc, Kube: h.ClientSet(), Pods: h.SharedInformerFactory().Core().V1().Pods().Lister(),
+		UnboundLeaseTimeout: args.UnboundLeaseTimeout.Duration, Registry: legacyregistry.Registerer(),
+		Logger: slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))})
+	return NewPlugin(core), nil
+}

@@ -1,0 +1,219 @@
+package scheduler
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/allocator/service/servicetest"
+	"github.com/gpupool/gpupool/kube"
+)
+
+// cycleState is the part of kube-scheduler's CycleState the plugin uses;
+// the rest of the interface panics if called.
+type cycleState struct {
+	fwk.CycleState
+	data map[fwk.StateKey]fwk.StateData
+}
+
+func newCycleState() *cycleState { return &cycleState{data: map[fwk.StateKey]fwk.StateData{}} }
+
+func (s *cycleState) Read(k fwk.StateKey) (fwk.StateData, error) {
+	if d, ok := s.data[k]; ok {
+		return d, nil
+	}
+	return nil, fwk.ErrNotFound
+}
+
+func (s *cycleState) Write(k fwk.StateKey, d fwk.StateData) { s.data[k] = d }
+
+// nodeInfo is a node as the plugin reads one: its name.
+type nodeInfo struct {
+	fwk.NodeInfo
+	node *v1.Node
+}
+
+func (n nodeInfo) Node() *v1.Node { return n.node }
+
+func nodeInfos(names ...string) []fwk.NodeInfo {
+	infos := make([]fwk.NodeInfo, len(names))
+	for i, name := range names {
+		infos[i] = nodeInfo{node: &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}}
+	}
+	return infos
+}
+
+func newTestPlugin(t *testing.T, gpusPerServer int, pods ...runtime.Object) (*Plugin, *testExtender) {
+	t.Helper()
+	te := newTestExtender(t, []api.Server{servicetest.Server("gpu-0", gpusPerServer), servicetest.Server("gpu-1", gpusPerServer)}, nil, pods...)
+	return NewPlugin(te.Extender), te
+}
+
+// podLeases are the allocator's leases for pod.
+func podLeases(t *testing.T, alloc *client.Client, pod *v1.Pod) []api.Lease {
+	t.Helper()
+	held, err := alloc.Leases(context.Background(), client.LeaseFilter{Namespace: pod.Namespace, OwnerUID: string(pod.UID)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return held
+}
+
+func TestPluginNarrowsToTheLeasesServer(t *testing.T) {
+	pod := testPod("p", half)
+	p, te := newTestPlugin(t, 1, pod)
+	ctx, state := context.Background(), newCycleState()
+
+	res, st := p.PreFilter(ctx, state, pod, nil)
+	if !st.IsSuccess() {
+		t.Fatalf("PreFilter: %v", st)
+	}
+	held := podLeases(t, te.alloc, pod)
+	if len(held) != 1 || res.AllNodes() || !res.NodeNames.Has(held[0].Server) || res.NodeNames.Len() != 1 {
+		t.Fatalf("PreFilter narrowed to %v with leases %+v: want the one lease's server", res, held)
+	}
+	node := held[0].Server
+	if st := p.Reserve(ctx, state, pod, node); !st.IsSuccess() {
+		t.Fatalf("Reserve on %s: %v", node, st)
+	}
+	if st := p.Bind(ctx, state, pod, node); !st.IsSuccess() {
+		t.Fatalf("Bind on %s: %v", node, st)
+	}
+	if len(te.taken) != 1 || te.taken[0].Target.Name != node || te.taken[0].Annotations[kube.AnnotationLease] != held[0].ID {
+		t.Fatalf("Bindings %+v: want one to %s with lease %s", te.taken, node, held[0].ID)
+	}
+}
+
+func TestPluginRefusalIsUnresolvableWithThePoolsReason(t *testing.T) {
+	pod := testPod("big", kube.Request{GPUAmount: 4, GPUPercent: 100})
+	p, te := newTestPlugin(t, 1, pod)
+
+	_, st := p.PreFilter(context.Background(), newCycleState(), pod, nil)
+	if st.Code() != fwk.UnschedulableAndUnresolvable || !strings.Contains(st.Message(), "gpupool allocator: no server has 4 free GPUs") {
+		t.Fatalf("PreFilter: %v %q: want UnschedulableAndUnresolvable with the pool's reason", st.Code(), st.Message())
+	}
+	if held := podLeases(t, te.alloc, pod); len(held) != 0 {
+		t.Fatalf("leases %+v after a refusal", held)
+	}
+}
+
+// A lease on a node kube-scheduler's filters refuse (a taint the pool does
+// not know) is released, and the pod's next cycle places it among the
+// nodes those filters left.
+func TestPluginTakesTheLongWayWhenTheLeasesNodeIsRefused(t *testing.T) {
+	pod := testPod("p", half)
+	p, te := newTestPlugin(t, 1, pod)
+	ctx := context.Background()
+
+	first := newCycleState()
+	res, st := p.PreFilter(ctx, first, pod, nil)
+	if !st.IsSuccess() {
+		t.Fatalf("PreFilter: %v", st)
+	}
+	refused := res.NodeNames.UnsortedList()[0]
+	if _, st := p.PostFilter(ctx, first, pod, nil); st.Code() != fwk.Unschedulable {
+		t.Fatalf("PostFilter: %v", st)
+	}
+	if held := podLeases(t, te.alloc, pod); len(held) != 0 {
+		t.Fatalf("leases %+v after PostFilter: want the refused node's released", held)
+	}
+	if hint, _ := p.longWayHint(klog.Background(), pod, nil, pod); hint != fwk.Queue {
+		t.Errorf("the pod's own update: %v, want Queue", hint)
+	}
+	if hint, _ := p.longWayHint(klog.Background(), pod, nil, testPod("other", half)); hint != fwk.QueueSkip {
+		t.Errorf("another pod's update: %v, want QueueSkip", hint)
+	}
+
+	other := "gpu-0"
+	if refused == other {
+		other = "gpu-1"
+	}
+	second := newCycleState()
+	if res, st := p.PreFilter(ctx, second, pod, nil); !st.IsSuccess() || !res.AllNodes() {
+		t.Fatalf("PreFilter the second time: %v %v, want every node", res, st)
+	}
+	if st := p.PreScore(ctx, second, pod, nodeInfos(other, "not-a-server")); !st.IsSuccess() {
+		t.Fatalf("PreScore: %v", st)
+	}
+	for _, n := range nodeInfos(other, "not-a-server") {
+		want := int64(fwk.MinNodeScore)
+		if n.Node().Name == other {
+			want = fwk.MaxNodeScore
+		}
+		if score, _ := p.Score(ctx, second, pod, n); score != want {
+			t.Errorf("Score(%s) = %d, want %d", n.Node().Name, score, want)
+		}
+	}
+	if st := p.Reserve(ctx, second, pod, other); !st.IsSuccess() {
+		t.Fatalf("Reserve on %s: %v", other, st)
+	}
+	if st := p.Bind(ctx, second, pod, other); !st.IsSuccess() {
+		t.Fatalf("Bind: %v", st)
+	}
+	if p.longWay.has(pod.UID) {
+		t.Error("the pod is still marked for the long way once bound")
+	}
+}
+
+// On the long way with one feasible node kube-scheduler skips PreScore;
+// Reserve acquires on that node, or says the pool's refusal.
+func TestPluginReservesOnTheOneFeasibleNode(t *testing.T) {
+	pod, big := testPod("p", half), testPod("big", kube.Request{GPUAmount: 2, GPUPercent: 100})
+	p, te := newTestPlugin(t, 1, pod, big)
+	ctx := context.Background()
+	p.longWay.add(pod.UID)
+	p.longWay.add(big.UID)
+
+	if st := p.Reserve(ctx, newCycleState(), pod, "gpu-1"); !st.IsSuccess() {
+		t.Fatalf("Reserve: %v", st)
+	}
+	if held := podLeases(t, te.alloc, pod); len(held) != 1 || held[0].Server != "gpu-1" {
+		t.Fatalf("leases %+v: want one on gpu-1", held)
+	}
+	if st := p.Reserve(ctx, newCycleState(), big, "gpu-1"); st.Code() != fwk.UnschedulableAndUnresolvable {
+		t.Fatalf("Reserve of a pod the node cannot hold: %v, want the pool's refusal", st)
+	}
+}
+
+func TestPluginUnreserveReleasesTheCyclesLease(t *testing.T) {
+	pod := testPod("p", half)
+	p, te := newTestPlugin(t, 1, pod)
+	ctx, state := context.Background(), newCycleState()
+	res, st := p.PreFilter(ctx, state, pod, nil)
+	if !st.IsSuccess() {
+		t.Fatalf("PreFilter: %v", st)
+	}
+	node := res.NodeNames.UnsortedList()[0]
+	if st := p.Reserve(ctx, state, pod, node); !st.IsSuccess() {
+		t.Fatalf("Reserve: %v", st)
+	}
+	p.Unreserve(ctx, state, pod, node)
+	if held := podLeases(t, te.alloc, pod); len(held) != 0 {
+		t.Fatalf("leases %+v after Unreserve", held)
+	}
+}
+
+func TestPluginArgs(t *testing.T) {
+	var args PluginArgs
+	if err := DecodePluginArgs(&runtime.Unknown{Raw: []byte(`{"allocator":"http://a","tokenFile":"/t","unboundLeaseTimeout":"30s"}`)}, &args); err != nil {
+		t.Fatal(err)
+	}
+	if args.Allocator != "http://a" || args.TokenFile != "/t" || args.UnboundLeaseTimeout.Duration.String() != "30s" {
+		t.Errorf("args %+v", args)
+	}
+	err := DecodePluginArgs(&runtime.Unknown{Raw: []byte(`{"allocater":"http://a"}`)}, &args)
+	if err == nil || !strings.Contains(err.Error(), `unknown field "allocater"`) {
+		t.Errorf("a misspelt field: %v, want it named", err)
+	}
+	if err := DecodePluginArgs(nil, &args); err == nil {
+		t.Error("no args: no error")
+	}
+}
