@@ -208,9 +208,10 @@ $(GOLANGCI_LINT): tools/go.mod
 	cd tools && $(GO) build -o ../$(GOLANGCI_LINT) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
 .PHONY: verify
-verify: ## gofmt clean, go.mod tidy
+verify: ## gofmt clean, go.mod tidy (gpupool-kube-scheduler's module's too)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) mod tidy -diff
+	cd cmd/gpupool-kube-scheduler && $(GO) mod tidy -diff
 
 .PHONY: verify-generated
 verify-generated: ## fail when the committed dashboards or the PrometheusRule differ from what their generators write

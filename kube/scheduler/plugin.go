@@ -186,9 +186,9 @@ func (p *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Pod
 // Score puts the lease's server first.
 func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, node fwk.NodeInfo) (int64, *fwk.Status) {
 	if c := leaseOf(state); c != nil && c.lease.Server == node.Node().Name {
-		return fwk.MaxNodeScore, nil
+		return fwk.MaxScore, nil
 	}
-	return fwk.MinNodeScore, nil
+	return fwk.MinScore, nil
 }
 
 // ScoreExtensions is nil: scores are already in range.

@@ -144,9 +144,9 @@ func TestPluginTakesTheLongWayWhenTheLeasesNodeIsRefused(t *testing.T) {
 		t.Fatalf("PreScore: %v", st)
 	}
 	for _, n := range nodeInfos(other, "not-a-server") {
-		want := int64(fwk.MinNodeScore)
+		want := fwk.MinScore
 		if n.Node().Name == other {
-			want = fwk.MaxNodeScore
+			want = fwk.MaxScore
 		}
 		if score, _ := p.Score(ctx, second, pod, n); score != want {
 			t.Errorf("Score(%s) = %d, want %d", n.Node().Name, score, want)

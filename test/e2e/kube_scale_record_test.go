@@ -209,6 +209,7 @@ func (r *scaleRecord) report(b *testing.B, tr *simulate.Trace, arrivals []simula
 	perPod := map[string]int{}
 	var filterTook, bindTook []time.Duration
 	var candidates []int
+	amongAll := 0
 	for _, c := range r.calls {
 		key := c.Msg + " " + c.Result
 		if c.Msg == verbBindRecord {
@@ -223,7 +224,12 @@ func (r *scaleRecord) report(b *testing.B, tr *simulate.Trace, arrivals []simula
 			}
 			perPod[c.UID]++
 			filterTook = append(filterTook, time.Duration(c.Took))
-			candidates = append(candidates, c.Nodes)
+			if c.Nodes > 0 {
+				candidates = append(candidates, c.Nodes)
+			} else {
+				// The plugin's PreFilter asks among all the pool's servers.
+				amongAll++
+			}
 		}
 		answers[key]++
 	}
@@ -241,6 +247,9 @@ func (r *scaleRecord) report(b *testing.B, tr *simulate.Trace, arrivals []simula
 		quantileOf(bindTook, 0.5), quantileOf(bindTook, 0.99), quantileOf(bindTook, 1))
 	fmt.Println()
 	slices.Sort(candidates)
+	if amongAll > 0 {
+		fmt.Printf("acquisitions among all the pool's servers, before kube-scheduler's filters: %d\n", amongAll)
+	}
 	if len(candidates) > 0 {
 		fewer := 0
 		for _, n := range candidates {
