@@ -130,7 +130,7 @@ test: deps verify ## vet; unit, scenario, property and integration tests (real e
 	$(GO) test -count=1 -race -short $(RACE_PACKAGES)
 
 # The cluster the e2e tests start: kube-apiserver, kube-controller-manager,
-# kube-scheduler, the kubelet and kube-proxy (tools/kube pins them), kwok,
+# kube-scheduler, the kubelet and kube-proxy (cmd/gpupool-kube-scheduler pins them), kwok,
 # CoreDNS and the Kubeflow training operator, built once into
 # ~/.cache/gpupool (or $KUBE_BIN_DIR). Lower case, so that make does not
 # export it to every recipe.

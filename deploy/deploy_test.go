@@ -453,13 +453,13 @@ func TestKubeSchedulerConfig(t *testing.T) {
 
 	var sched appsv1.Deployment
 	find(t, objs, "Deployment", "gpupool-kube-scheduler", &sched)
-	goMod, err := os.ReadFile("../tools/kube/go.mod")
+	goMod, err := os.ReadFile("../cmd/gpupool-kube-scheduler/go.mod")
 	if err != nil {
 		t.Fatal(err)
 	}
 	tested := regexp.MustCompile(`(?m)^require k8s\.io/kubernetes (v\S+)$`).FindSubmatch(goMod)
 	if tested == nil {
-		t.Fatal("tools/kube/go.mod pins no k8s.io/kubernetes")
+		t.Fatal("cmd/gpupool-kube-scheduler/go.mod pins no k8s.io/kubernetes")
 	}
 	if image := sched.Spec.Template.Spec.Containers[0].Image; image != "registry.k8s.io/kube-scheduler:"+string(tested[1]) {
 		t.Errorf("kube-scheduler image %s, want the release the tests run, %s", image, tested[1])

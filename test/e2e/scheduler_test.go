@@ -37,6 +37,10 @@ func TestSchedulerPlacesThroughThePool(t *testing.T) {
 }
 
 func testSchedulerPlacesThroughThePool(t *testing.T, plugin bool) {
+	if plugin {
+		// Built (a minute or more) before the test's clock starts.
+		gpupoolKubeScheduler(t)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	pool := startKubePool(t, ctx, kubePoolOptions{Namespaces: []string{"training"}, Plugin: plugin})

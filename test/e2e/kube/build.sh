@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds what the end-to-end tests start into $KUBE_BIN_DIR, once: the
 # control plane (kube-apiserver, kube-controller-manager, kube-scheduler),
-# the kubelet and kube-proxy at tools/kube's pinned version, in one go
+# the kubelet and kube-proxy at the version cmd/gpupool-kube-scheduler pins, in one go
 # build, which compiles the packages they share once; kwok; CoreDNS, the
 # cluster DNS of the tests whose components run as pods; and the Kubeflow
 # training operator with its TFJob CRD and ClusterRole. What is there is
@@ -11,7 +11,7 @@
 # line of output is the directory.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../../.." && pwd)"
-version="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$root/tools/kube/go.mod")"
+version="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$root/cmd/gpupool-kube-scheduler/go.mod")"
 kwok_version=v0.8.0
 coredns_version=v1.15.0
 # The helm CLI of the chart's end-to-end test (deploy/helm/gpupool).
@@ -34,14 +34,7 @@ for cmd in "${kube_cmds[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "building ${kube_cmds[*]} $version into $dir (cold: about 14 minutes on 2 cores)" >&2
-  minor="$(echo "$version" | cut -d. -f2)"
-  # No symbol table or DWARF: the tests never debug these, and linking is faster.
-  ldflags="-s -w"
-  # Without a version the binaries say v0.0.0-master and kubectl refuses them.
-  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags="$ldflags -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
-  done
-  (cd "$root/tools/kube" && go build -trimpath -ldflags "$ldflags" -o "$tmp/" "${kube_cmds[@]/#/k8s.io/kubernetes/cmd/}")
+  "$root/cmd/gpupool-kube-scheduler/build.sh" "$tmp" "${kube_cmds[@]/#/k8s.io/kubernetes/cmd/}"
   for cmd in "${kube_cmds[@]}"; do
     mv "$tmp/$cmd" "$dir/$cmd"
   done

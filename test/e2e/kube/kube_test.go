@@ -58,7 +58,7 @@ func TestControlPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	if want := kubeVersion(t); version.GitVersion != want {
-		t.Errorf("server version %s, want %s (the version tools/kube pins)", version.GitVersion, want)
+		t.Errorf("server version %s, want %s (the version cmd/gpupool-kube-scheduler pins)", version.GitVersion, want)
 	}
 
 	t.Run("PID", func(t *testing.T) {
@@ -354,15 +354,15 @@ func waitPodsRunning(ctx context.Context, t *testing.T, cp *ControlPlane, namesp
 }
 
 // kubeVersion is the Kubernetes version build.sh builds: the one
-// tools/kube/go.mod requires, found the way build.sh finds it.
+// cmd/gpupool-kube-scheduler/go.mod requires, found the way build.sh finds it.
 func kubeVersion(t *testing.T) string {
-	data, err := os.ReadFile("../../../tools/kube/go.mod")
+	data, err := os.ReadFile("../../../cmd/gpupool-kube-scheduler/go.mod")
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := regexp.MustCompile(`(?m)^require k8s\.io/kubernetes (v\S+)$`).FindSubmatch(data)
 	if m == nil {
-		t.Fatal("tools/kube/go.mod has no line 'require k8s.io/kubernetes <version>'")
+		t.Fatal("cmd/gpupool-kube-scheduler/go.mod has no line 'require k8s.io/kubernetes <version>'")
 	}
 	return string(m[1])
 }
