@@ -223,9 +223,11 @@ func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Po
 
 // Bind binds the pod with its lease, as the extender's bind does.
 func (p *Plugin) Bind(ctx context.Context, _ fwk.CycleState, pod *v1.Pod, node string) *fwk.Status {
-	_, res := p.core.bind(ctx, &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: node})
+	start := time.Now()
+	answer, res := p.core.bind(ctx, &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: node})
+	p.core.metrics.answered(verbBind, res, start)
 	if res != resultBound {
-		return fwk.AsStatus(fmt.Errorf("gpupool: binding pod %s/%s to %s failed", pod.Namespace, pod.Name, node))
+		return fwk.AsStatus(errors.New(answer.Error))
 	}
 	p.longWay.remove(pod.UID)
 	return nil
@@ -240,7 +242,7 @@ func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, 
 	return []fwk.ClusterEventWithHint{
 		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete}},
 		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeTaint | fwk.UpdateNodeLabel}},
-		{Event: fwk.ClusterEvent{Resource: fwk.Pod, ActionType: fwk.Update}, QueueingHintFn: p.longWayHint},
+		{Event: fwk.ClusterEvent{Resource: fwk.TargetPod, ActionType: fwk.Update}, QueueingHintFn: p.longWayHint},
 	}, nil
 }
 

@@ -90,6 +90,9 @@ func TestPluginNarrowsToTheLeasesServer(t *testing.T) {
 	if len(te.taken) != 1 || te.taken[0].Target.Name != node || te.taken[0].Annotations[kube.AnnotationLease] != held[0].ID {
 		t.Fatalf("Bindings %+v: want one to %s with lease %s", te.taken, node, held[0].ID)
 	}
+	if st := p.Bind(ctx, newCycleState(), testPod("gone", half), node); st.IsSuccess() || !strings.Contains(st.Message(), "no pod team-a/gone") {
+		t.Errorf("Bind of a pod the cluster does not have: %v, want the reason", st)
+	}
 }
 
 func TestPluginRefusalIsUnresolvableWithThePoolsReason(t *testing.T) {
