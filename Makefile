@@ -32,16 +32,20 @@ VERSION := $(shell cat VERSION)
 # Every command but the client, which has an image of its own, and the
 # demo: a new cmd/ is in gpupool/gpupool without a change here.
 SERVER_COMMANDS = $(filter-out %/cmd/gpupool %/cmd/gpupool-demo,$(COMMANDS))
-# Only gpupool-server needs cgo (go-nvml); the image's others are static.
+# Only gpupool-server needs cgo (go-nvml); the image's others are static,
+# but gpupool-kube-scheduler: a module of its own, it is built as the
+# Kubernetes components the end-to-end tests start (its build.sh), from the
+# same compiled packages, so that CI compiles Kubernetes once.
 CGO_COMMANDS    = %/cmd/gpupool-server
 IMAGE_DIR      := bin/image
 
 # The Dockerfile builds its binaries with this too.
 .PHONY: image-binaries
-image-binaries: ## the binaries of the images into bin/image/bin: the client and every server-side one, static but gpupool-server
+image-binaries: ## the binaries of the images into bin/image/bin: the client and every server-side one with gpupool-kube-scheduler, static but gpupool-server and gpupool-kube-scheduler
 	rm -rf $(IMAGE_DIR) && mkdir -p $(IMAGE_DIR)/bin
 	CGO_ENABLED=0 $(GO) build $(RELEASE_FLAGS) -o $(IMAGE_DIR)/bin/ ./cmd/gpupool $(filter-out $(CGO_COMMANDS),$(SERVER_COMMANDS))
 	$(GO) build $(RELEASE_FLAGS) -o $(IMAGE_DIR)/bin/ $(filter $(CGO_COMMANDS),$(SERVER_COMMANDS))
+	cmd/gpupool-kube-scheduler/build.sh $(IMAGE_DIR)/bin
 
 # IMAGE_REGISTRY=registry.example.com/team also pushes them there, with the
 # credentials of ~/.docker/config.json.

@@ -9,9 +9,6 @@
 #                                         each replica of overlays/etcd
 #   gpupool-adapter.{crt,key}             serving, gpupool-adapter.gpupool.svc
 #   gpupool-webhook.{crt,key}             serving, gpupool-webhook.gpupool.svc
-#   gpupool-scheduler.{crt,key}           serving, gpupool-scheduler.gpupool.svc
-#   gpupool-kube-scheduler-client.{crt,key}  kube-scheduler's client certificate
-#                                         for the extender
 #
 # Usage: deploy/certs.sh DIR      (DAYS=365 sets the leaves' lifetime)
 set -euo pipefail
@@ -45,13 +42,10 @@ issue() {
 issue gpupool-allocator gpupool-allocator.gpupool.svc \
   "extendedKeyUsage=serverAuth
 subjectAltName=DNS:gpupool-allocator.gpupool.svc,DNS:gpupool-allocator.gpupool.svc.cluster.local,DNS:*.gpupool-allocator-peers.gpupool.svc,DNS:*.gpupool-allocator-peers.gpupool.svc.cluster.local"
-for service in gpupool-adapter gpupool-webhook gpupool-scheduler; do
+for service in gpupool-adapter gpupool-webhook; do
   issue "$service" "$service.gpupool.svc" \
     "extendedKeyUsage=serverAuth
 subjectAltName=DNS:$service.gpupool.svc,DNS:$service.gpupool.svc.cluster.local"
 done
-# The only client certificate: the extender accepts any the CA signed for
-# client auth, and the serving certificates above are not.
-issue gpupool-kube-scheduler-client gpupool-kube-scheduler "extendedKeyUsage=clientAuth"
 chmod 644 ./*.crt
 echo "certificates in $PWD" >&2

@@ -7,7 +7,6 @@ package deploy_test
 
 import (
 	"encoding/json"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -22,6 +21,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	schedulerconfigv1 "k8s.io/kube-scheduler/config/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -29,6 +29,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/service"
 	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/scheduler"
 )
 
 // build runs `kustomize build dir`.
@@ -379,66 +380,126 @@ func TestWebhookReachable(t *testing.T) {
 	}
 }
 
-// TestExtenderReachable follows the second kube-scheduler's way to the
-// extender: its configuration names the Service and port that reach the
-// extender's HTTPS port, which serves a certificate for that name and
-// checks client certificates against the CA that signs kube-scheduler's.
-func TestExtenderReachable(t *testing.T) {
+// TestKubeSchedulerReachesAllocator follows gpupool-kube-scheduler's way to
+// the allocator: the GPUPool plugin's args, with the environment its
+// Deployment sets, name the address of the ConfigMap gpupool-endpoints,
+// the CA of the allocator's Secret and the admin token of the tokens'
+// Secret, each in a volume the container mounts, as gpupool-scheduler has
+// them.
+func TestKubeSchedulerReachesAllocator(t *testing.T) {
 	objs := build(t, "overlays/full")
 	config := kubeSchedulerConfig(t, objs)
-	if len(config.Extenders) != 1 {
-		t.Fatalf("extenders: %+v, want gpupool-scheduler's", config.Extenders)
+	var sched, controller appsv1.Deployment
+	find(t, objs, "Deployment", "gpupool-kube-scheduler", &sched)
+	find(t, objs, "Deployment", "gpupool-scheduler", &controller)
+	c := sched.Spec.Template.Spec.Containers[0]
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			t.Setenv(e.Name, e.Value)
+		case e.ValueFrom.ConfigMapKeyRef != nil:
+			var cm corev1.ConfigMap
+			find(t, objs, "ConfigMap", e.ValueFrom.ConfigMapKeyRef.Name, &cm)
+			t.Setenv(e.Name, cm.Data[e.ValueFrom.ConfigMapKeyRef.Key])
+		}
 	}
-	e := config.Extenders[0]
-	u, err := url.Parse(e.URLPrefix)
+	var pluginConfig *schedulerconfigv1.PluginConfig
+	for i, pc := range config.Profiles[0].PluginConfig {
+		if pc.Name == scheduler.PluginName {
+			pluginConfig = &config.Profiles[0].PluginConfig[i]
+		}
+	}
+	if pluginConfig == nil {
+		t.Fatalf("pluginConfig %+v: no args for %s", config.Profiles[0].PluginConfig, scheduler.PluginName)
+	}
+	args, err := scheduler.DecodePluginArgs(&runtime.Unknown{Raw: pluginConfig.Args.Raw})
 	if err != nil {
 		t.Fatal(err)
 	}
-	name, namespace, _ := strings.Cut(strings.TrimSuffix(u.Hostname(), ".svc"), ".")
-	port, err := strconv.Atoi(u.Port())
-	if err != nil || u.Scheme != "https" || !e.EnableHTTPS || e.TLSConfig == nil {
-		t.Fatalf("extender %s: want https://<service>.<namespace>.svc:<port> with enableHTTPS and a tlsConfig", e.URLPrefix)
+	var endpoints corev1.ConfigMap
+	find(t, objs, "ConfigMap", "gpupool-endpoints", &endpoints)
+	if args.Allocator != endpoints.Data["allocator"] {
+		t.Errorf("the plugin reaches the allocator at %q, the endpoints ConfigMap says %q", args.Allocator, endpoints.Data["allocator"])
 	}
-	served := serving(t, objs, namespace, name, int32(port), "gpupool-scheduler")
-	checkCertificate(t, objs, "gpupool-scheduler", served, "server auth", u.Hostname())
-	if !slices.Contains(served.args, "--client-ca-file="+served.mountPath+"/ca.crt") {
-		t.Errorf("the extender does not check client certificates against its Secret's CA: %q", served.args)
+	mountedFile := func(pod corev1.PodSpec, path string) (secret, key string) {
+		t.Helper()
+		s := mountedSecret(t, pod, filepath.Dir(path))
+		i := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Secret != nil && v.Secret.SecretName == s.secret })
+		for _, item := range pod.Volumes[i].Secret.Items {
+			if item.Path == filepath.Base(path) {
+				return s.secret, item.Key
+			}
+		}
+		return s.secret, filepath.Base(path)
 	}
-
-	var sched appsv1.Deployment
-	find(t, objs, "Deployment", "gpupool-kube-scheduler", &sched)
-	client := mountedSecret(t, sched.Spec.Template.Spec, filepath.Dir(e.TLSConfig.CertFile))
-	for _, f := range []string{e.TLSConfig.CertFile, e.TLSConfig.KeyFile, e.TLSConfig.CAFile} {
-		if dir := filepath.Dir(f); dir != client.mountPath {
-			t.Errorf("kube-scheduler's %s is not in the Secret %s mounted at %s", f, client.secret, client.mountPath)
+	controllerArgs := strings.Join(controller.Spec.Template.Spec.Containers[0].Args, " ")
+	tokenFile := regexp.MustCompile(`--token-file=(\S+)`).FindStringSubmatch(controllerArgs)
+	if tokenFile == nil {
+		t.Fatalf("gpupool-scheduler's args %q name no --token-file", controllerArgs)
+	}
+	for _, tc := range []struct{ what, path, controllerPath string }{
+		{"token", args.TokenFile, tokenFile[1]},
+		{"allocator's CA", args.AllocatorCAFile, "/etc/gpupool/allocator-ca/ca.crt"},
+	} {
+		secret, key := mountedFile(sched.Spec.Template.Spec, tc.path)
+		wantSecret, wantKey := mountedFile(controller.Spec.Template.Spec, tc.controllerPath)
+		if secret != wantSecret || key != wantKey {
+			t.Errorf("the plugin's %s %s is %s/%s, gpupool-scheduler's %s/%s", tc.what, tc.path, secret, key, wantSecret, wantKey)
 		}
 	}
-	checkCertificate(t, objs, "gpupool-kube-scheduler-client", client, "client auth")
 }
 
-// TestKubeSchedulerConfig checks the second kube-scheduler's configuration
+// TestKubeSchedulerConfig checks gpupool-kube-scheduler's configuration
 // against what the rest of gpupool expects of it: the profile the webhook
-// names, the extender for bitfusion.io/gpu, every node sent to it, a leader
-// lease its Role lets it hold, and the Kubernetes release the tests run.
+// names, the GPUPool plugin at every point it serves and no other scorer,
+// binder or preemption, bitfusion.io left to the pool, every node a
+// candidate, a leader lease its Role lets it hold, and gpupool's image.
 func TestKubeSchedulerConfig(t *testing.T) {
 	objs := build(t, "overlays/full")
 	config := kubeSchedulerConfig(t, objs)
 	if len(config.Profiles) != 1 || config.Profiles[0].SchedulerName == nil || *config.Profiles[0].SchedulerName != kube.SchedulerName {
-		t.Errorf("profiles %+v: want the one the webhook names, %s", config.Profiles, kube.SchedulerName)
+		t.Fatalf("profiles %+v: want the one the webhook names, %s", config.Profiles, kube.SchedulerName)
 	}
 	if p := config.PercentageOfNodesToScore; p == nil || *p != 100 {
-		t.Errorf("percentageOfNodesToScore %v: want 100, every feasible node to the extender", p)
+		t.Errorf("percentageOfNodesToScore %v: want 100, every feasible node a candidate", p)
 	}
 	if i, m := config.PodInitialBackoffSeconds, config.PodMaxBackoffSeconds; i == nil || *i != 10 || m == nil || *m != 10 {
 		t.Errorf("podInitialBackoffSeconds %v, podMaxBackoffSeconds %v: want 10 and 10, a refused pod tried again after 10 s", i, m)
 	}
-	if p := config.Profiles[0].Plugins; p == nil || !slices.Equal(p.PostFilter.Disabled, []schedulerconfigv1.Plugin{{Name: "DefaultPreemption"}}) {
-		t.Errorf("the profile's plugins %+v: want DefaultPreemption disabled, which frees no GPU share", p)
+	p := config.Profiles[0].Plugins
+	if p == nil {
+		t.Fatal("the profile names no plugins")
 	}
-	e := config.Extenders[0]
-	managed := []schedulerconfigv1.ExtenderManagedResource{{Name: kube.ResourceGPU, IgnoredByScheduler: true}}
-	if e.FilterVerb != "filter" || e.BindVerb != "bind" || !e.NodeCacheCapable || !slices.Equal(e.ManagedResources, managed) {
-		t.Errorf("extender %+v: want filter, bind, nodeCacheCapable and %+v", e, managed)
+	gpupool := []schedulerconfigv1.Plugin{{Name: scheduler.PluginName}}
+	all := []schedulerconfigv1.Plugin{{Name: "*"}}
+	for _, tc := range []struct {
+		point          string
+		set            schedulerconfigv1.PluginSet
+		othersDisabled bool
+	}{
+		{"preFilter", p.PreFilter, false},
+		// No preemption: it frees no GPU share.
+		{"postFilter", p.PostFilter, true},
+		{"preScore", p.PreScore, true},
+		{"score", p.Score, true},
+		{"reserve", p.Reserve, false},
+		{"bind", p.Bind, true},
+	} {
+		if !slices.Equal(tc.set.Enabled, gpupool) || tc.othersDisabled != slices.Equal(tc.set.Disabled, all) {
+			t.Errorf("%s %+v: want %s enabled, and the others disabled: %v", tc.point, tc.set, scheduler.PluginName, tc.othersDisabled)
+		}
+	}
+	var fit *schedulerconfigv1.NodeResourcesFitArgs
+	for _, pc := range config.Profiles[0].PluginConfig {
+		if pc.Name == "NodeResourcesFit" {
+			fit = &schedulerconfigv1.NodeResourcesFitArgs{}
+			if err := json.Unmarshal(pc.Args.Raw, fit); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if fit == nil || !slices.Equal(fit.IgnoredResourceGroups, []string{"bitfusion.io"}) {
+		t.Errorf("NodeResourcesFit args %+v: want bitfusion.io ignored, the pool's to count", fit)
 	}
 
 	le := config.LeaderElection
@@ -451,18 +512,14 @@ func TestKubeSchedulerConfig(t *testing.T) {
 		t.Errorf("the leader Role %s/%s %+v does not name the lease %s/%s", role.Namespace, role.Name, role.Rules, le.ResourceNamespace, le.ResourceName)
 	}
 
-	var sched appsv1.Deployment
+	// gpupool's image, which `make image` builds gpupool-kube-scheduler into.
+	var sched, controller appsv1.Deployment
 	find(t, objs, "Deployment", "gpupool-kube-scheduler", &sched)
-	goMod, err := os.ReadFile("../cmd/gpupool-kube-scheduler/go.mod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tested := regexp.MustCompile(`(?m)^require k8s\.io/kubernetes (v\S+)$`).FindSubmatch(goMod)
-	if tested == nil {
-		t.Fatal("cmd/gpupool-kube-scheduler/go.mod pins no k8s.io/kubernetes")
-	}
-	if image := sched.Spec.Template.Spec.Containers[0].Image; image != "registry.k8s.io/kube-scheduler:"+string(tested[1]) {
-		t.Errorf("kube-scheduler image %s, want the release the tests run, %s", image, tested[1])
+	find(t, objs, "Deployment", "gpupool-scheduler", &controller)
+	c := sched.Spec.Template.Spec.Containers[0]
+	if c.Image != controller.Spec.Template.Spec.Containers[0].Image || c.Command[0] != "gpupool-kube-scheduler" {
+		t.Errorf("kube-scheduler runs %s of %s, want gpupool-kube-scheduler of gpupool-scheduler's image, %s",
+			c.Command[0], c.Image, controller.Spec.Template.Spec.Containers[0].Image)
 	}
 }
 

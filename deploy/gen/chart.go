@@ -100,7 +100,6 @@ var texts = []struct {
 	expr    string
 }{
 	{regexp.MustCompile(`image: gpupool/gpupool:\S*`), `image: {{ include "gpupool.image" . }}`},
-	{regexp.MustCompile(`image: registry.k8s.io/kube-scheduler:\S*`), `image: {{ .Values.scheduler.kubeSchedulerImage }}`},
 	{regexp.MustCompile(`image: registry.k8s.io/etcd:\S*`), `image: {{ .Values.etcd.image }}`},
 	{regexp.MustCompile(`--policy=fgd-cpu`), `--policy={{ include "gpupool.policy" . }}`},
 }

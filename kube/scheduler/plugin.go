@@ -287,26 +287,50 @@ func (l *longWay) remove(uid types.UID) {
 	delete(l.since, uid)
 }
 
-// DecodePluginArgs reads the plugin's args from a profile's pluginConfig.
-func DecodePluginArgs(obj runtime.Object, into any) error {
+// DecodePluginArgs reads the plugin's args from a profile's pluginConfig:
+// strictly, so that a misspelt field is named, with the allocator's address
+// and CA from the environment where the args leave them out (the
+// Deployment sets them from the ConfigMap gpupool-endpoints and the
+// allocator's Secret, as for every other gpupool binary).
+func DecodePluginArgs(obj runtime.Object) (PluginArgs, error) {
+	var args PluginArgs
 	u, ok := obj.(*runtime.Unknown)
 	if !ok || u == nil {
-		return fmt.Errorf("%s: no args: its pluginConfig must name the allocator", PluginName)
+		return args, fmt.Errorf("%s: no args: its pluginConfig must name the token file", PluginName)
 	}
 	d := json.NewDecoder(bytes.NewReader(u.Raw))
 	d.DisallowUnknownFields()
-	if err := d.Decode(into); err != nil {
-		return fmt.Errorf("%s args: %w", PluginName, err)
+	if err := d.Decode(&args); err != nil {
+		return args, fmt.Errorf("%s args: %w", PluginName, err)
 	}
-	return nil
+	if args.Allocator == "" {
+		args.Allocator = os.Getenv(AllocatorEnv)
+	}
+	if args.AllocatorCAFile == "" {
+		args.AllocatorCAFile = os.Getenv(cli.AllocatorCAEnv)
+	}
+	switch {
+	case strings.TrimSpace(args.Allocator) == "":
+		return args, fmt.Errorf("%s args: allocator: empty, and $%s unset: name the allocator's URL", PluginName, AllocatorEnv)
+	case args.TokenFile == "":
+		return args, fmt.Errorf("%s args: tokenFile: empty: name the file of an allocator admin token", PluginName)
+	case args.UnboundLeaseTimeout.Duration < 0:
+		return args, fmt.Errorf("%s args: unboundLeaseTimeout %v: must not be negative", PluginName, args.UnboundLeaseTimeout.Duration)
+	}
+	return args, nil
 }
+
+// AllocatorEnv names the allocator's URL(s) where the plugin's args do not.
+const AllocatorEnv = "GPUPOOL_ALLOCATOR"
 
 // PluginArgs are the plugin's args in a profile's pluginConfig.
 type PluginArgs struct {
-	// Allocator is the allocator's URL, or its replicas', comma-separated.
-	Allocator string `json:"allocator"`
-	// AllocatorCAFile verifies an https allocator; empty trusts the
-	// system's roots.
+	// Allocator is the allocator's URL, or its replicas', comma-separated;
+	// empty: $GPUPOOL_ALLOCATOR.
+	Allocator string `json:"allocator,omitempty"`
+	// AllocatorCAFile verifies an https allocator; empty:
+	// $GPUPOOL_ALLOCATOR_CA_FILE, and when that is unset too the system's
+	// roots.
 	AllocatorCAFile string `json:"allocatorCAFile,omitempty"`
 	// TokenFile holds an admin token: the plugin acquires in every
 	// namespace.
@@ -322,12 +346,9 @@ type PluginArgs struct {
 // NewPluginFromArgs is the plugin's factory for kube-scheduler's registry
 // (app.WithPlugin).
 func NewPluginFromArgs(_ context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
-	var args PluginArgs
-	if err := DecodePluginArgs(obj, &args); err != nil {
+	args, err := DecodePluginArgs(obj)
+	if err != nil {
 		return nil, err
-	}
-	if args.Allocator == "" || args.TokenFile == "" {
-		return nil, fmt.Errorf("%s args: allocator and tokenFile are required", PluginName)
 	}
 	alloc, err := cli.AllocatorClient(args.Allocator, args.AllocatorCAFile, "tokenFile", args.TokenFile)
 	if err != nil {

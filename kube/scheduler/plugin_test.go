@@ -14,6 +14,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/allocator/service/servicetest"
+	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/kube"
 )
 
@@ -205,18 +206,40 @@ func TestPluginUnreserveReleasesTheCyclesLease(t *testing.T) {
 }
 
 func TestPluginArgs(t *testing.T) {
-	var args PluginArgs
-	if err := DecodePluginArgs(&runtime.Unknown{Raw: []byte(`{"allocator":"http://a","tokenFile":"/t","unboundLeaseTimeout":"30s"}`)}, &args); err != nil {
+	t.Setenv(AllocatorEnv, "")
+	t.Setenv(cli.AllocatorCAEnv, "")
+	args, err := DecodePluginArgs(&runtime.Unknown{Raw: []byte(`{"allocator":"http://a","tokenFile":"/t","unboundLeaseTimeout":"30s"}`)})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if args.Allocator != "http://a" || args.TokenFile != "/t" || args.UnboundLeaseTimeout.Duration.String() != "30s" {
+	if args.Allocator != "http://a" || args.TokenFile != "/t" || args.UnboundLeaseTimeout.Duration.String() != "30s" || args.AllocatorCAFile != "" {
 		t.Errorf("args %+v", args)
 	}
-	err := DecodePluginArgs(&runtime.Unknown{Raw: []byte(`{"allocater":"http://a"}`)}, &args)
-	if err == nil || !strings.Contains(err.Error(), `unknown field "allocater"`) {
-		t.Errorf("a misspelt field: %v, want it named", err)
+	for raw, want := range map[string]string{
+		`{"allocater":"http://a"}`:           `unknown field "allocater"`,
+		`{"tokenFile":"/t"}`:                 "allocator: empty, and $GPUPOOL_ALLOCATOR unset",
+		`{"allocator":"http://a"}`:           "tokenFile: empty",
+		`{"allocator":" ","tokenFile":"/t"}`: "allocator: empty",
+		`{"allocator":"http://a","tokenFile":"/t","unboundLeaseTimeout":"-1s"}`: "unboundLeaseTimeout -1s: must not be negative",
+	} {
+		if _, err := DecodePluginArgs(&runtime.Unknown{Raw: []byte(raw)}); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want it to say %q", raw, err, want)
+		}
 	}
-	if err := DecodePluginArgs(nil, &args); err == nil {
+	if _, err := DecodePluginArgs(nil); err == nil {
 		t.Error("no args: no error")
+	}
+
+	// The Deployment's way: the address and the CA from the environment,
+	// set from the ConfigMap gpupool-endpoints and the allocator's Secret.
+	t.Setenv(AllocatorEnv, "https://gpupool-allocator.gpupool.svc:8470")
+	t.Setenv(cli.AllocatorCAEnv, "/etc/gpupool/allocator-ca/ca.crt")
+	args, err = DecodePluginArgs(&runtime.Unknown{Raw: []byte(`{"tokenFile":"/t"}`)})
+	if err != nil || args.Allocator != "https://gpupool-allocator.gpupool.svc:8470" || args.AllocatorCAFile != "/etc/gpupool/allocator-ca/ca.crt" {
+		t.Errorf("args from the environment: %+v, %v", args, err)
+	}
+	args, err = DecodePluginArgs(&runtime.Unknown{Raw: []byte(`{"allocator":"http://a","allocatorCAFile":"/ca","tokenFile":"/t"}`)})
+	if err != nil || args.Allocator != "http://a" || args.AllocatorCAFile != "/ca" {
+		t.Errorf("args over the environment: %+v, %v", args, err)
 	}
 }

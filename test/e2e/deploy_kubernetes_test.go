@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,13 +39,14 @@ import (
 
 // TestDeployedKubernetesComponent runs deploy/components/kubernetes as the
 // full overlay deploys it, against a real control plane: the webhook,
-// gpupool-scheduler and the second kube-scheduler each with its
+// gpupool-scheduler and gpupool-kube-scheduler each with its
 // Deployment's command, arguments and settings, as its ServiceAccount, under
 // the RBAC the overlay grants; the webhook configurations as generated;
-// kube-scheduler with its ConfigMap's configuration, leader election
-// included; the certificates made by deploy/certs.sh and put into Secrets
-// as deploy/README.md says. Only addresses differ: each Service is a port on
-// loopback. examples/bfk, applied as it is (with the toleration of the test's
+// gpupool-kube-scheduler with its ConfigMap's configuration, leader
+// election included, reaching the allocator at the ConfigMap
+// gpupool-endpoints' address; the certificates made by deploy/certs.sh and
+// put into Secrets as deploy/README.md says. Only addresses differ: each
+// Service is a port on loopback. examples/bfk, applied as it is (with the toleration of the test's
 // fake node), has its two pods normalised, placed on the GPU server and
 // leased; the third half-GPU pod is refused by the namespace's quota, a pod
 // asking for 101% by the webhook, as docs/kubernetes.md says; the
@@ -56,7 +56,7 @@ func TestDeployedKubernetesComponent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	logs := &syncBuffer{}
-	cp, bins := startControlPlane(ctx, t, logs)
+	cp, _ := startControlPlane(ctx, t, logs)
 	objs, err := kustomizeBuild(filepath.Join(deployDir, "overlays", "full"))
 	if err != nil {
 		t.Fatal(err)
@@ -138,27 +138,34 @@ func TestDeployedKubernetesComponent(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// gpupool-scheduler, as its ServiceAccount.
-	extenderPort := freePort(t)
+	// The allocator's Service is a port on loopback: the ConfigMap that
+	// names it for every component says so.
+	endpoints := find(t, objs, "ConfigMap", "gpupool-endpoints")
+	if _, err := cp.Client.CoreV1().ConfigMaps("gpupool").Patch(ctx, endpoints.GetName(), types.MergePatchType,
+		fmt.Appendf(nil, `{"data":{"allocator":%q}}`, a.URL), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// gpupool-scheduler, as its ServiceAccount: the lease controller.
 	schedulerKubeconfig, err := cp.ServiceAccountKubeconfig(ctx, "gpupool", "gpupool-scheduler")
 	if err != nil {
 		t.Fatal(err)
 	}
-	startPod(ctx, t, cp.Client, logs, podOf(t, objs, "gpupool-scheduler"), binDir, regexp.MustCompile(`extender serving`), map[string]string{
-		"--listen": "127.0.0.1:" + extenderPort, "--metrics-listen": "127.0.0.1:0", "--allocator": a.URL, "--kubeconfig": schedulerKubeconfig})
+	startPod(ctx, t, cp.Client, logs, podOf(t, objs, "gpupool-scheduler"), binDir, regexp.MustCompile(`the lease controller and /metrics only`), map[string]string{
+		"--metrics-listen": "127.0.0.1:0", "--kubeconfig": schedulerKubeconfig})
 
-	// kube-scheduler, as its ServiceAccount, with the deployed
-	// configuration, which reaches the extender at its Service's name.
+	// gpupool-kube-scheduler, as its ServiceAccount, with the deployed
+	// configuration.
 	kubeSchedulerKubeconfig, err := cp.ServiceAccountKubeconfig(ctx, "gpupool", "gpupool-kube-scheduler")
 	if err != nil {
 		t.Fatal(err)
 	}
 	securePort := freePort(t)
 	sched := podOf(t, objs, "gpupool-kube-scheduler")
-	startPod(ctx, t, cp.Client, logs, sched, bins, regexp.MustCompile(`Successfully acquired lease" lock="gpupool/gpupool-scheduler"`), map[string]string{
+	startPod(ctx, t, cp.Client, logs, sched, filepath.Dir(gpupoolKubeScheduler(t)), regexp.MustCompile(`Successfully acquired lease" lock="gpupool/gpupool-scheduler"`), map[string]string{
 		"--secure-port": securePort, "--authentication-kubeconfig": kubeSchedulerKubeconfig, "--authorization-kubeconfig": kubeSchedulerKubeconfig},
 		func(mounts map[string]string) {
-			rewriteSchedulerConfig(t, mounts, kubeSchedulerKubeconfig, "127.0.0.1:"+extenderPort)
+			rewriteSchedulerConfig(t, mounts, kubeSchedulerKubeconfig)
 		})
 	// kube-scheduler serves a certificate it made itself, which a kubelet's
 	// probe does not check either.
@@ -386,7 +393,7 @@ func makeCerts(t *testing.T) string {
 // certs, into the Secrets the components mount, as deploy/README.md says.
 func createCertSecrets(ctx context.Context, t *testing.T, c kubernetes.Interface, certs string) {
 	t.Helper()
-	for _, name := range []string{"gpupool-allocator-tls", "gpupool-adapter-tls", "gpupool-webhook-tls", "gpupool-scheduler-tls", "gpupool-kube-scheduler-client"} {
+	for _, name := range []string{"gpupool-allocator-tls", "gpupool-adapter-tls", "gpupool-webhook-tls"} {
 		leaf := strings.TrimSuffix(name, "-tls")
 		createSecret(ctx, t, c, name, map[string]string{
 			corev1.TLSCertKey: readString(t, certs, leaf+".crt"), corev1.TLSPrivateKeyKey: readString(t, certs, leaf+".key"), "ca.crt": readString(t, certs, "ca.crt")})
@@ -552,9 +559,8 @@ func startPod(ctx context.Context, t *testing.T, c kubernetes.Interface, logs *s
 
 // rewriteSchedulerConfig points kube-scheduler's configuration, mounted
 // from its ConfigMap, at the cluster as a ServiceAccount's kubeconfig, and
-// its extender at extender, still checking the certificate for the name
-// the configuration calls; the files it names are where mounts put them.
-func rewriteSchedulerConfig(t *testing.T, mounts map[string]string, kubeconfig, extender string) {
+// the files its plugin's args name where mounts put them.
+func rewriteSchedulerConfig(t *testing.T, mounts map[string]string, kubeconfig string) {
 	t.Helper()
 	local := func(path string) string {
 		for mounted, dir := range mounts {
@@ -571,16 +577,11 @@ func rewriteSchedulerConfig(t *testing.T, mounts map[string]string, kubeconfig, 
 		t.Fatal(err)
 	}
 	config["clientConnection"].(map[string]any)["kubeconfig"] = kubeconfig
-	e := config["extenders"].([]any)[0].(map[string]any)
-	u, err := url.Parse(e["urlPrefix"].(string))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e["urlPrefix"] = "https://" + extender
-	tlsConfig := e["tlsConfig"].(map[string]any)
-	tlsConfig["serverName"] = u.Hostname()
-	for _, file := range []string{"certFile", "keyFile", "caFile"} {
-		tlsConfig[file] = local(tlsConfig[file].(string))
+	for _, pc := range config["profiles"].([]any)[0].(map[string]any)["pluginConfig"].([]any) {
+		args := pc.(map[string]any)["args"].(map[string]any)
+		if file, ok := args["tokenFile"].(string); ok {
+			args["tokenFile"] = local(file)
+		}
 	}
 	b, err := yaml.Marshal(config)
 	if err != nil {

@@ -36,14 +36,14 @@ const imageUser = 65532
 // node (a kubelet over containerd, kube-proxy and CoreDNS on the host), and
 // waits until every Deployment's and DaemonSet's pods run the image built
 // here and are Ready: the allocator, gpupool-server, the adapter, the
-// webhook, gpupool-scheduler with its kube-scheduler, and the device
-// plugin. They reach each other, and the apiserver reaches the webhook and
+// webhook, gpupool-kube-scheduler, gpupool-scheduler's lease controller,
+// and the device plugin. They reach each other, and the apiserver reaches the webhook and
 // the adapter, through Services by ClusterIP and by name; in-cluster
 // clients reach the apiserver through the Service "kubernetes", with their
 // ServiceAccounts' tokens and the manifests' RBAC and securityContexts.
 // Then a BFK pod is admitted by the webhook's pods, placed by the
-// in-cluster kube-scheduler and gpupool-scheduler's extender, and started
-// by the kubelet with the device plugin's answer: its lease's environment.
+// in-cluster gpupool-kube-scheduler's plugin, and started by the kubelet
+// with the device plugin's answer: its lease's environment.
 //
 // What differs from a GPU cluster, and why: the overlay's patches
 // simulate the GPUs (no GPU or NVIDIA runtime here); the tokens are
@@ -54,17 +54,15 @@ const imageUser = 65532
 // the allocator's claim is bound to a hostPath volume (no storage
 // provisioner); the device plugin mounts the kubelet's pod-resources
 // directory where this kubelet keeps it (its root directory is the test's);
-// images are imported, not pulled, and kube-scheduler's (registry.k8s.io's
-// in the manifest) is the control plane's binary of the same release; the
-// cluster's default scheduler runs on the host, as the control plane
-// does. The NetworkPolicies are applied but not
+// images are imported, not pulled; the cluster's default scheduler runs on
+// the host, as the control plane does. The NetworkPolicies are applied but not
 // enforced: the node's CNI bridge does not implement them.
 func TestOverlayRunsAsPods(t *testing.T) {
 	skipWithoutNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	start := time.Now()
-	cp, bins := startControlPlaneWith(ctx, t, nil, e2ekube.Options{PodNetwork: true})
+	cp, _ := startControlPlaneWith(ctx, t, nil, e2ekube.Options{PodNetwork: true})
 	// The cluster's own scheduler, for the components' pods.
 	if err := cp.StartScheduler(ctx, e2ekube.SchedulerOptions{DefaultOnly: true}); err != nil {
 		t.Fatal(err)
@@ -78,7 +76,7 @@ func TestOverlayRunsAsPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, images := range []string{buildImages(ctx, t), buildKubeSchedulerImage(t, bins, objs), gpuload} {
+	for _, images := range []string{buildImages(ctx, t), gpuload} {
 		if err := node.ImportImages(ctx, images); err != nil {
 			t.Fatal(err)
 		}
@@ -176,10 +174,12 @@ func runBFKPod(t *testing.T, ctx context.Context, c kubernetes.Interface, ns str
 
 // buildImages writes the images `make image` builds into a tarball, from
 // the binaries TestMain built (every gpupool-* but the demo, as the
-// Makefile's SERVER_COMMANDS) and the client built static, as `make image`
-// requires, by deploy/image; it returns the tarball's path.
+// Makefile's SERVER_COMMANDS), gpupool-kube-scheduler and the client built
+// static, as `make image` requires, by deploy/image; it returns the
+// tarball's path.
 func buildImages(ctx context.Context, t *testing.T) string {
 	t.Helper()
+	gpupoolKubeScheduler(t)
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")
 	// With the Makefile's release flags, the build `make image` made
@@ -207,17 +207,6 @@ func buildImages(ctx context.Context, t *testing.T) string {
 		t.Fatalf("deploy/image: %v\n%s", err, out)
 	}
 	return tarball
-}
-
-// buildKubeSchedulerImage writes the image of the kube-scheduler
-// Deployment of objs into a tarball, and returns its path: the
-// kube-scheduler in bins, of the release the Deployment names, at the path
-// its command names, on this machine's glibc as deploy/image lays
-// gpupool-server's.
-func buildKubeSchedulerImage(t *testing.T, bins string, objs []*unstructured.Unstructured) string {
-	t.Helper()
-	c := podOf(t, objs, "gpupool-kube-scheduler").Spec.Containers[0]
-	return binaryImage(t, c.Image, filepath.Join(bins, "kube-scheduler"), strings.TrimPrefix(c.Command[0], "/"), nil)
 }
 
 // binaryImage writes an image ref of the one binary bin, at path (without

@@ -73,7 +73,7 @@ func TestHelmChart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, images := range []string{buildImages(ctx, t), buildKubeSchedulerImage(t, bins, objs), buildEtcdImage(t, objs), gpuload} {
+	for _, images := range []string{buildImages(ctx, t), buildEtcdImage(t, objs), gpuload} {
 		if err := node.ImportImages(ctx, images); err != nil {
 			t.Fatal(err)
 		}
@@ -364,7 +364,7 @@ func chartAdmin(t *testing.T, ctx context.Context, c kubernetes.Interface) *clie
 func chartSecrets(t *testing.T, ctx context.Context, c kubernetes.Interface) map[string][]byte {
 	t.Helper()
 	out := map[string][]byte{}
-	for _, name := range []string{"gpupool-tokens", "gpupool-ca", "gpupool-allocator-tls", "gpupool-webhook-tls", "gpupool-scheduler-tls", "gpupool-kube-scheduler-client"} {
+	for _, name := range []string{"gpupool-tokens", "gpupool-ca", "gpupool-allocator-tls", "gpupool-webhook-tls"} {
 		s, err := c.CoreV1().Secrets("gpupool").Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)

@@ -59,7 +59,10 @@ pod) the extender speaks plain HTTP; anywhere else it needs
 only a client certificate that CA signed (kube-scheduler's tlsConfig
 certFile/keyFile): whoever can call /bind binds pods and whoever can call
 /filter takes GPUs. The serving certificate is read again when it is
-renewed; the client CA is read at start.
+renewed; the client CA is read at start. With --listen empty it serves no
+extender and runs the lease controller alone: gpupool-kube-scheduler, whose
+GPUPool plugin acquires and binds in kube-scheduler itself, places the pods
+(the manifests run it so).
 `
 
 // Run serves the extender and /metrics, and runs the lease controller,
@@ -97,22 +100,28 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}
-	ext := scheduler.New(scheduler.Config{Allocator: alloc, Kube: kubeClient, Pods: controller.Pods(),
-		UnboundLeaseTimeout: o.UnboundLeaseTimeout, Registry: reg, Logger: log})
-
-	extender := httpserver.Endpoint{Name: "the extender", Server: httpserver.New(ext.Handler(), httpserver.Default)}
-	extender.Server.TLSConfig = tlsConfig
 	metrics := httpserver.Endpoint{Name: "/metrics", Server: httpserver.New(httpserver.MetricsHandler(reg), httpserver.Default)}
-	if extender.Listener, err = net.Listen("tcp", o.Listen); err != nil {
-		return fmt.Errorf("listening for the extender: %w", err)
-	}
 	if metrics.Listener, err = net.Listen("tcp", o.MetricsListen); err != nil {
-		_ = extender.Listener.Close()
 		return fmt.Errorf("listening for /metrics: %w", err)
 	}
-	log.Info("extender serving", "url", httpserver.Scheme(extender.Server)+"://"+extender.Listener.Addr().String(),
-		"metrics", "http://"+metrics.Listener.Addr().String()+"/metrics", "allocator", o.Allocator, "unit", o.Unit)
-	return httpserver.Serve(ctx, []httpserver.Endpoint{extender, metrics}, func(ctx context.Context) error {
+	endpoints := []httpserver.Endpoint{metrics}
+	if o.Listen == "" {
+		log.Info("no extender (--listen empty): the lease controller and /metrics only", "metrics", "http://"+metrics.Listener.Addr().String()+"/metrics",
+			"allocator", o.Allocator, "unit", o.Unit)
+	} else {
+		ext := scheduler.New(scheduler.Config{Allocator: alloc, Kube: kubeClient, Pods: controller.Pods(),
+			UnboundLeaseTimeout: o.UnboundLeaseTimeout, Registry: reg, Logger: log})
+		extender := httpserver.Endpoint{Name: "the extender", Server: httpserver.New(ext.Handler(), httpserver.Default)}
+		extender.Server.TLSConfig = tlsConfig
+		if extender.Listener, err = net.Listen("tcp", o.Listen); err != nil {
+			_ = metrics.Listener.Close()
+			return fmt.Errorf("listening for the extender: %w", err)
+		}
+		endpoints = append(endpoints, extender)
+		log.Info("extender serving", "url", httpserver.Scheme(extender.Server)+"://"+extender.Listener.Addr().String(),
+			"metrics", "http://"+metrics.Listener.Addr().String()+"/metrics", "allocator", o.Allocator, "unit", o.Unit)
+	}
+	return httpserver.Serve(ctx, endpoints, func(ctx context.Context) error {
 		if err := controller.Run(ctx); err != nil {
 			return fmt.Errorf("lease controller: %w", err)
 		}

@@ -29,6 +29,8 @@ func TestPlainHTTPOnLoopbackOnly(t *testing.T) {
 		plain, mutual bool
 	}{
 		{listen: "127.0.0.1:8474", plain: true},
+		{listen: "", plain: true},
+		{listen: "", cert: pki.serverCert, key: pki.serverKey, ca: pki.caCert, err: "are the extender's: they need --listen"},
 		{listen: "[::1]:8474", plain: true},
 		{listen: "localhost:8474", plain: true},
 		{listen: ":8474", err: "--listen :8474 is not a loopback address: serving there needs --tls-cert-file, --tls-private-key-file and --client-ca-file"},

@@ -50,7 +50,7 @@ func NewOptions() *Options {
 
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
-	fs.StringVar(&o.Listen, "listen", o.Listen, "address of the extender (POST /filter, POST /bind): plain HTTP on a loopback address only, else TLS with client certificates")
+	fs.StringVar(&o.Listen, "listen", o.Listen, "address of the extender (POST /filter, POST /bind): plain HTTP on a loopback address only, else TLS with client certificates; empty: no extender, the lease controller alone (gpupool-kube-scheduler's plugin places the pods)")
 	fs.StringVar(&o.CertFile, "tls-cert-file", o.CertFile, "serving certificate (PEM) of the extender; read again when it changes")
 	fs.StringVar(&o.KeyFile, "tls-private-key-file", o.KeyFile, "private key (PEM) of --tls-cert-file")
 	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "CA (PEM) that signs kube-scheduler's client certificate; required off loopback")
@@ -106,6 +106,12 @@ func (o *Options) Validate() error {
 // /bind binds pods and anyone who reaches /filter takes GPUs; off
 // loopback, TLS with client certificates from clientCAFile.
 func servingMode(listen, certFile, keyFile, clientCAFile string) (tls bool, err error) {
+	if listen == "" {
+		if certFile != "" || keyFile != "" || clientCAFile != "" {
+			return false, errors.New("--tls-cert-file, --tls-private-key-file and --client-ca-file are the extender's: they need --listen")
+		}
+		return false, nil
+	}
 	loopback, err := httpserver.IsLoopback(listen)
 	if err != nil {
 		return false, err

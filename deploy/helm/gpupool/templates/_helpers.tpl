@@ -85,33 +85,26 @@ GPUs of one CPU socket; the schema allows one rule, of the keys below. */ -}}
 {{- if or (eq $mode "true") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) }}true{{ end }}
 {{- end }}
 
-{{- /* The chart's own CAs and certificates, made once a render and kept across
+{{- /* The chart's own CA and certificates, made once a render and kept across
 upgrades: the CA from the Secret gpupool-ca when it exists, each leaf from
-its Secret when that one was signed by the same CA. Two CAs, so that no
-serving certificate passes as kube-scheduler's client certificate to the
-extender: helm's genSignedCert makes certificates for both uses. */ -}}
+its Secret when that one was signed by the same CA. They serve only: no
+component of the chart takes a client certificate. */ -}}
 {{- define "gpupool.pki" -}}
 {{- if not (hasKey .Values "__gpupoolPKI") }}
 {{- $pki := dict }}
 {{- $stored := lookup "v1" "Secret" "gpupool" "gpupool-ca" }}
 {{- $ca := dict }}
-{{- $client := dict }}
 {{- if $stored }}
 {{- $ca = buildCustomCert (index $stored.data "ca.crt") (index $stored.data "ca.key") }}
-{{- $client = buildCustomCert (index $stored.data "client-ca.crt") (index $stored.data "client-ca.key") }}
 {{- else }}
 {{- $ca = genCA "gpupool-ca" 3650 }}
-{{- $client = genCA "gpupool-client-ca" 3650 }}
 {{- end }}
 {{- $_ := set $pki "ca" $ca }}
-{{- $_ := set $pki "client" $client }}
 {{- $leaves := dict }}
 {{- range $name, $spec := dict
     "gpupool-allocator-tls" (dict "cn" "gpupool-allocator.gpupool.svc" "dns" (list "gpupool-allocator.gpupool.svc" "gpupool-allocator.gpupool.svc.cluster.local" "*.gpupool-allocator-peers.gpupool.svc" "*.gpupool-allocator-peers.gpupool.svc.cluster.local") "signer" $ca "ca" $ca)
     "gpupool-adapter-tls" (dict "cn" "gpupool-adapter.gpupool.svc" "dns" (list "gpupool-adapter.gpupool.svc" "gpupool-adapter.gpupool.svc.cluster.local") "signer" $ca "ca" $ca)
-    "gpupool-webhook-tls" (dict "cn" "gpupool-webhook.gpupool.svc" "dns" (list "gpupool-webhook.gpupool.svc" "gpupool-webhook.gpupool.svc.cluster.local") "signer" $ca "ca" $ca)
-    "gpupool-scheduler-tls" (dict "cn" "gpupool-scheduler.gpupool.svc" "dns" (list "gpupool-scheduler.gpupool.svc" "gpupool-scheduler.gpupool.svc.cluster.local") "signer" $ca "ca" $client)
-    "gpupool-kube-scheduler-client" (dict "cn" "gpupool-kube-scheduler" "dns" (list) "signer" $client "ca" $ca) }}
+    "gpupool-webhook-tls" (dict "cn" "gpupool-webhook.gpupool.svc" "dns" (list "gpupool-webhook.gpupool.svc" "gpupool-webhook.gpupool.svc.cluster.local") "signer" $ca "ca" $ca) }}
 {{- $old := lookup "v1" "Secret" "gpupool" $name }}
 {{- $leaf := dict "ca.crt" $spec.ca.Cert }}
 {{- if and $old (eq (index $old.data "ca.crt" | default "" | b64dec) $spec.ca.Cert) (hasKey $old.data "tls.crt") }}
