@@ -120,22 +120,26 @@ func TestBurstsAndFaults(t *testing.T) {
 	t.Run("the leading lease controller killed while 50 pods are deleted", func(t *testing.T) {
 		leaderKilledWhilePodsDeleted(t, ctx, pool, 50)
 	})
-	t.Run("gpupool-scheduler killed mid-burst", func(t *testing.T) {
+	t.Run("gpupool-kube-scheduler and gpupool-scheduler killed mid-burst", func(t *testing.T) {
 		burst(t, 300, func() {
 			time.Sleep(time.Second)
+			pool.killKubeScheduler()
 			pool.killScheduler()
 			time.Sleep(3 * time.Second)
 			pool.startScheduler(t)
+			pool.startKubeScheduler(t, ctx)
 		})
 	})
-	t.Run("allocator slower than kube-scheduler's extender timeout", func(t *testing.T) {
+	t.Run("allocator slower than the scheduler's timeout", func(t *testing.T) {
 		pool.AllocatorForScheduler = proxy.URL
+		pool.killKubeScheduler()
 		pool.killScheduler()
 		pool.startScheduler(t)
+		pool.startKubeScheduler(t, ctx)
 		proxy.delay.Store(int64(7 * time.Second))
 		burst(t, 100, func() {
 			time.Sleep(20 * time.Second)
-			released := strings.Count(pool.Logs.String(), "released the lease of a pod not bound in time")
+			released := strings.Count(pool.schedulingLog(t), "released the lease of a pod not bound in time")
 			t.Logf("while the allocator answered after 7 s, %d leases of pods whose cycle failed were released", released)
 			proxy.delay.Store(0)
 		})
@@ -153,9 +157,12 @@ func leaderKilledWhilePodsDeleted(t *testing.T, ctx context.Context, pool *kubeP
 	// The pool's replica led alone before these two started.
 	var standbyMetrics []string
 	for range 2 {
-		metricsAddr := "127.0.0.1:" + freePort(t)
+		metricsAddr, extender := "127.0.0.1:"+freePort(t), ""
+		if !pool.plugin {
+			extender = "127.0.0.1:" + freePort(t)
+		}
 		startBinary(t, pool.Logs, "gpupool-scheduler", regexp.MustCompile(`standing by`),
-			pool.schedulerFlags(t, "127.0.0.1:"+freePort(t), metricsAddr)...)
+			pool.schedulerFlags(t, extender, metricsAddr)...)
 		standbyMetrics = append(standbyMetrics, "http://"+metricsAddr)
 	}
 	pods, err := pool.CP.Client.CoreV1().Pods(scaleNamespace).List(ctx, metav1.ListOptions{})

@@ -161,7 +161,7 @@ func runPoolSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 	defer cancel()
 	pool := startKubePool(b, ctx, kubePoolOptions{Namespaces: []string{scaleNamespace}, AllocatorArgs: []string{"--policy", scalePolicy},
 		SchedulerArgs:   []string{"--log-level", "debug", "--log-format", "json", "--unbound-lease-timeout", scaleUnboundTimeout.String()},
-		ExtenderTimeout: *scaleExtenderTimeout, Plugin: !*scaleExtender})
+		ExtenderTimeout: *scaleExtenderTimeout, Extender: *scaleExtender})
 	addTraceServers(b, ctx, pool, w.trace.Servers)
 
 	components := map[string]int{"allocator": pool.Allocator.cmd.Process.Pid, "gpupool-scheduler": pool.scheduler.Process.Pid,

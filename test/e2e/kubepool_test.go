@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,16 +49,19 @@ type kubePoolOptions struct {
 	ExtenderTimeout time.Duration
 	// HPASyncPeriod is the HPA controller's; zero is the harness's default.
 	HPASyncPeriod time.Duration
-	// Plugin places the pool's pods with gpupool-kube-scheduler's GPUPool
-	// plugin, not the extender (gpupool-scheduler runs for its lease
-	// controller).
-	Plugin bool
+	// Extender places the pool's pods through gpupool-scheduler's extender
+	// and the upstream kube-scheduler, the way for a cluster that must run
+	// that binary; by default they are placed as deployed, by
+	// gpupool-kube-scheduler's GPUPool plugin, beside gpupool-scheduler's
+	// lease controller.
+	Extender bool
 }
 
 // kubePool is gpupool deployed on a real control plane as users deploy
 // it, tokens on: the allocator, gpupool-webhook registered with
-// kube-apiserver, gpupool-scheduler (extender and lease controller) and a
-// kube-scheduler whose gpupool profile calls it. No node is added: tests
+// kube-apiserver, gpupool-scheduler (the lease controller) and
+// gpupool-kube-scheduler, whose gpupool profile runs the GPUPool plugin
+// (or gpupool-scheduler's extender and the upstream kube-scheduler). No node is added: tests
 // add kwok nodes and register those that are GPU servers.
 type kubePool struct {
 	CP *e2ekube.ControlPlane
@@ -74,17 +78,21 @@ type kubePool struct {
 	// plugin: the pods are placed by gpupool-kube-scheduler's plugin, whose
 	// lines are in kube-scheduler's log.
 	plugin bool
-	// AllocatorForScheduler, when set, is where gpupool-scheduler started
-	// from then on finds the allocator, such as a proxy that slows it.
+	// AllocatorForScheduler, when set, is where gpupool-scheduler and
+	// gpupool-kube-scheduler started from then on find the allocator, such
+	// as a proxy that slows it.
 	AllocatorForScheduler string
+	// pluginArgs are the GPUPool plugin's, but the allocator's address.
+	pluginArgs map[string]any
 
-	unit          kube.Unit
-	config        *poolConfig
-	allocatorArgs []string
-	extender      string
-	schedulerArgs []string
-	scheduler     *exec.Cmd
-	webhook       *exec.Cmd
+	unit            kube.Unit
+	config          *poolConfig
+	allocatorArgs   []string
+	extender        string
+	extenderTimeout time.Duration
+	schedulerArgs   []string
+	scheduler       *exec.Cmd
+	webhook         *exec.Cmd
 }
 
 // startKubePool starts a control plane and gpupool on it, until the test
@@ -105,7 +113,7 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 		t.Fatal(err)
 	}
 	t.Cleanup(cp.Stop)
-	p := &kubePool{CP: cp, Logs: &syncBuffer{}, unit: o.Unit, schedulerArgs: o.SchedulerArgs}
+	p := &kubePool{CP: cp, Logs: &syncBuffer{}, unit: o.Unit, schedulerArgs: o.SchedulerArgs, plugin: !o.Extender}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("control plane:\n%s\nallocator:\n%s\ngpupool:\n%s", cp.Logs(20), tail(p.Allocator.logs.String(), 20), tail(p.Logs.String(), 40))
@@ -146,22 +154,56 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "gpupool"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	p.extender = "127.0.0.1:" + freePort(t)
+	if o.Extender {
+		p.extender = "127.0.0.1:" + freePort(t)
+	} else {
+		p.pluginArgs = map[string]any{"tokenFile": p.config.adminTokenFile(t), "unboundLeaseTimeout": pluginUnboundLeaseTimeout(o.SchedulerArgs), "logLevel": "debug"}
+	}
+	p.extenderTimeout = o.ExtenderTimeout
 	p.startScheduler(t)
-	schedulerOptions := e2ekube.SchedulerOptions{ExtenderURL: "http://" + p.extender, ExtenderTimeout: o.ExtenderTimeout}
-	if o.Plugin {
-		args, err := json.Marshal(map[string]any{"allocator": strings.Join(p.allocatorURLs(), ","), "tokenFile": p.config.adminTokenFile(t),
-			"unboundLeaseTimeout": pluginUnboundLeaseTimeout(o.SchedulerArgs), "logLevel": "debug"})
+	p.startKubeScheduler(t, ctx)
+	return p
+}
+
+// startKubeScheduler starts the kube-scheduler that places the pool's
+// pods, or starts it again after killKubeScheduler: gpupool-kube-scheduler
+// with the GPUPool plugin reaching the allocator (or AllocatorForScheduler),
+// or the upstream one calling the extender.
+func (p *kubePool) startKubeScheduler(t testing.TB, ctx context.Context) {
+	t.Helper()
+	o := e2ekube.SchedulerOptions{ExtenderURL: "http://" + p.extender, ExtenderTimeout: p.extenderTimeout}
+	if p.plugin {
+		args := maps.Clone(p.pluginArgs)
+		args["allocator"] = p.schedulerAllocator()
+		raw, err := json.Marshal(args)
 		if err != nil {
 			t.Fatal(err)
 		}
-		schedulerOptions = e2ekube.SchedulerOptions{Plugin: &e2ekube.SchedulerPlugin{Binary: gpupoolKubeScheduler(t), Args: args}}
-		p.plugin = true
+		o = e2ekube.SchedulerOptions{Plugin: &e2ekube.SchedulerPlugin{Binary: gpupoolKubeScheduler(t), Args: raw}}
 	}
-	if err := cp.StartScheduler(ctx, schedulerOptions); err != nil {
+	if err := p.CP.StartScheduler(ctx, o); err != nil {
 		t.Fatal(err)
 	}
-	return p
+}
+
+// killKubeScheduler kills the kube-scheduler that places the pool's pods
+// with SIGKILL, mid-cycle.
+func (p *kubePool) killKubeScheduler() {
+	p.CP.KillScheduler()
+}
+
+// schedulingLog is where the lines of the pool's placement are: the
+// plugin's in kube-scheduler's log, the extender's in gpupool-scheduler's.
+func (p *kubePool) schedulingLog(t testing.TB) string {
+	t.Helper()
+	if !p.plugin {
+		return p.Logs.String()
+	}
+	b, err := p.CP.Log("kube-scheduler")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // kubeSchedulerBuild is gpupool-kube-scheduler, built into binDir by the
@@ -238,29 +280,41 @@ func (p *kubePool) allocatorClient(t testing.TB, token string) *client.Client {
 	return c
 }
 
-// startScheduler starts gpupool-scheduler as deployed beside kube-scheduler
-// (the extender in plain HTTP on loopback, the allocator's admin token),
-// or starts it again, where it served, after killScheduler. It runs until
-// t ends, hence no subtest restarts it for the tests after it.
+// startScheduler starts gpupool-scheduler as deployed (the lease
+// controller, the allocator's admin token), with the extender in plain
+// HTTP on loopback where the pool places through it, or starts it again,
+// where it served, after killScheduler. It runs until t ends, hence no
+// subtest restarts it for the tests after it.
 func (p *kubePool) startScheduler(t testing.TB) {
 	t.Helper()
-	p.scheduler = startBinary(t, p.Logs, "gpupool-scheduler", regexp.MustCompile(`extender serving`), p.schedulerFlags(t, p.extender, "127.0.0.1:0")...)
+	ready := regexp.MustCompile(`extender serving`)
+	if p.plugin {
+		ready = regexp.MustCompile(`the lease controller and /metrics only`)
+	}
+	p.scheduler = startBinary(t, p.Logs, "gpupool-scheduler", ready, p.schedulerFlags(t, p.extender, "127.0.0.1:0")...)
 }
 
-// schedulerFlags are the flags of a gpupool-scheduler replica serving the
-// extender on listen and /metrics on metricsListen.
-func (p *kubePool) schedulerFlags(t testing.TB, listen, metricsListen string) []string {
-	allocatorURL := strings.Join(p.allocatorURLs(), ",")
+// schedulerAllocator is where gpupool-scheduler and the plugin find the
+// allocator.
+func (p *kubePool) schedulerAllocator() string {
 	if p.AllocatorForScheduler != "" {
-		allocatorURL = p.AllocatorForScheduler
+		return p.AllocatorForScheduler
 	}
-	args := []string{"--listen", listen, "--metrics-listen", metricsListen, "--allocator", allocatorURL,
+	return strings.Join(p.allocatorURLs(), ",")
+}
+
+// schedulerFlags are the flags of a gpupool-scheduler replica serving
+// /metrics on metricsListen, and the extender on listen unless it is
+// empty.
+func (p *kubePool) schedulerFlags(t testing.TB, listen, metricsListen string) []string {
+	args := []string{"--listen", listen, "--metrics-listen", metricsListen, "--allocator", p.schedulerAllocator(),
 		"--token-file", p.config.adminTokenFile(t), "--kubeconfig", p.CP.Kubeconfig, "--unit", string(p.unit)}
 	return append(args, p.schedulerArgs...)
 }
 
-// killScheduler kills gpupool-scheduler: kube-scheduler's calls to the
-// extender fail until startScheduler.
+// killScheduler kills gpupool-scheduler: the lease controller stops, and
+// kube-scheduler's calls to the extender, if any, fail until
+// startScheduler.
 func (p *kubePool) killScheduler() {
 	_ = p.scheduler.Process.Kill()
 	_ = p.scheduler.Wait()

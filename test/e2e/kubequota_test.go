@@ -70,14 +70,16 @@ func TestPoolQuotaAndFaults(t *testing.T) {
 		}
 	})
 
-	// Not subtests: a gpupool-scheduler started again lives until the
-	// test that starts it ends, and the node's deletion needs it.
+	// Not subtests: a gpupool-scheduler or kube-scheduler started again
+	// lives until the test that starts it ends, and the node's deletion
+	// needs it.
 	checkSchedulerRestartedMidBurst(t, ctx, pool, burstNS)
 	checkNodeDeleted(t, ctx, pool, "gpu-0")
 }
 
-// checkSchedulerRestartedMidBurst kills gpupool-scheduler once some of a
-// burst of pods in ns are bound, and starts it again: every pod ends bound
+// checkSchedulerRestartedMidBurst kills the pool's kube-scheduler and
+// gpupool-scheduler once some of a burst of pods in ns are bound, and
+// starts them again: every pod ends bound
 // once, holding one lease, on its node, and no lease is left without its
 // pod.
 func checkSchedulerRestartedMidBurst(t *testing.T, ctx context.Context, pool *kubePool, ns string) {
@@ -90,10 +92,12 @@ func checkSchedulerRestartedMidBurst(t *testing.T, ctx context.Context, pool *ku
 		}
 		if i == burst/3 {
 			waitFor(t, func() bool { return boundPods(t, ctx, pool, ns) > 0 })
+			pool.killKubeScheduler()
 			pool.killScheduler()
 		}
 	}
 	pool.startScheduler(t)
+	pool.startKubeScheduler(t, ctx)
 	waitForUpTo(t, time.Minute, func() bool { return boundPods(t, ctx, pool, ns) == burst })
 	list, err := pods.List(ctx, metav1.ListOptions{})
 	if err != nil {

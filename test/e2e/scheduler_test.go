@@ -43,7 +43,7 @@ func testSchedulerPlacesThroughThePool(t *testing.T, plugin bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pool := startKubePool(t, ctx, kubePoolOptions{Namespaces: []string{"training"}, Plugin: plugin})
+	pool := startKubePool(t, ctx, kubePoolOptions{Namespaces: []string{"training"}, Extender: !plugin})
 	pool.addNodes(t, ctx, 2, nil, "gpu-0")
 	pool.addNodes(t, ctx, 0, nil, "cpu-0")
 	pods := pool.CP.Client.CoreV1().Pods("training")

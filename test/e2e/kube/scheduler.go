@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -109,6 +110,20 @@ func (c *ControlPlane) StartScheduler(ctx context.Context, o SchedulerOptions) e
 	}
 	c.schedulerURL = "https://127.0.0.1:" + port
 	return scheduler.waitFor(ctx, "/readyz", getOK(httpsClient(c.roots), c.schedulerURL+"/readyz"))
+}
+
+// KillScheduler kills kube-scheduler with SIGKILL, as a node's failure or
+// an OOM kill would, mid-cycle; StartScheduler starts it again, its log
+// appended to the same file.
+func (c *ControlPlane) KillScheduler() {
+	c.procs = slices.DeleteFunc(c.procs, func(p *process) bool {
+		if p.name == "kube-scheduler" {
+			p.stop()
+			return true
+		}
+		return false
+	})
+	c.schedulerURL = ""
 }
 
 // SchedulerMetrics is kube-scheduler's /metrics, in Prometheus' text
