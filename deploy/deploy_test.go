@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpupool/gpupool/allocator/service"
+	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/kube"
 	"github.com/gpupool/gpupool/kube/scheduler"
 )
@@ -437,9 +438,14 @@ func TestKubeSchedulerReachesAllocator(t *testing.T) {
 	if tokenFile == nil {
 		t.Fatalf("gpupool-scheduler's args %q name no --token-file", controllerArgs)
 	}
+	controllerEnv := controller.Spec.Template.Spec.Containers[0].Env
+	i := slices.IndexFunc(controllerEnv, func(e corev1.EnvVar) bool { return e.Name == cli.AllocatorCAEnv })
+	if i < 0 {
+		t.Fatalf("gpupool-scheduler's env %+v sets no %s", controllerEnv, cli.AllocatorCAEnv)
+	}
 	for _, tc := range []struct{ what, path, controllerPath string }{
 		{"token", args.TokenFile, tokenFile[1]},
-		{"allocator's CA", args.AllocatorCAFile, "/etc/gpupool/allocator-ca/ca.crt"},
+		{"allocator's CA", args.AllocatorCAFile, controllerEnv[i].Value},
 	} {
 		secret, key := mountedFile(sched.Spec.Template.Spec, tc.path)
 		wantSecret, wantKey := mountedFile(controller.Spec.Template.Spec, tc.controllerPath)
