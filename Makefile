@@ -11,13 +11,20 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-# Release binaries: stripped, without local paths. The gpupool client goes
-# into users' pods, so it is built without cgo and runs on any Linux image;
+# Every build here compiles as the release does: without local paths
+# (-trimpath, so that a commit gives the same binaries in any directory),
+# and without gRPC's request tracing (grpcnotrace: nothing here serves it,
+# and it links html/template, whose reflection keeps every exported method
+# of every type, 27 MB of the device plugin's 59). The tests, the images
+# and the Kubernetes components of the e2e tests (make kube) then share
+# their compiled packages: a package built with other flags or tags is
+# compiled again, and Kubernetes' are most of CI's cold build.
+export GOFLAGS := $(strip $(GOFLAGS) -trimpath -tags=grpcnotrace)
+
+# Release binaries are stripped too. The gpupool client goes into users'
+# pods, so it is built without cgo and runs on any Linux image;
 # gpupool-server needs cgo for NVML, the others are built as it is.
-# grpcnotrace leaves out gRPC's request tracing (golang.org/x/net/trace),
-# which nothing here serves: it links html/template, whose reflection keeps
-# every exported method of every type, 27 MB of the device plugin's 59.
-RELEASE_FLAGS := -trimpath -tags grpcnotrace -ldflags='-s -w'
+RELEASE_FLAGS := -ldflags='-s -w'
 BUILD_CLIENT   = CGO_ENABLED=0 $(GO) build $(RELEASE_FLAGS) -o bin/ ./cmd/gpupool
 COMMANDS = $(shell $(GO) list ./cmd/...)
 
@@ -87,13 +94,13 @@ SOAK_BASELINE      ?= 10m
 SOAK_RESTART_EVERY ?= 3m
 SOAK_OUT           ?= $(CURDIR)/bin/soak
 
-# Not in CI: it runs an hour. The binaries are built as the release's
-# (RELEASE_FLAGS but the stripping, which maps nothing into memory), so
-# that their memory is what a deployment's is.
+# Not in CI: it runs an hour. The binaries are built with the release's
+# flags (GOFLAGS above) but unstripped, which maps nothing more into
+# memory: their memory is what a deployment's is.
 .PHONY: soak
 soak: ## the demo-sized pool as real binaries for an hour under churn (a lease a second, a GPU server restarted every 3 minutes, the adapter queried 10 times a second); samples memory and goroutines each minute into bin/soak and fails where they grow
 	SOAK_DURATION=$(SOAK_DURATION) SOAK_EVERY=$(SOAK_EVERY) SOAK_BASELINE=$(SOAK_BASELINE) SOAK_RESTART_EVERY=$(SOAK_RESTART_EVERY) \
-		SOAK_OUT=$(SOAK_OUT) GOFLAGS="$(GOFLAGS) -trimpath -tags=grpcnotrace" $(GO) test -count=1 -v -run '^TestSoak$$' -timeout 0 ./test/e2e
+		SOAK_OUT=$(SOAK_OUT) $(GO) test -count=1 -v -run '^TestSoak$$' -timeout 0 ./test/e2e
 
 .PHONY: simulate
 simulate: ## replay the embedded OpenB trace against every placement policy

@@ -15,7 +15,10 @@ packages=("$@")
 [ ${#packages[@]} -gt 0 ] || packages=(.)
 version="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$here/go.mod")"
 minor="$(echo "$version" | cut -d. -f2)"
-# No symbol table or DWARF: smaller, and faster to link.
+# No symbol table or DWARF: smaller, and faster to link. Without local
+# paths, so that an image built from the same commit anywhere is the same;
+# the Makefile's GOFLAGS add grpcnotrace, as to every build, so that the
+# tests and these share the Kubernetes packages they compile.
 ldflags="-s -w"
 for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags="$ldflags -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"

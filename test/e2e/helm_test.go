@@ -53,8 +53,8 @@ func TestHelmChart(t *testing.T) {
 	skipWithoutNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	cp, bins := startControlPlaneWith(ctx, t, nil, e2ekube.Options{PodNetwork: true})
-	h := newHelm(t, bins, cp.Kubeconfig)
+	cp, _ := startControlPlaneWith(ctx, t, nil, e2ekube.Options{PodNetwork: true})
+	h := newHelm(t, cp.Kubeconfig)
 	if out, err := h.run(ctx, "lint", "--strict", chartPath, "--kube-version", "v1.37.2"); err != nil {
 		t.Fatalf("helm lint --strict: %v\n%s", err, out)
 	}
@@ -197,13 +197,16 @@ type helmCLI struct {
 	env             []string
 }
 
-func newHelm(t *testing.T, bins, kubeconfig string) *helmCLI {
+// newHelm builds the helm CLI at the version of the Helm library that
+// renders the chart in deploy's tests (go.mod names it as a tool): from
+// this module's packages, most of them compiled already.
+func newHelm(t *testing.T, kubeconfig string) *helmCLI {
 	t.Helper()
-	bin := filepath.Join(bins, "helm")
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("no helm CLI in %s: test/e2e/kube/build.sh builds it (%v)", bins, err)
-	}
 	home := t.TempDir()
+	bin := filepath.Join(home, "helm")
+	if out, err := exec.Command("go", "build", "-o", bin, "helm.sh/helm/v3/cmd/helm").CombinedOutput(); err != nil {
+		t.Fatalf("building the helm CLI: %v\n%s", err, out)
+	}
 	return &helmCLI{bin: bin, kubeconfig: kubeconfig, env: append(os.Environ(),
 		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
 		"HELM_DATA_HOME="+filepath.Join(home, "data"))}

@@ -14,8 +14,6 @@ root="$(cd "$(dirname "$0")/../../.." && pwd)"
 version="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$root/cmd/gpupool-kube-scheduler/go.mod")"
 kwok_version=v0.8.0
 coredns_version=v1.15.0
-# The helm CLI of the chart's end-to-end test (deploy/helm/gpupool).
-helm_version=v3.22.0
 training_operator=github.com/kubeflow/training-operator
 training_operator_version=v1.8.1
 dir="${KUBE_BIN_DIR:-$HOME/.cache/gpupool/kube-$version}"
@@ -52,7 +50,6 @@ go_install() {
 go_install kwok "sigs.k8s.io/kwok/cmd/kwok@$kwok_version"
 go_install coredns "github.com/coredns/coredns@$coredns_version"
 go_install training-operator.v1 "$training_operator/cmd/training-operator.v1@$training_operator_version"
-go_install helm "helm.sh/helm/v3/cmd/helm@$helm_version"
 
 # The operator's module ships the TFJob CRD and the ClusterRole it runs
 # under; the tests install them from here.
