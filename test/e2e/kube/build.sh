@@ -13,7 +13,6 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../../.." && pwd)"
 version="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$root/cmd/gpupool-kube-scheduler/go.mod")"
 kwok_version=v0.8.0
-coredns_version=v1.15.0
 training_operator=github.com/kubeflow/training-operator
 training_operator_version=v1.8.1
 dir="${KUBE_BIN_DIR:-$HOME/.cache/gpupool/kube-$version}"
@@ -48,7 +47,13 @@ go_install() {
   fi
 }
 go_install kwok "sigs.k8s.io/kwok/cmd/kwok@$kwok_version"
-go_install coredns "github.com/coredns/coredns@$coredns_version"
+# CoreDNS with the plugins the tests' Corefile uses (coredns/, a module
+# pinning the version).
+if [ ! -x "$dir/coredns" ]; then
+  echo "building CoreDNS into $dir" >&2
+  (cd "$root/test/e2e/kube/coredns" && go build -ldflags "-s -w" -o "$tmp/coredns" .)
+  mv "$tmp/coredns" "$dir/coredns"
+fi
 go_install training-operator.v1 "$training_operator/cmd/training-operator.v1@$training_operator_version"
 
 # The operator's module ships the TFJob CRD and the ClusterRole it runs

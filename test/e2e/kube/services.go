@@ -46,6 +46,7 @@ func (n *KubeletNode) startServices(ctx context.Context, ip net.IP) error {
 		return err
 	}
 	proxyHealthz, proxyMetrics, dnsReady := "127.0.0.1:"+strconv.Itoa(ports[0]), "127.0.0.1:"+strconv.Itoa(ports[1]), "127.0.0.1:"+strconv.Itoa(ports[2])
+	// A plugin added here is imported in coredns/main.go too.
 	corefile := f.write("Corefile", fmt.Appendf(nil, `.:53 {
     bind %s
     errors
