@@ -117,9 +117,14 @@ func MemoryUnit(bytes int64) Unit {
 func ParseUnit(s string) (Unit, error) {
 	if size, ok := strings.CutPrefix(s, unitMemoryPrefix); ok {
 		q, err := resource.ParseQuantity(size)
-		if err != nil || q.Sign() <= 0 || q.Value() > allocator.MaxGPUMemoryBytes || q.Value() < 1<<20 {
-			return "", fmt.Errorf("unit %q: %q must be a quantity of GPU memory from 1Mi to %s, such as memory:8Gi", s, size,
-				resource.NewQuantity(allocator.MaxGPUMemoryBytes, resource.BinarySI))
+		most := resource.NewQuantity(allocator.MaxGPUMemoryBytes, resource.BinarySI)
+		if err != nil || q.Cmp(*most) > 0 || q.Cmp(*resource.NewQuantity(1<<20, resource.BinarySI)) < 0 {
+			return "", fmt.Errorf("unit %q: %q must be a quantity of GPU memory from 1Mi to %s, such as memory:8Gi", s, size, most)
+		}
+		// Whole bytes: a unit rounded silently would count every pod's
+		// slices against a size other than the one configured.
+		if q.Cmp(*resource.NewQuantity(q.Value(), q.Format)) != 0 {
+			return "", fmt.Errorf("unit %q: %q must be a quantity of GPU memory in whole bytes, such as memory:8Gi", s, size)
 		}
 		return Unit(s), nil
 	}

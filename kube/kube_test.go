@@ -68,6 +68,9 @@ func TestParseUnit(t *testing.T) {
 			t.Errorf("ParseUnit(%q) error = %v", bad, err)
 		}
 	}
+	if _, err := ParseUnit("memory:1.0000001Mi"); err == nil || !strings.Contains(err.Error(), "in whole bytes") {
+		t.Errorf("ParseUnit(memory:1.0000001Mi) error = %v; want it refused as not whole bytes", err)
+	}
 }
 
 func TestRequestAnnotationRoundTrip(t *testing.T) {

@@ -295,10 +295,26 @@ func TestParseGPUMemory(t *testing.T) {
 		{"1.5", 0, `"1.5" is not a whole number`},
 		{"0", 0, `"0" is out of range 1..1Pi`},
 		{"2Pi", 0, `"2Pi" is out of range 1..1Pi`},
+		{"1Pi", 1 << 50, ""},
 	} {
 		got, err := ParseGPUMemory(tc.in)
 		if got != tc.want || (err == nil) != (tc.err == "") || err != nil && err.Error() != tc.err {
 			t.Errorf("ParseGPUMemory(%q) = %d, %v; want %d, %q", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}
+
+// TestTimesRefusesWhatWraps: a product past int64 is refused, naming the
+// part, never wrapped into a small count.
+func TestTimesRefusesWhatWraps(t *testing.T) {
+	at := &part{value: 1 << 50, shown: "1Pi", path: atRequest.Child("gpuMemory")}
+	if got, errs := times(at, 1<<50, 64, 100); errs != nil || got != 100<<56 {
+		t.Errorf("times(2^50, 64, 100) = %d, %v; want 100 x 2^56", got, errs.ToAggregate())
+	}
+	for _, factors := range [][]int64{{1 << 50, 1 << 13}, {1 << 62, 2}, {3, 1 << 62}, {0, 5}, {-1, 5}} {
+		_, errs := times(at, factors...)
+		if errs.ToAggregate() == nil || !strings.Contains(errs.ToAggregate().Error(), `Invalid value: "1Pi": is out of range`) {
+			t.Errorf("times%v = %v; want the refusal of gpuMemory", factors, errs.ToAggregate())
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +32,9 @@ type asked struct {
 	value    int64
 	quantity resource.Quantity
 	path     *field.Path
+	// shown is the value as a refusal names it: value, or the quantity
+	// as written where value saturated.
+	shown any
 }
 
 // gpuContainer is the container of a pod that asks for bitfusion.io
@@ -94,7 +99,7 @@ func readContainer(c *corev1.Container, path *field.Path) (*gpuContainer, field.
 		if !inLimits {
 			q, at = request, resources.Child("requests").Key(string(name))
 		}
-		v, whole := q.AsInt64()
+		v, whole := wholeValue(q)
 		switch {
 		case !slices.Contains(names, name):
 			errs = append(errs, field.NotSupported(at, string(name), names))
@@ -104,13 +109,32 @@ func readContainer(c *corev1.Container, path *field.Path) (*gpuContainer, field.
 		case !whole:
 			errs = append(errs, field.Invalid(at, q.String(), "must be a whole number"))
 		default:
-			gc.asked[name] = asked{value: v, quantity: q, path: at}
+			var shown any = v
+			if q.Cmp(*resource.NewQuantity(v, q.Format)) != 0 {
+				shown = q.String()
+			}
+			gc.asked[name] = asked{value: v, quantity: q, path: at, shown: shown}
 		}
 	}
 	if len(gc.asked) == 0 && len(errs) == 0 {
 		return nil, nil
 	}
 	return gc, errs
+}
+
+// wholeValue is q as a whole number, and false when it has a fraction.
+// Past int64 it saturates, so that the range checks that follow refuse it
+// naming their limit (not wrapped, and not called a fraction: q.AsInt64
+// fails for 1Pi, a whole number).
+func wholeValue(q resource.Quantity) (int64, bool) {
+	switch {
+	case q.Cmp(*resource.NewQuantity(math.MaxInt64, resource.DecimalSI)) > 0:
+		return math.MaxInt64, true
+	case q.Cmp(*resource.NewQuantity(math.MinInt64, resource.DecimalSI)) < 0:
+		return math.MinInt64, true
+	}
+	v := q.Value() // rounded up
+	return v, q.Cmp(*resource.NewQuantity(v, q.Format)) == 0
 }
 
 // part is one part of a GPU request, as written and where.
@@ -197,7 +221,7 @@ func (c Config) containerAsk(gc *gpuContainer) (ask, field.ErrorList) {
 			errs = append(errs, field.Invalid(v.path, v.value, "cannot be combined with "+gpu.path.String()+": ask in one form or the other"))
 			continue
 		}
-		p := &part{value: v.value, shown: v.value, path: v.path}
+		p := &part{value: v.value, shown: v.shown, path: v.path}
 		switch name {
 		case kube.ResourceGPUAmount:
 			a.amount = p
@@ -208,6 +232,13 @@ func (c Config) containerAsk(gc *gpuContainer) (ask, field.ErrorList) {
 			if p.value = megabytesOrBytes(v.value); v.value >= megabytesBelow {
 				p.shown = v.quantity.String()
 			}
+			// Bounded here, whatever the unit: the arithmetic that
+			// follows multiplies it.
+			if p.value > allocator.MaxGPUMemoryBytes {
+				errs = append(errs, field.Invalid(p.path, p.shown, fmt.Sprintf("must be 1..%s of each GPU's memory (a number below %d is megabytes, as in BFK)",
+					resource.NewQuantity(allocator.MaxGPUMemoryBytes, resource.BinarySI), megabytesBelow)))
+				continue
+			}
 			a.memory = p
 		}
 	}
@@ -215,23 +246,24 @@ func (c Config) containerAsk(gc *gpuContainer) (ask, field.ErrorList) {
 		return a, errs
 	}
 	n := gpu.value
-	a.amount = &part{value: n, shown: n, path: gpu.path}
+	a.amount = &part{value: n, shown: gpu.shown, path: gpu.path}
 	if c.Unit == kube.UnitGPUs {
 		return a, nil
 	}
 	if m := c.Unit.MemoryBytes(); m > 0 {
 		if most := allocator.MaxGPUMemoryBytes / m; n < 1 || n > most {
-			return a, field.ErrorList{field.Invalid(gpu.path, n, fmt.Sprintf("must be 1..%d (slices of %s of one GPU's memory, as this cluster counts %s)",
+			return a, field.ErrorList{field.Invalid(gpu.path, gpu.shown, fmt.Sprintf("must be 1..%d (slices of %s of one GPU's memory, as this cluster counts %s)",
 				most, resource.NewQuantity(m, resource.BinarySI), kube.ResourceGPU))}
 		}
-		a.amount.value, a.memory = 1, &part{value: n * m, shown: n, path: gpu.path}
-		return a, nil
+		a.amount.value, a.memory = 1, &part{value: n, shown: gpu.shown, path: gpu.path}
+		a.memory.value, errs = times(a.memory, n, m)
+		return a, errs
 	}
 	// In percent, up to 100 is a share of one GPU, and above it only whole
 	// GPUs can be told apart from a share of several.
 	switch {
 	case n < 1 || n > 100 && (n%100 != 0 || n > 100*allocator.MaxGPUsPerServer):
-		return a, field.ErrorList{field.Invalid(gpu.path, n, fmt.Sprintf("must be 1..100 (percent of one GPU) or a multiple of 100 up to %d "+
+		return a, field.ErrorList{field.Invalid(gpu.path, gpu.shown, fmt.Sprintf("must be 1..100 (percent of one GPU) or a multiple of 100 up to %d "+
 			"(whole GPUs, all on one server), as this cluster counts bitfusion.io/gpu in percent of a GPU; for a share of each of several GPUs, "+
 			"ask for %s and %s", 100*allocator.MaxGPUsPerServer, kube.ResourceGPUAmount, kube.ResourceGPUPercent))}
 	case n < 100:
@@ -317,39 +349,61 @@ func (c Config) units(a ask) (int64, field.ErrorList) {
 	case c.Unit == kube.UnitGPUs:
 		return a.amount.value, nil
 	case c.Unit.MemoryBytes() > 0:
-		return c.memoryUnits(a), nil
+		return c.memoryUnits(a)
 	case a.memory != nil:
-		// memory < GPU memory <= MaxGPUMemoryBytes (2^50), and amount x 100
-		// <= 6400 < 2^13: the product fits in an int64.
-		return (a.memory.value*a.amount.value*100 + c.GPUMemoryBytes - 1) / c.GPUMemoryBytes, nil
+		// BFK's ceil(memory / GPU memory x amount x 100).
+		b, err := times(a.memory, a.memory.value, a.amount.value, 100)
+		return ceilDiv(b, c.GPUMemoryBytes), err
 	case a.percent != nil:
-		return a.amount.value * a.percent.value, nil
+		return times(a.percent, a.amount.value, a.percent.value)
 	}
-	return a.amount.value * 100, nil
+	return times(a.amount, a.amount.value, 100)
 }
 
 // memoryUnits is how many slices of GPU memory a asks, rounded up: its
 // memory of each GPU (a percent of the cluster's GPU memory, or all of it
-// for whole GPUs) times its GPUs. memory < 2^50 and amount <= 64: the
-// product fits in an int64.
-func (c Config) memoryUnits(a ask) int64 {
-	each := c.GPUMemoryBytes
-	switch {
-	case a.memory != nil:
-		each = a.memory.value
-	case a.percent != nil:
-		each = (c.GPUMemoryBytes*a.percent.value + 99) / 100
+// for whole GPUs) times its GPUs.
+func (c Config) memoryUnits(a ask) (int64, field.ErrorList) {
+	each, at := c.GPUMemoryBytes, a.amount
+	if a.memory != nil {
+		each, at = a.memory.value, a.memory
 	}
-	m := c.Unit.MemoryBytes()
-	return (each*a.amount.value + m - 1) / m
+	if a.percent != nil {
+		p, err := times(a.percent, c.GPUMemoryBytes, a.percent.value)
+		if err != nil {
+			return 0, err
+		}
+		each, at = ceilDiv(p, 100), a.percent
+	}
+	b, err := times(at, each, a.amount.value)
+	return ceilDiv(b, c.Unit.MemoryBytes()), err
 }
+
+// times is the product of factors, all positive, or a refusal of the part
+// at naming the limit: the bounds checked before keep every product
+// within int64, and this keeps a bound missed from wrapping into a small
+// count, a quota bypassed.
+func times(at *part, factors ...int64) (int64, field.ErrorList) {
+	p := uint64(1)
+	for _, f := range factors {
+		hi, lo := bits.Mul64(p, uint64(f))
+		if f < 1 || hi != 0 || lo > math.MaxInt64 {
+			return 0, field.ErrorList{field.Invalid(at.path, at.shown, fmt.Sprintf("is out of range: the request's product %v passes %d",
+				factors, int64(math.MaxInt64)))}
+		}
+		p = lo
+	}
+	return int64(p), nil
+}
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
 // megabytesBelow is where a gpu-memory stops being megabytes, as BFK wrote
 // it, and starts being bytes: 10^6 MB is no GPU's memory.
 const megabytesBelow = 1_000_000
 
 func megabytesOrBytes(v int64) int64 {
-	if v < megabytesBelow {
+	if v > 0 && v < megabytesBelow {
 		return v * 1_000_000
 	}
 	return v
@@ -365,7 +419,7 @@ func ParseGPUMemory(s string) (int64, error) {
 	if q.Sign() <= 0 || q.Cmp(*resource.NewQuantity(allocator.MaxGPUMemoryBytes, resource.BinarySI)) > 0 {
 		return 0, fmt.Errorf("%q is out of range 1..1Pi", s)
 	}
-	v, whole := q.AsInt64()
+	v, whole := wholeValue(q)
 	if !whole {
 		return 0, fmt.Errorf("%q is not a whole number", s)
 	}
