@@ -20,7 +20,31 @@ func validateServer(s *inventory.Server) error {
 	if err := validateLabels("server.labels", s.Labels, false); err != nil {
 		return err
 	}
-	return validateShape(s)
+	if err := validateShape(s); err != nil {
+		return err
+	}
+	return validateGPUNames(s)
+}
+
+// validateGPUNames checks what a server says its GPUs are called: UUIDs
+// reach NVIDIA_VISIBLE_DEVICES and a simulated GPU's file path, models the
+// console and the metrics' labels. A stored server skips it, as its name.
+func validateGPUNames(s *inventory.Server) error {
+	seen := make(map[string]int, len(s.GPUs))
+	for i, g := range s.GPUs {
+		field := "server.gpus[" + strconv.Itoa(i) + "]"
+		if err := inventory.ValidateUUID(field+".uuid", g.UUID); err != nil {
+			return err
+		}
+		if err := inventory.ValidateModel(field+".model", g.Model); err != nil {
+			return err
+		}
+		if j, dup := seen[g.UUID]; dup {
+			return &FieldError{Field: field + ".uuid", Value: g.UUID, Limit: "is gpus[" + strconv.Itoa(j) + "]'s too: a GPU's UUID is its own"}
+		}
+		seen[g.UUID] = i
+	}
+	return nil
 }
 
 // validateShape checks what the pool's arithmetic relies on; a stored

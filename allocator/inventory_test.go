@@ -1,8 +1,11 @@
 package allocator
 
 import (
+	"errors"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpupool/gpupool/inventory"
 )
@@ -47,7 +50,7 @@ func TestTopologyShapesAreValid(t *testing.T) {
 	} {
 		s := inventory.Server{Name: "gpu-1"}
 		for i := range tc.topo {
-			s.GPUs = append(s.GPUs, inventory.GPU{Index: i, Model: "H100", Healthy: true})
+			s.GPUs = append(s.GPUs, inventory.GPU{Index: i, UUID: "GPU-" + strconv.Itoa(i), Model: "H100", Healthy: true})
 		}
 		s.SetTopology(tc.topo)
 		if err := validateServer(&s); err != nil {
@@ -57,6 +60,47 @@ func TestTopologyShapesAreValid(t *testing.T) {
 			if got := s.GPUs[p[0]].Links[p[1]]; got != want {
 				t.Errorf("%s: link %d-%d is %s, want %s", name, p[0], p[1], got, want)
 			}
+		}
+	}
+}
+
+// TestRegisterRefusesForgedGPUNames: what a probe registered with the
+// servers' token, each refused naming the field; a stored server is not
+// checked again (RestoreServer), so an upgraded allocator still starts.
+func TestRegisterRefusesForgedGPUNames(t *testing.T) {
+	server := func(uuid, model string) inventory.Server {
+		return inventory.Server{Name: "gpu-1", GPUs: []inventory.GPU{
+			{Index: 0, UUID: "GPU-7c682f66-8b92-d30a-5893-1f2ad346d947", Model: "H100", Healthy: true},
+			{Index: 1, UUID: uuid, Model: model, Healthy: true}}}
+	}
+	for _, tc := range []struct {
+		uuid, model, field string
+	}{
+		{"GPU-a\x00", "H100", "server.gpus[1].uuid"},
+		{"GPU-a\nGPU-b", "H100", "server.gpus[1].uuid"},
+		{"GPU-\x1b[31m", "H100", "server.gpus[1].uuid"},
+		{"GPU-\u202ea", "H100", "server.gpus[1].uuid"},
+		{"GPU-<img src=x onerror=alert(1)>", "H100", "server.gpus[1].uuid"},
+		{"../..", "H100", "server.gpus[1].uuid"},
+		{"GPU-a,GPU-7c682f66-8b92-d30a-5893-1f2ad346d947", "H100", "server.gpus[1].uuid"},
+		{"GPU-7c682f66-8b92-d30a-5893-1f2ad346d947", "H100", "server.gpus[1].uuid"}, // gpus[0]'s
+		{"GPU-b", "H100\x00", "server.gpus[1].model"},
+		{"GPU-b", "H100\r\nforged", "server.gpus[1].model"},
+		{"GPU-b", "\x1b[2JH100", "server.gpus[1].model"},
+		{"GPU-b", "H\u202e001", "server.gpus[1].model"},
+	} {
+		s := server(tc.uuid, tc.model)
+		p, err := NewPool(PoolConfig{Policy: newBestFit(PolicyOptions{}), DefaultTTL: time.Minute, MaxTTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = p.RegisterServer(s)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("RegisterServer(uuid %q, model %q) = %v; want a refusal of %s", tc.uuid, tc.model, err, tc.field)
+		}
+		if err := p.RestoreServer(s); err != nil {
+			t.Errorf("RestoreServer(uuid %q, model %q) = %v; a stored server is restored as it was", tc.uuid, tc.model, err)
 		}
 	}
 }

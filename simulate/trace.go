@@ -116,7 +116,7 @@ func ReadNodes(r io.Reader) ([]inventory.Server, error) {
 		}
 		for i := range int(gpus) {
 			s.GPUs = append(s.GPUs, inventory.GPU{
-				Index: i, UUID: fmt.Sprintf("%s-gpu%d", s.Name, i), Model: model, Healthy: true,
+				Index: i, UUID: fmt.Sprintf("GPU-%s-%d", s.Name, i), Model: model, Healthy: true,
 			})
 		}
 		servers = append(servers, s)

@@ -103,7 +103,7 @@ func (a *testAllocator) client(t testing.TB, token string) *client.Client {
 func gpuServer(name string, gpus int) api.Server {
 	s := api.Server{Name: name, CPUMilli: 64000, MemoryBytes: 256 << 30}
 	for i := range gpus {
-		s.GPUs = append(s.GPUs, api.GPU{Index: i, UUID: name + "-gpu" + string(rune('0'+i)), Model: "A100", MemoryBytes: 80 << 30, Healthy: true})
+		s.GPUs = append(s.GPUs, api.GPU{Index: i, UUID: "GPU-" + name + "-" + string(rune('0'+i)), Model: "A100", MemoryBytes: 80 << 30, Healthy: true})
 	}
 	return s
 }

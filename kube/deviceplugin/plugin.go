@@ -371,11 +371,15 @@ func (p *Plugin) allocate(ctx context.Context, devices []string) (*pluginapi.Con
 	if err != nil {
 		return nil, err
 	}
+	resp, err := containerResponse(lease, p.cfg.MPS, p.cfg.SimulatedDeviceDir)
+	if err != nil {
+		return nil, err
+	}
 	if err := p.pods.markAllocated(ctx, pod, devicesDigest(devices)); err != nil {
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	p.log.Info("allocated", "pod", pod.Namespace+"/"+pod.Name, "lease", lease.ID, "gpus", pod.Annotations[kube.AnnotationGPUs], "devices", len(devices))
-	return containerResponse(lease, p.cfg.MPS, p.cfg.SimulatedDeviceDir), nil
+	return resp, nil
 }
 
 // leaseOf is the pod's lease as the allocator has it, if it is the pod's

@@ -1,13 +1,17 @@
 package deviceplugin
 
 import (
+	"fmt"
 	"path"
 	"path/filepath"
 	"slices"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/inventory"
 	"github.com/gpupool/gpupool/kube"
 )
 
@@ -28,11 +32,24 @@ type MPS struct {
 // which NVIDIA's container runtime mounts, the GPUPOOL_* variables, MPS's
 // limits for a fraction) and the host's MPS; on a node whose GPUs are
 // simulated, the files in simulatedDeviceDir that stand for the lease's
-// GPUs, each at kube.SimulatedDeviceDir/<UUID>.
-func containerResponse(l api.Lease, mps MPS, simulatedDeviceDir string) *pluginapi.ContainerAllocateResponse {
+// GPUs, each at kube.SimulatedDeviceDir/<UUID>. A UUID not of NVML's
+// shapes is refused: the allocator checks them as servers register, but
+// a server stored before that check, or a forged allocator answer, must
+// not list other devices or mount a host path outside the directory.
+func containerResponse(l api.Lease, mps MPS, simulatedDeviceDir string) (*pluginapi.ContainerAllocateResponse, error) {
+	for i, g := range l.GPUs {
+		if err := inventory.ValidateUUID(fmt.Sprintf("lease %s gpus[%d].uuid", l.ID, i), g.UUID); err != nil {
+			return nil, status.Error(codes.FailedPrecondition, err.Error())
+		}
+	}
 	r := &pluginapi.ContainerAllocateResponse{Envs: api.LeaseEnv(l.Core())}
 	if simulatedDeviceDir != "" {
 		for _, g := range l.GPUs {
+			// ValidateUUID leaves no ".." element; this says so again
+			// where a host path is made.
+			if !filepath.IsLocal(g.UUID) {
+				return nil, status.Errorf(codes.FailedPrecondition, "lease %s: GPU UUID %q would leave %s", l.ID, g.UUID, simulatedDeviceDir)
+			}
 			r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: path.Join(kube.SimulatedDeviceDir, g.UUID),
 				HostPath: filepath.Join(simulatedDeviceDir, g.UUID), ReadOnly: true})
 		}
@@ -44,7 +61,7 @@ func containerResponse(l api.Lease, mps MPS, simulatedDeviceDir string) *plugina
 	if mps.ShmDir != "" {
 		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: "/dev/shm", HostPath: mps.ShmDir})
 	}
-	return r
+	return r, nil
 }
 
 // preferred are the devices the kubelet should give a container whose
