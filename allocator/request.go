@@ -3,6 +3,7 @@ package allocator
 import (
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strconv"
 	"time"
@@ -144,12 +145,22 @@ const (
 	maxOwnerLabels = 64
 )
 
+// uidShape is what a pod's UID may hold: Kubernetes gives UUIDs; a lease
+// outside Kubernetes names its owner with letters, digits and . _ : -.
+var uidShape = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]*$`)
+
+// validate checks a lease's owner, which the console, its CSV and the
+// metrics show to the admin: a pod's name as Kubernetes allows it (a
+// tenant's spreadsheet formula, a control byte or markup is no pod name).
 func (o *Owner) validate() error {
 	switch {
-	case len(o.Pod) > maxNameLen:
-		return &FieldError{Field: "owner.pod", Value: fielderr.Shorten(o.Pod), Limit: fmt.Sprintf("longer than %d characters", maxNameLen)}
+	case o.Pod != "" && len(validation.IsDNS1123Subdomain(o.Pod)) > 0:
+		return &FieldError{Field: "owner.pod", Value: strconv.QuoteToASCII(fielderr.Shorten(o.Pod)),
+			Limit: "is not a pod name: " + validation.IsDNS1123Subdomain(o.Pod)[0]}
 	case len(o.UID) > maxNameLen:
-		return &FieldError{Field: "owner.uid", Value: fielderr.Shorten(o.UID), Limit: fmt.Sprintf("longer than %d characters", maxNameLen)}
+		return &FieldError{Field: "owner.uid", Value: strconv.QuoteToASCII(fielderr.Shorten(o.UID)), Limit: fmt.Sprintf("longer than %d characters", maxNameLen)}
+	case o.UID != "" && !uidShape.MatchString(o.UID):
+		return &FieldError{Field: "owner.uid", Value: strconv.QuoteToASCII(fielderr.Shorten(o.UID)), Limit: "is not a pod UID: letters, digits and . _ : - only"}
 	case len(o.Labels) > maxOwnerLabels:
 		return &FieldError{Field: "owner.labels", Value: strconv.Itoa(len(o.Labels)) + " labels", Limit: fmt.Sprintf("more than %d", maxOwnerLabels)}
 	}

@@ -185,9 +185,13 @@ function renderLeases(v, now) {
   }
 }
 
+// csvCell is one cell of leases.csv. A cell that starts with = + - @, a
+// tab or a carriage return is one a spreadsheet may run as a formula, even
+// quoted: OWASP's advice is a leading ' (text), then the quotes.
 function csvCell(x) {
-  const s = String(x ?? "");
-  return /[",\n\r]/.test(s) || /^[=+\-@]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s;
+  let s = String(x ?? "");
+  if (/^[=+\-@\t\r]/.test(s)) s = "'" + s;
+  return /[",\n\r']/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s;
 }
 
 // downloadCSV saves the rows shown, filtered and sorted, as leases.csv:

@@ -575,6 +575,18 @@ func (p *consolePool) checkLeasesTable(t *testing.T, tab context.Context) {
 			t.Errorf("the CSV has no lease %s:\n%s", l.ID, csv)
 		}
 	}
+	// A cell a spreadsheet would run is text, as OWASP advises: a leading
+	// ' before = + - @, a tab or a carriage return, and the cell quoted.
+	cells := map[string]string{}
+	pageJSON(t, tab, `JSON.stringify(Object.fromEntries(["=HYPERLINK(\"http://x\",\"y\")", "+1", "-1+1", "@SUM(A1)", "\t=1+1", "\r=1", "lease-000001", "a,b"].map(s => [s, csvCell(s)])))`, &cells)
+	for in, want := range map[string]string{
+		`=HYPERLINK("http://x","y")`: `"'=HYPERLINK(""http://x"",""y"")"`, "+1": `"'+1"`, "-1+1": `"'-1+1"`, "@SUM(A1)": `"'@SUM(A1)"`,
+		"\t=1+1": "\"'\t=1+1\"", "\r=1": "\"'\r=1\"", "lease-000001": "lease-000001", "a,b": `"a,b"`,
+	} {
+		if cells[in] != want {
+			t.Errorf("csvCell(%q) = %q, want %q", in, cells[in], want)
+		}
+	}
 }
 
 // ordered reports whether cells are sorted one way or the other, as
