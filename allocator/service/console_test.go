@@ -243,19 +243,36 @@ func TestHeartbeatUseIsChecked(t *testing.T) {
 	a, _, la, lb := consolePool(t)
 	ctx := context.Background()
 	server := a.client(t, serverToken)
+	now := a.clock.Now()
 	for _, tc := range []struct {
 		use  api.ServerUse
 		want string
 	}{
-		{api.ServerUse{GPUs: []api.GPUUse{{Index: 7}}}, "use.gpus.index"},
-		{api.ServerUse{GPUs: []api.GPUUse{{Index: 0, Utilization: ratio(1.5)}}}, "use.gpus.utilization"},
-		{api.ServerUse{GPUs: []api.GPUUse{{Index: 0, MemoryUsedBytes: -1}}}, "use.gpus.memoryUsedBytes"},
-		{api.ServerUse{Leases: []api.LeaseUse{{Lease: la.ID, GPU: 0, SMUtilization: ratio(-0.1)}}}, "use.leases.smUtilization"},
-		{api.ServerUse{Leases: make([]api.LeaseUse, 100*2+1)}, "use.leases"},
+		{api.ServerUse{SampledAt: now, GPUs: []api.GPUUse{{Index: 7}}}, "use.gpus.index"},
+		{api.ServerUse{SampledAt: now, GPUs: []api.GPUUse{{Index: 0, Utilization: ratio(1.5)}}}, "use.gpus.utilization"},
+		{api.ServerUse{SampledAt: now, GPUs: []api.GPUUse{{Index: 0, MemoryUsedBytes: -1}}}, "use.gpus.memoryUsedBytes"},
+		{api.ServerUse{SampledAt: now, Leases: []api.LeaseUse{{Lease: la.ID, GPU: 0, SMUtilization: ratio(-0.1)}}}, "use.leases.smUtilization"},
+		{api.ServerUse{SampledAt: now, Leases: make([]api.LeaseUse, 100*2+1)}, "use.leases"},
+		// What a probe sent: each GPU read twice, 2 TiB used of an 80Gi
+		// GPU, a reading from the year 2999, or of no time at all.
+		{api.ServerUse{SampledAt: now, GPUs: []api.GPUUse{{Index: 0}, {Index: 0}}}, `use.gpus.index 0 is read twice`},
+		{api.ServerUse{SampledAt: now, GPUs: []api.GPUUse{{Index: 1, MemoryUsedBytes: 2 << 40}}}, `use.gpus.memoryUsedBytes 2199023255552 out of range 0..85899345920 (GPU 1's memory)`},
+		{api.ServerUse{SampledAt: now, Leases: []api.LeaseUse{{Lease: la.ID, GPU: 0, MemoryUsedBytes: 80<<30 + 1}}}, "use.leases.memoryUsedBytes"},
+		{api.ServerUse{SampledAt: now, Leases: []api.LeaseUse{{Lease: la.ID, GPU: 0}, {Lease: la.ID, GPU: 0}}}, "is read twice: one reading per lease and GPU"},
+		{api.ServerUse{SampledAt: time.Date(2999, 1, 1, 0, 0, 0, 0, time.UTC)}, `use.sampledAt 2999-01-01T00:00:00Z is `},
+		{api.ServerUse{SampledAt: now.Add(-maxUseSkew - time.Second)}, "use.sampledAt"},
+		{api.ServerUse{}, `use.sampledAt "" is required`},
 	} {
 		err := server.Heartbeat(ctx, "s1", api.Heartbeat{Use: &tc.use})
 		if !client.IsReason(err, api.ReasonInvalid) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%+v: %v, want Invalid naming %s", tc.use, err, tc.want)
+			t.Errorf("%d GPU and %d lease readings at %v: %v, want Invalid naming %s", len(tc.use.GPUs), len(tc.use.Leases), tc.use.SampledAt, err, tc.want)
+		}
+	}
+	// At the edges of the skew, and memory of the whole GPU: taken.
+	for _, at := range []time.Time{now.Add(maxUseSkew), now.Add(-maxUseSkew)} {
+		use := api.ServerUse{SampledAt: at, GPUs: []api.GPUUse{{Index: 0, MemoryUsedBytes: 80 << 30}, {Index: 1}}}
+		if err := server.Heartbeat(ctx, "s1", api.Heartbeat{Use: &use}); err != nil {
+			t.Errorf("a reading at %v, its GPU's memory all used: %v", at, err)
 		}
 	}
 	// The lease on s1, of 2 GPUs, and the other one, on s2.

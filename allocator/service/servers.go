@@ -33,7 +33,7 @@ func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) 
 			return store.Change{}, &allocator.ServerNotFoundError{Name: name}
 		}
 		if hb.Use != nil {
-			if err := checkUse(hb.Use, len(srv.GPUs)); err != nil {
+			if err := checkUse(hb.Use, &srv, now); err != nil {
 				return store.Change{}, err
 			}
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/inventory"
 )
 
 // What the daemons measured, kept in memory for the console: it is
@@ -76,9 +77,16 @@ func (h *history) all() []api.HistoryPoint {
 // takes at most 100 leases at 1%.
 const maxLeaseUsesPerGPU = 100
 
-// checkUse validates a heartbeat's use against the number of GPUs of the
-// server it is for; each error names the field, the value and the limit.
-func checkUse(u *api.ServerUse, gpus int) error {
+// maxUseSkew bounds how far a reading's sampledAt may be from the
+// allocator's clock: ahead by a host's clock error, behind by a daemon
+// whose sources lag. A reading outside it is refused, not shown as now.
+const maxUseSkew = 5 * time.Minute
+
+// checkUse validates a heartbeat's use against the server it is for, at
+// now: one reading per GPU index, memory within each GPU's, a sample time
+// within maxUseSkew; each error names the field, the value and the limit.
+func checkUse(u *api.ServerUse, srv *inventory.Server, now time.Time) error {
+	gpus := len(srv.GPUs)
 	index := func(field string, i int) error {
 		if i < 0 || i >= gpus {
 			return &allocator.FieldError{Field: field, Value: fmt.Sprint(i), Limit: fmt.Sprintf("out of range 0..%d", gpus-1)}
@@ -91,11 +99,23 @@ func checkUse(u *api.ServerUse, gpus int) error {
 		}
 		return nil
 	}
-	memory := func(field string, v int64) error {
-		if v < 0 || v > allocator.MaxGPUMemoryBytes {
-			return &allocator.FieldError{Field: field, Value: fmt.Sprint(v), Limit: fmt.Sprintf("out of range 0..%d (1Pi)", int64(allocator.MaxGPUMemoryBytes))}
+	// After index: the GPU's memory, where it registered one.
+	memory := func(field string, gpu int, v int64) error {
+		most := int64(allocator.MaxGPUMemoryBytes)
+		if m := srv.GPUs[gpu].MemoryBytes; m > 0 {
+			most = m
+		}
+		if v < 0 || v > most {
+			return &allocator.FieldError{Field: field, Value: fmt.Sprint(v), Limit: fmt.Sprintf("out of range 0..%d (GPU %d's memory)", most, gpu)}
 		}
 		return nil
+	}
+	switch skew := u.SampledAt.Sub(now); {
+	case u.SampledAt.IsZero():
+		return &allocator.FieldError{Field: "use.sampledAt", Value: `""`, Limit: "is required: when the daemon read its GPUs"}
+	case skew > maxUseSkew || skew < -maxUseSkew:
+		return &allocator.FieldError{Field: "use.sampledAt", Value: u.SampledAt.UTC().Format(time.RFC3339),
+			Limit: fmt.Sprintf("is %v from the allocator's clock (%s), more than %v", skew.Round(time.Second), now.UTC().Format(time.RFC3339), maxUseSkew)}
 	}
 	if len(u.GPUs) > gpus {
 		return &allocator.FieldError{Field: "use.gpus", Value: fmt.Sprintf("%d readings", len(u.GPUs)), Limit: fmt.Sprintf("at most one per GPU, %d", gpus)}
@@ -103,13 +123,33 @@ func checkUse(u *api.ServerUse, gpus int) error {
 	if limit := maxLeaseUsesPerGPU * gpus; len(u.Leases) > limit {
 		return &allocator.FieldError{Field: "use.leases", Value: fmt.Sprintf("%d readings", len(u.Leases)), Limit: fmt.Sprintf("at most %d", limit)}
 	}
+	seen := make([]bool, gpus)
 	for _, g := range u.GPUs {
-		if err := firstError(index("use.gpus.index", g.Index), ratio("use.gpus.utilization", g.Utilization), memory("use.gpus.memoryUsedBytes", g.MemoryUsedBytes)); err != nil {
+		if err := firstError(index("use.gpus.index", g.Index), ratio("use.gpus.utilization", g.Utilization)); err != nil {
+			return err
+		}
+		if seen[g.Index] {
+			return &allocator.FieldError{Field: "use.gpus.index", Value: fmt.Sprint(g.Index), Limit: "is read twice: one reading per GPU"}
+		}
+		seen[g.Index] = true
+		if err := memory("use.gpus.memoryUsedBytes", g.Index, g.MemoryUsedBytes); err != nil {
 			return err
 		}
 	}
+	type leaseGPU struct {
+		lease string
+		gpu   int
+	}
+	read := make(map[leaseGPU]bool, len(u.Leases))
 	for _, l := range u.Leases {
-		if err := firstError(index("use.leases.gpu", l.GPU), ratio("use.leases.smUtilization", l.SMUtilization), memory("use.leases.memoryUsedBytes", l.MemoryUsedBytes)); err != nil {
+		if err := firstError(index("use.leases.gpu", l.GPU), ratio("use.leases.smUtilization", l.SMUtilization)); err != nil {
+			return err
+		}
+		if read[leaseGPU{l.Lease, l.GPU}] {
+			return &allocator.FieldError{Field: "use.leases", Value: fmt.Sprintf("%q on GPU %d", l.Lease, l.GPU), Limit: "is read twice: one reading per lease and GPU"}
+		}
+		read[leaseGPU{l.Lease, l.GPU}] = true
+		if err := memory("use.leases.memoryUsedBytes", l.GPU, l.MemoryUsedBytes); err != nil {
 			return err
 		}
 	}
