@@ -165,10 +165,10 @@ bench: bench-pool bench-cluster ## every benchmark: bench-pool's, then bench-clu
 # Two halves, so that CI runs the first while the Kubernetes build the
 # second needs is still going.
 .PHONY: bench-pool
-bench-pool: deps ## the benchmarks without a cluster: placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, a tenant's latency beside a full wait queue, daemon scrape and sampling cost, the simulated GPUs' /proc pass, a scheduler-extender filter at 1,213 nodes
+bench-pool: deps ## the benchmarks without a cluster: placement decisions/s per policy, a whole replay timed, durable acquisitions/s over HTTP, a tenant's latency beside a full wait queue and beside 200 console readers, daemon scrape and sampling cost, the simulated GPUs' /proc pass, a scheduler-extender filter at 1,213 nodes
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./simulate
 	$(GO) test -run '^$$' -bench AcquireRelease -benchtime 4000x ./test/e2e
-	$(GO) test -run '^$$' -bench TenantBesideAFullQueue -benchtime 1x ./allocator/service
+	$(GO) test -run '^$$' -bench 'TenantBesideAFullQueue|ConsoleBesideTenant/admin/retry-at-once' -benchtime 1x ./allocator/service
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./gpuserver
 	$(GO) test -run '^$$' -bench DeviceHoldersScan -benchtime 200x ./collector
 	$(GO) test -run '^$$' -bench Filter1213Nodes -benchtime 1000x ./kube/scheduler

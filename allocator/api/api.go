@@ -349,6 +349,9 @@ const (
 	// ReasonTooManyWaiting refuses to queue an acquisition that may wait
 	// (429): too many wait already, in its namespace or in all.
 	ReasonTooManyWaiting = "TooManyWaiting"
+	// ReasonTooManyRequests refuses a read past its token's bound of
+	// reads in progress (429).
+	ReasonTooManyRequests = "TooManyRequests"
 )
 
 func (e *Error) Error() string { return e.Message }

@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"encoding/json"
 	"errors"
+	"io"
 	"slices"
 	"time"
 
@@ -25,8 +26,9 @@ const maxPendingReasons = 200
 // that open pages cost one build a second between them, not one each.
 const consoleMaxAge = time.Second
 
-// maxEncodedScopes bounds the compressed views kept for one build: one a
-// scope (the admin's, a namespace's) that asked within the second.
+// maxEncodedScopes bounds the encoded views kept for one build: one a
+// scope (the admin's, a namespace's) and encoding asked for within the
+// second.
 const maxEncodedScopes = 64
 
 // Console is the pool as the console shows it to p: servers, GPUs, models
@@ -38,28 +40,42 @@ func (s *Service) Console(p Principal) api.Console {
 	return scopeConsole(*s.wholeConsoleLocked(), p)
 }
 
-// ConsoleGzip is Console's view as gzip-compressed JSON, what a browser
-// reads. Each scope's is encoded once per build, so that a burst of reads
-// costs one encoding a second, not one each.
-func (s *Service) ConsoleGzip(p Principal) []byte {
+// ConsoleJSON is Console's view as JSON, gzip-compressed when gzipped
+// (what a browser reads). Each scope's is encoded once per build in each
+// encoding, and every read of it shares those bytes, so that a burst of
+// reads costs one encoding a second and no memory per reader.
+func (s *Service) ConsoleJSON(p Principal, gzipped bool) []byte {
 	s.consoleMu.Lock()
 	defer s.consoleMu.Unlock()
 	whole := s.wholeConsoleLocked()
-	scope := "*" // the admin's
+	key := consoleKey{scope: "*", gzipped: gzipped} // the admin's
 	if !p.Admin {
-		scope = "ns/" + p.Namespace // a server's token: no namespace, no leases
+		key.scope = "ns/" + p.Namespace // a server's token: no namespace, no leases
 	}
-	if b, ok := s.consoleGzip[scope]; ok {
+	if b, ok := s.consoleEncoded[key]; ok {
 		return b
 	}
 	var buf bytes.Buffer
-	zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
-	_ = json.NewEncoder(zw).Encode(scopeConsole(*whole, p))
-	_ = zw.Close()
-	if len(s.consoleGzip) < maxEncodedScopes {
-		s.consoleGzip[scope] = buf.Bytes()
+	w := io.Writer(&buf)
+	var zw *gzip.Writer
+	if gzipped {
+		zw, _ = gzip.NewWriterLevel(&buf, gzip.BestSpeed)
+		w = zw
+	}
+	_ = json.NewEncoder(w).Encode(scopeConsole(*whole, p))
+	if zw != nil {
+		_ = zw.Close()
+	}
+	if len(s.consoleEncoded) < maxEncodedScopes {
+		s.consoleEncoded[key] = buf.Bytes()
 	}
 	return buf.Bytes()
+}
+
+// consoleKey names one encoded view of a build.
+type consoleKey struct {
+	scope   string
+	gzipped bool
 }
 
 // scopeConsole is v as p may see it.
@@ -89,7 +105,7 @@ func (s *Service) wholeConsoleLocked() *api.Console {
 	slices.SortFunc(v.Servers, func(a, b api.ConsoleServer) int { return cmp.Compare(a.Name, b.Name) })
 	slices.SortFunc(v.Models, func(a, b api.ModelSummary) int { return cmp.Compare(a.Model, b.Model) })
 	slices.SortFunc(v.Tenants, func(a, b api.ConsoleTenant) int { return cmp.Compare(a.Namespace, b.Namespace) })
-	s.console, s.consoleGzip = &v, map[string][]byte{}
+	s.console, s.consoleEncoded = &v, map[consoleKey][]byte{}
 	return s.console
 }
 

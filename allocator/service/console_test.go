@@ -3,8 +3,11 @@ package service
 import (
 	"bytes"
 	"context"
+	"io"
+	"log/slog"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -354,16 +357,78 @@ func TestSilentServerShowsNoUse(t *testing.T) {
 // one scope gets the bytes encoded for the first, and each scope its own.
 func TestConsoleEncodedOncePerScope(t *testing.T) {
 	a, _, _, _ := consolePool(t)
-	admin := a.svc.ConsoleGzip(Principal{Admin: true})
-	teamA := a.svc.ConsoleGzip(Principal{Namespace: "team-a"})
-	if again := a.svc.ConsoleGzip(Principal{Admin: true}); &again[0] != &admin[0] {
-		t.Error("the admin's second read in the same second was encoded again")
+	for _, gzipped := range []bool{true, false} {
+		admin := a.svc.ConsoleJSON(Principal{Admin: true}, gzipped)
+		teamA := a.svc.ConsoleJSON(Principal{Namespace: "team-a"}, gzipped)
+		if again := a.svc.ConsoleJSON(Principal{Admin: true}, gzipped); &again[0] != &admin[0] {
+			t.Errorf("gzip %v: the admin's second read in the same second was encoded again", gzipped)
+		}
+		if again := a.svc.ConsoleJSON(Principal{Namespace: "team-a"}, gzipped); &again[0] != &teamA[0] || bytes.Equal(teamA, admin) {
+			t.Errorf("gzip %v: team-a's reads: encoded again, or the admin's bytes", gzipped)
+		}
+		if other := a.svc.ConsoleJSON(Principal{Admin: true}, !gzipped); bytes.Equal(other, admin) {
+			t.Errorf("gzip %v: the other encoding's read got these bytes", gzipped)
+		}
+		a.clock.Add(consoleMaxAge)
+		if next := a.svc.ConsoleJSON(Principal{Admin: true}, gzipped); &next[0] == &admin[0] {
+			t.Errorf("gzip %v: a read a second later got the old build's bytes", gzipped)
+		}
 	}
-	if again := a.svc.ConsoleGzip(Principal{Namespace: "team-a"}); &again[0] != &teamA[0] || bytes.Equal(teamA, admin) {
-		t.Error("team-a's reads: encoded again, or the admin's bytes")
+}
+
+// TestConsoleAcceptEncoding: gzip only where the client accepts it, as
+// RFC 9110 reads the header; "gzip;q=0" refuses it.
+func TestConsoleAcceptEncoding(t *testing.T) {
+	for _, tc := range []struct {
+		headers []string
+		want    bool
+	}{
+		{nil, false},
+		{[]string{""}, false},
+		{[]string{"gzip"}, true},
+		{[]string{"gzip, deflate, br"}, true},
+		{[]string{"br", "GZIP;q=0.5"}, true},
+		{[]string{"*"}, true},
+		{[]string{"gzip;q=0"}, false},
+		{[]string{"gzip; q=0.000"}, false},
+		{[]string{"gzip;q=bogus"}, false},
+		{[]string{"identity, deflate"}, false},
+		{[]string{"x-gzip-not"}, false},
+		{[]string{"nogzip"}, false},
+	} {
+		if got := acceptsGzip(tc.headers); got != tc.want {
+			t.Errorf("Accept-Encoding %q: gzip %v, want %v", tc.headers, got, tc.want)
+		}
 	}
-	a.clock.Add(consoleMaxAge)
-	if next := a.svc.ConsoleGzip(Principal{Admin: true}); &next[0] == &admin[0] {
-		t.Error("a read a second later got the old build's bytes")
+}
+
+// TestConsoleReadsBoundedPerToken: past consoleReadsPerSecond reads of
+// one token within a second, the next is answered 429 with Retry-After,
+// after that second; another token's read is not.
+func TestConsoleReadsBoundedPerToken(t *testing.T) {
+	a, _, _, _ := consolePool(t)
+	h := &handler{s: a.svc, auth: NewAuthenticator(testConfig()), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	read := func(token string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodGet, "/v1/console", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp := httptest.NewRecorder()
+		h.console(resp, req)
+		return resp
+	}
+	for i := range consoleReadsPerSecond {
+		if resp := read(adminToken); resp.Code != http.StatusOK {
+			t.Fatalf("read %d of the admin's, within the bound: %d %s", i+1, resp.Code, resp.Body)
+		}
+	}
+	start := time.Now()
+	resp := read(adminToken)
+	if resp.Code != http.StatusTooManyRequests || resp.Header().Get("Retry-After") != "1" || !strings.Contains(resp.Body.String(), api.ReasonTooManyRequests) {
+		t.Errorf("past the bound: %d, Retry-After %q, %s; want 429", resp.Code, resp.Header().Get("Retry-After"), resp.Body)
+	}
+	if waited := time.Since(start); waited < consoleRetryAfter {
+		t.Errorf("the 429 came after %v, want after %v: a client that retries at once must not spin", waited, consoleRetryAfter)
+	}
+	if resp := read(teamAToken); resp.Code != http.StatusOK {
+		t.Errorf("team-a's read beside the admin's: %d %s", resp.Code, resp.Body)
 	}
 }

@@ -3,15 +3,19 @@ package service
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/gpupool/gpupool/allocator"
@@ -96,6 +100,8 @@ type handler struct {
 	s    *Service
 	auth *Authenticator
 	log  *slog.Logger
+	// consoleReads paces the console's reads, by token.
+	consoleReads readLimits
 }
 
 // principal authenticates the request, answering 401 itself when it fails.
@@ -276,22 +282,94 @@ func (h *handler) pool(w http.ResponseWriter, r *http.Request) {
 }
 
 // console answers the console's view, scoped to the token as /v1/pool
-// and /v1/leases are.
+// and /v1/leases are, from the bytes encoded once per build (ConsoleJSON).
+// Past consoleReadsPerSecond reads of one token, the read is answered 429
+// after a second: a client that retries at once still costs the allocator
+// one request a second per connection, not all its CPU.
 func (h *handler) console(w http.ResponseWriter, r *http.Request) {
 	p, ok := h.principal(w, r)
 	if !ok {
 		return
 	}
-	if !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
-		h.reply(w, http.StatusOK, h.s.Console(p), nil)
+	if !h.consoleReads.allow(r.Header.Get("Authorization")) {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(consoleRetryAfter):
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(int(consoleRetryAfter/time.Second)))
+		api.WriteError(w, http.StatusTooManyRequests, &api.Error{Reason: api.ReasonTooManyRequests,
+			Message: fmt.Sprintf("this token read the console more than %d times a second, the most it may; the view changes once a second", consoleReadsPerSecond)})
 		return
 	}
 	// A page polls this every second, and a large pool's view is
 	// megabytes of JSON, a thirtieth of it compressed.
+	gzipped := acceptsGzip(r.Header.Values("Accept-Encoding"))
+	body := h.s.ConsoleJSON(p, gzipped)
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Encoding", "gzip")
 	w.Header().Set("Vary", "Accept-Encoding")
-	_, _ = w.Write(h.s.ConsoleGzip(p))
+	if gzipped {
+		w.Header().Set("Content-Encoding", "gzip")
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	_, _ = w.Write(body)
+}
+
+// consoleReadsPerSecond bounds one token's console reads: a page reads
+// once a second, and the view changes once a second, so ten pages open on
+// one token read within it.
+const consoleReadsPerSecond = 10
+
+// consoleRetryAfter is how long a read past the bound waits for its 429.
+const consoleRetryAfter = time.Second
+
+// readLimits paces each token's console reads.
+type readLimits struct {
+	mu sync.Mutex
+	by map[string]*rate.Limiter
+}
+
+// allow takes one of token's reads, if the pace leaves one.
+func (l *readLimits) allow(token string) bool {
+	l.mu.Lock()
+	lim := l.by[token]
+	if lim == nil {
+		if l.by == nil {
+			l.by = map[string]*rate.Limiter{}
+		}
+		// Tokens come from the allocator's configuration: a bounded set.
+		lim = rate.NewLimiter(consoleReadsPerSecond, consoleReadsPerSecond)
+		l.by[token] = lim
+	}
+	l.mu.Unlock()
+	return lim.Allow()
+}
+
+// acceptsGzip reads Accept-Encoding as RFC 9110 says: gzip (or *) with a
+// q-value above 0; "gzip;q=0" refuses it.
+func acceptsGzip(headers []string) bool {
+	for _, h := range headers {
+		for coding := range strings.SplitSeq(h, ",") {
+			name, params, _ := strings.Cut(coding, ";")
+			if name = strings.ToLower(strings.TrimSpace(name)); name != "gzip" && name != "x-gzip" && name != "*" {
+				continue
+			}
+			q := 1.0
+			for param := range strings.SplitSeq(params, ";") {
+				if k, v, ok := strings.Cut(strings.TrimSpace(param), "="); ok && strings.EqualFold(k, "q") {
+					if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+						q = f
+					} else {
+						q = 0
+					}
+				}
+			}
+			if q > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // server answers one server of the pool, as GET /v1/pool shows it to

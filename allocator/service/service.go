@@ -82,11 +82,11 @@ type Service struct {
 	windows map[string]*useWindow
 	history history
 	// console is the last view of every namespace the console read,
-	// rebuilt at most once per consoleMaxAge, and consoleGzip its
-	// compressed JSON by scope (console.go).
-	consoleMu   sync.Mutex
-	console     *api.Console
-	consoleGzip map[string][]byte
+	// rebuilt at most once per consoleMaxAge, and consoleEncoded its JSON
+	// by scope and encoding (console.go).
+	consoleMu      sync.Mutex
+	console        *api.Console
+	consoleEncoded map[consoleKey][]byte
 
 	// queued holds the changes the committer has yet to write, in the
 	// order they were made; kick wakes the committer. The queue is

@@ -304,6 +304,27 @@ func TestParseGPUMemory(t *testing.T) {
 	}
 }
 
+// TestMemoryPastItsRangeIsRefused: what a probe sent under a unit of
+// memory (where no "less than one GPU's memory" check applies), each
+// refused naming the field and the range, none admitted with a small
+// bitfusion.io/gpu; testdata/refusals.yaml has the messages.
+func TestMemoryPastItsRangeIsRefused(t *testing.T) {
+	for _, limits := range [][]string{
+		{"bitfusion.io/gpu-amount=64", "bitfusion.io/gpu-memory=288230376151711744"},
+		{"bitfusion.io/gpu-amount=64", "bitfusion.io/gpu-memory=144115188075855872"},
+		{"bitfusion.io/gpu-amount=2", "bitfusion.io/gpu-memory=9E"},
+		{"bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-memory=2e15"},
+		{"bitfusion.io/gpu-amount=1", "bitfusion.io/gpu-memory=100E"},
+		{"bitfusion.io/gpu-amount=100E", "bitfusion.io/gpu-memory=8Gi"},
+		{"bitfusion.io/gpu=100E"},
+	} {
+		patch, errs := config(kube.MemoryUnit(8<<30)).Mutate(podOf(asking(limits...)))
+		if patch != nil || errs.ToAggregate() == nil || !strings.Contains(errs.ToAggregate().Error(), "must be 1..") {
+			t.Errorf("%v: Mutate = %v, %v; want refused naming the range", limits, patch, errs.ToAggregate())
+		}
+	}
+}
+
 // TestTimesRefusesWhatWraps: a product past int64 is refused, naming the
 // part, never wrapped into a small count.
 func TestTimesRefusesWhatWraps(t *testing.T) {

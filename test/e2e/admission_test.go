@@ -45,7 +45,14 @@ const admissionExamples = "../../kube/admission/testdata"
 
 // unitNamespace is where each unit's webhook admits pods: one control
 // plane, one webhook per unit, each registered for its namespace.
-func unitNamespace(u kube.Unit) string { return "bfk-" + string(u) }
+func unitNamespace(u kube.Unit) string { return "bfk-" + unitName(u) }
+
+// unitName is u as an object's name: memory:8Gi is memory-8gi.
+func unitName(u kube.Unit) string { return strings.ToLower(strings.ReplaceAll(string(u), ":", "-")) }
+
+// webhookUnits are the units a webhook runs in: the named ones, and the
+// articles' slices of 8Gi, whose refusals testdata/refusals.yaml holds.
+var webhookUnits = append(slices.Clone(kube.Units), kube.MemoryUnit(8<<30))
 
 // quotaNamespace holds the quota test's pods, admitted in percent.
 const quotaNamespace = "bfk-quota"
@@ -68,7 +75,7 @@ func TestAdmission(t *testing.T) {
 	createPodPolicy(ctx, t, cp)
 	webhooks := map[kube.Unit]*exec.Cmd{}
 	addrs := map[kube.Unit]string{}
-	for _, unit := range kube.Units {
+	for _, unit := range webhookUnits {
 		namespaces := []string{unitNamespace(unit)}
 		if unit == kube.UnitPercent {
 			namespaces = append(namespaces, quotaNamespace)
@@ -77,7 +84,7 @@ func TestAdmission(t *testing.T) {
 		addrs[unit] = addr
 		webhooks[unit] = startBinary(t, logs, "gpupool-webhook", regexp.MustCompile(`webhook serving`), "--listen", addr, "--unit", string(unit),
 			"--tls-cert-file", certFile, "--tls-private-key-file", keyFile)
-		registerWebhook(t, c, "gpupool-"+string(unit), "https://"+addr, cp.CA, namespaces)
+		registerWebhook(t, c, "gpupool-"+unitName(unit), "https://"+addr, cp.CA, namespaces)
 		for _, ns := range namespaces {
 			if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
