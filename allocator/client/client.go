@@ -193,10 +193,17 @@ func (c *Client) Pool(ctx context.Context) (api.PoolStatus, error) {
 
 // Console returns the pool as the console page shows it to this client's
 // token.
+//
+// A read past the token's pace is answered 429 a second later
+// (api.ReasonTooManyRequests); Console then reads again, until ctx ends.
 func (c *Client) Console(ctx context.Context) (api.Console, error) {
-	var out api.Console
-	err := c.do(ctx, http.MethodGet, "/v1/console", nil, &out)
-	return out, err
+	for {
+		var out api.Console
+		err := c.do(ctx, http.MethodGet, "/v1/console", nil, &out)
+		if !IsReason(err, api.ReasonTooManyRequests) || ctx.Err() != nil {
+			return out, err
+		}
+	}
 }
 
 // Server returns one server of the pool, its GPUs and their health, as

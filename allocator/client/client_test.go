@@ -67,6 +67,37 @@ func TestAnswersAreNotUnreachable(t *testing.T) {
 	}
 }
 
+// TestConsoleReadsAgainPastThePace: a read answered 429 TooManyRequests
+// (the allocator waited the second already) is read again; any other
+// refusal is returned.
+func TestConsoleReadsAgainPastThePace(t *testing.T) {
+	var mu sync.Mutex
+	reads := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch reads++; reads {
+		case 1, 2:
+			api.WriteError(w, http.StatusTooManyRequests, &api.Error{Reason: api.ReasonTooManyRequests, Message: "too many"})
+		case 3:
+			_, _ = io.WriteString(w, `{"policy":"fgd-cpu"}`)
+		default:
+			api.WriteError(w, http.StatusUnauthorized, &api.Error{Reason: api.ReasonUnauthorized, Message: "no"})
+		}
+	}))
+	defer srv.Close()
+	c, err := New([]string{srv.URL}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.Console(context.Background()); err != nil || v.Policy != "fgd-cpu" || reads != 3 {
+		t.Errorf("Console = %+v, %v after %d reads; want the third read's view", v, err, reads)
+	}
+	if _, err := c.Console(context.Background()); !IsReason(err, api.ReasonUnauthorized) {
+		t.Errorf("Console = %v; want the Unauthorized answer", err)
+	}
+}
+
 // TestLeasesQuery: a filter goes in the query; no filter sends no query.
 func TestLeasesQuery(t *testing.T) {
 	var got []string
