@@ -159,9 +159,7 @@ func (p *Plugin) release(ctx context.Context, pod *v1.Pod, why string) {
 		return
 	}
 	if _, err := p.core.releaseLeases(ctx, pod, why); err != nil {
-		// A wait for a bind releases it later; Reserve stopped the one
-		// PreFilter started.
-		p.core.watchBind(pod)
+		// Its wait for a bind (watchBind) releases it later.
 		p.core.log.Warn("releasing a lease", "pod", pod.Namespace+"/"+pod.Name, "err", err)
 	}
 }
@@ -225,8 +223,11 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 }
 
 // Unreserve releases the cycle's lease: the cycle failed after Reserve.
+// The wait for a bind that Reserve stopped starts again first: should
+// this release fail, the wait's end releases the lease.
 func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ string) {
 	if c := leaseOf(state); c != nil && c.refused == "" {
+		p.core.watchBind(pod)
 		p.release(ctx, pod, "released the lease of a pod whose scheduling cycle failed")
 	}
 }
