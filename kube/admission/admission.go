@@ -6,8 +6,9 @@
 // requests.bitfusion.io/gpu counts it and the pool's scheduler places it.
 //
 // Mutate computes a created pod's JSON patch, or refuses the pod when its
-// request cannot be normalised, or when it arrives already marked as
-// handled and its recorded request does not match its bitfusion.io/gpu. It
+// request cannot be normalised, when it arrives already bound to a node
+// (spec.nodeName), or when it arrives already marked as handled and its
+// recorded request does not match its bitfusion.io/gpu. It
 // is a pure function of the pod; NewHandler serves it as AdmissionReview
 // v1. That an update never changes a handled pod's request is checked in
 // kube-apiserver itself (the gpupool-pod-annotations policy), so that no
@@ -80,6 +81,7 @@ var (
 	atModels      = annotations.Key(kube.AnnotationModels)
 	atTopology    = annotations.Key(kube.AnnotationTopology)
 	atAutoManaged = annotations.Key(kube.AnnotationAutoManagement)
+	atNodeName    = field.NewPath("spec", "nodeName")
 )
 
 // Mutate returns the patch that normalises a created pod, or why it is
@@ -90,7 +92,8 @@ var (
 // patch either, and is refused unless it asks for bitfusion.io/gpu alone,
 // as much as its recorded request stands for. So the pod kube-apiserver
 // stores is one the pool can lease for, and the quota counts what the pool
-// leases.
+// leases. Either way a pod that asks for GPUs and names its node is
+// refused: the pool, not its author, places it.
 func (c Config) Mutate(pod *corev1.Pod) (Patch, field.ErrorList) {
 	if marked(pod) {
 		return nil, c.checkRecorded(pod)
@@ -121,7 +124,7 @@ func (c Config) checkRecorded(pod *corev1.Pod) field.ErrorList {
 	case gc == nil:
 		return nil
 	}
-	errs = checkAnnotations(pod)
+	errs = append(checkNodeName(pod), checkAnnotations(pod)...)
 	for _, name := range slices.Sorted(maps.Keys(gc.asked)) {
 		if name != kube.ResourceGPU {
 			a := gc.asked[name]
@@ -154,6 +157,19 @@ func (c Config) checkRecorded(pod *corev1.Pod) field.ErrorList {
 // marked is whether the webhook has handled pod.
 func marked(pod *corev1.Pod) bool {
 	return pod.Annotations[kube.AnnotationStatus] == kube.StatusInjected
+}
+
+// checkNodeName refuses a GPU pod created already bound to a node. The
+// pool places GPU pods: kube-scheduler never sees a pod whose
+// spec.nodeName is set, so no lease would be taken for it, and the lease
+// controller would then take one on that node, over the pool's policy and
+// whatever GPUs the node has left.
+func checkNodeName(pod *corev1.Pod) field.ErrorList {
+	if pod.Spec.NodeName == "" {
+		return nil
+	}
+	return field.ErrorList{field.Invalid(atNodeName, pod.Spec.NodeName,
+		"the pool places GPU pods, on the server that holds their lease: leave spec.nodeName empty (a nodeSelector or node affinity narrows where)")}
 }
 
 // checkAnnotations checks BFK's auto-management/bitfusion, the only BFK

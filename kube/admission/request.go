@@ -175,7 +175,7 @@ func (c Config) plan(pod *corev1.Pod) (*plan, field.ErrorList) {
 		return nil, errs
 	}
 	a, errs := c.containerAsk(gc)
-	if errs = append(checkAnnotations(pod), errs...); len(errs) > 0 {
+	if errs = append(append(checkNodeName(pod), checkAnnotations(pod)...), errs...); len(errs) > 0 {
 		return nil, errs
 	}
 	if models, ok := pod.Annotations[kube.AnnotationModels]; ok {

@@ -58,11 +58,18 @@ type Config struct {
 	// pod and every quota with its ResourceQuotas; 5 minutes when 0.
 	Resync time.Duration
 	// UnboundLeaseTimeout is how long after its grant a lease whose pod is
-	// still not bound is released by the resync at start: the scheduler's
-	// filter took it and the pod's cycle failed while its wait for the
-	// bind, in the scheduler's memory, was lost. 30 s when 0, the scheduler
-	// extender's default wait for a bind.
+	// still not bound is released, by every resync: the scheduling cycle
+	// that took it died with kube-scheduler, and with it the wait for the
+	// bind that the plugin keeps in memory. It must outlast the longest
+	// bind: a reserved pod's Permit and PreBind (a volume provisioned
+	// waits up to VolumeBinding's bindTimeoutSeconds, 10 minutes) hold its
+	// lease unbound. DefaultUnboundLeaseTimeout when 0.
 	UnboundLeaseTimeout time.Duration
+	// StartUnboundLeaseTimeout, when set, replaces UnboundLeaseTimeout in
+	// the resync at start: the extender's --unbound-lease-timeout, where
+	// this process serves the extender, whose waits for binds were lost
+	// with the process that just restarted.
+	StartUnboundLeaseTimeout time.Duration
 	// Recorder writes Events on pods; nil records them through Client.
 	Recorder record.EventRecorder
 	// Election, when set, makes one replica of several reconcile; without
@@ -74,6 +81,10 @@ type Config struct {
 
 // DefaultResync is the resync period when Config.Resync is 0.
 const DefaultResync = 5 * time.Minute
+
+// DefaultUnboundLeaseTimeout is Config.UnboundLeaseTimeout when 0: longer
+// than VolumeBinding's 10 minutes, the longest wait of a bind upstream.
+const DefaultUnboundLeaseTimeout = 15 * time.Minute
 
 // EventSource names the controller in the Events it writes.
 const EventSource = "gpupool-leases"
@@ -92,16 +103,19 @@ const uidIndex = "uid"
 
 // Controller keeps leases and quotas following the cluster.
 type Controller struct {
-	unit           kube.Unit
-	gpuMemory      int64
-	resyncEvery    time.Duration
-	unboundTimeout time.Duration
-	log            *slog.Logger
-	alloc          *client.Client
-	client         kubernetes.Interface
-	record         record.EventRecorder
-	events         record.EventBroadcaster // nil when Config.Recorder was given
-	metrics        *metrics
+	unit        kube.Unit
+	gpuMemory   int64
+	resyncEvery time.Duration
+	log         *slog.Logger
+	alloc       *client.Client
+	client      kubernetes.Interface
+	record      record.EventRecorder
+	events      record.EventBroadcaster // nil when Config.Recorder was given
+	metrics     *metrics
+
+	// unboundTimeout and, at start, startUnboundTimeout: how long after
+	// its grant the resync releases a lease whose pod is still unbound.
+	unboundTimeout, startUnboundTimeout time.Duration
 
 	factory informers.SharedInformerFactory
 	pods    cache.SharedIndexInformer
@@ -142,7 +156,10 @@ func NewController(cfg Config) (*Controller, error) {
 		cfg.Resync = DefaultResync
 	}
 	if cfg.UnboundLeaseTimeout <= 0 {
-		cfg.UnboundLeaseTimeout = 30 * time.Second
+		cfg.UnboundLeaseTimeout = DefaultUnboundLeaseTimeout
+	}
+	if cfg.StartUnboundLeaseTimeout <= 0 {
+		cfg.StartUnboundLeaseTimeout = cfg.UnboundLeaseTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -162,7 +179,7 @@ func NewController(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	c := &Controller{
-		unit: cfg.Unit, gpuMemory: cfg.GPUMemoryBytes, resyncEvery: cfg.Resync, unboundTimeout: cfg.UnboundLeaseTimeout, log: cfg.Logger, alloc: cfg.Allocator, client: cfg.Client, record: cfg.Recorder, metrics: m,
+		unit: cfg.Unit, gpuMemory: cfg.GPUMemoryBytes, resyncEvery: cfg.Resync, unboundTimeout: cfg.UnboundLeaseTimeout, startUnboundTimeout: cfg.StartUnboundLeaseTimeout, log: cfg.Logger, alloc: cfg.Allocator, client: cfg.Client, record: cfg.Recorder, metrics: m,
 		election: cfg.Election,
 		factory:  informers.NewSharedInformerFactory(cfg.Client, 0),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(

@@ -109,10 +109,9 @@ func (c *Controller) release(ctx context.Context, l *api.Lease, reason string) e
 }
 
 // resync repairs what events missed: every pod lease whose pod or node is
-// gone, or whose pod ended, is released, and at start one whose pod is
-// still unbound long after its grant; every bound pod without a lease
-// gets one again on its node; every namespace's quota is compared with
-// its ResourceQuotas.
+// gone, whose pod ended, or whose pod is still unbound long after its
+// grant is released; every bound pod without a lease gets one again on
+// its node; every namespace's quota is compared with its ResourceQuotas.
 func (c *Controller) resync(ctx context.Context, atStart bool) error {
 	ls, err := c.alloc.Leases(ctx, client.LeaseFilter{})
 	if err := c.reached(err); err != nil {
@@ -153,13 +152,11 @@ func (c *Controller) leaseEnd(ctx context.Context, l *api.Lease, atStart bool) (
 		return reasonPodDeleted, nil
 	case endReason(pod) != "":
 		return endReason(pod), nil
-	case atStart && pod.Spec.NodeName == "" && time.Since(l.GrantedAt) > c.unboundTimeout:
-		// A filter's lease whose pod was never bound, and the extender's
-		// wait for its bind was lost with the process that just restarted.
-		// While it runs, that wait ends such leases: a pod retried for
-		// long keeps its first grant's time, and a later resync would
-		// release the lease its bind is about to write on it.
-		return reasonPodUnbound, nil
+	case pod.Spec.NodeName == "" && time.Since(l.GrantedAt) > c.unboundAfter(atStart):
+		// A lease whose scheduling cycle died with kube-scheduler (the
+		// plugin's wait for its bind was in its memory), or with this
+		// process (the extender's).
+		return c.unboundEnd(ctx, l)
 	}
 	if _, err := c.nodes.Get(l.Server); err == nil {
 		return "", nil
@@ -171,6 +168,34 @@ func (c *Controller) leaseEnd(ctx context.Context, l *api.Lease, atStart bool) (
 		return "", fmt.Errorf("node %s: %w", l.Server, err)
 	}
 	return "", nil
+}
+
+// unboundAfter is how long after its grant a lease whose pod is unbound
+// ends.
+func (c *Controller) unboundAfter(atStart bool) time.Duration {
+	if atStart {
+		return c.startUnboundTimeout
+	}
+	return c.unboundTimeout
+}
+
+// unboundEnd says why a lease whose pod the cache shows unbound long after
+// its grant ends, once kube-apiserver confirms that: the cache may not
+// show a bind of an instant ago, whose lease stays. A bind that lands
+// between this read and the release, for a pod whose cycle held it that
+// long, leaves the pod bound without its lease, which the next resync
+// acquires again on its node.
+func (c *Controller) unboundEnd(ctx context.Context, l *api.Lease) (string, error) {
+	pod, err := c.client.CoreV1().Pods(l.Namespace).Get(ctx, l.Owner.Pod, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err) || err == nil && pod.UID != types.UID(l.Owner.UID):
+		return reasonPodDeleted, nil
+	case err != nil:
+		return "", fmt.Errorf("pod %s/%s: %w", l.Namespace, l.Owner.Pod, err)
+	case pod.Spec.NodeName != "":
+		return "", nil
+	}
+	return reasonPodUnbound, nil
 }
 
 // livePod returns the pod with that UID from the cache, else from the

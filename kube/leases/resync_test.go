@@ -174,16 +174,17 @@ func TestRestoreKeepsAHeldLease(t *testing.T) {
 	}
 }
 
-// TestResyncReleasesLeasesOfPodsNeverBound: at start, a lease the
-// scheduler's filter took for a pod that is still not bound after the
-// timeout (its cycle failed while gpupool-scheduler was down) is released;
-// one younger than the timeout stays, its bind may yet come; a periodic
-// resync leaves such leases to the extender.
+// TestResyncReleasesLeasesOfPodsNeverBound: every resync, not only the
+// one at start, releases a lease whose pod is still not bound the timeout
+// after its grant (its scheduling cycle died with kube-scheduler, whose
+// wait for the bind was in memory); one younger stays, its bind may yet
+// come.
 func TestResyncReleasesLeasesOfPodsNeverBound(t *testing.T) {
 	e := newEnv(t, kube.UnitPercent)
 	// Long enough that the young lease is younger still when the resync
 	// reads it, however slow the machine.
-	e.ctrl.unboundTimeout = 3 * time.Second
+	e.ctrl.unboundTimeout = 2 * time.Second
+	e.run()
 	stale := gpuPod("stale", "", 50)
 	e.create(stale)
 	staleLease := kubetest.Acquire(e.ctx, t, e.admin, stale, "s1")
@@ -191,21 +192,69 @@ func TestResyncReleasesLeasesOfPodsNeverBound(t *testing.T) {
 	young := gpuPod("young", "", 50)
 	e.create(young)
 	youngLease := kubetest.Acquire(e.ctx, t, e.admin, young, "s2")
-	e.run()
+	if err := e.ctrl.resync(e.ctx, false); err != nil {
+		t.Fatal(err)
+	}
 	if e.leaseExists(staleLease.ID) || !e.leaseExists(youngLease.ID) {
-		t.Errorf("after the resync the stale lease is there (%v) or the young one gone (%v)", e.leaseExists(staleLease.ID), !e.leaseExists(youngLease.ID))
+		t.Errorf("after a periodic resync the stale lease is there (%v) or the young one gone (%v)", e.leaseExists(staleLease.ID), !e.leaseExists(youngLease.ID))
 	}
 	if got := e.released(reasonPodUnbound); got != 1 {
 		t.Errorf("releases by pod_unbound = %v, want 1", got)
 	}
-	// While the controller runs, the extender's wait ends such leases: a
-	// pod retried for long keeps its first grant's time, and a resync then
-	// would take the lease its bind is about to write.
-	e.ctrl.unboundTimeout = 0
+}
+
+// TestResyncAtStartReleasesUnboundLeasesSooner: where this process serves
+// the extender, whose waits for binds it lost when it restarted, the
+// resync at start releases a lease whose pod is unbound past the
+// extender's wait; the periodic ones wait the whole timeout.
+func TestResyncAtStartReleasesUnboundLeasesSooner(t *testing.T) {
+	e := newEnv(t, kube.UnitPercent)
+	e.ctrl.unboundTimeout, e.ctrl.startUnboundTimeout = time.Hour, 500*time.Millisecond
+	lost := gpuPod("lost", "", 50)
+	e.create(lost)
+	lostLease := kubetest.Acquire(e.ctx, t, e.admin, lost, "s1")
+	time.Sleep(e.ctrl.startUnboundTimeout + 100*time.Millisecond)
+	e.run()
+	if e.leaseExists(lostLease.ID) {
+		t.Error("the resync at start left the lease of a pod unbound past the extender's wait")
+	}
+	waiting := gpuPod("waiting", "", 50)
+	e.create(waiting)
+	waitingLease := kubetest.Acquire(e.ctx, t, e.admin, waiting, "s2")
+	time.Sleep(e.ctrl.startUnboundTimeout + 100*time.Millisecond)
 	if err := e.ctrl.resync(e.ctx, false); err != nil {
 		t.Fatal(err)
 	}
-	if !e.leaseExists(youngLease.ID) {
-		t.Error("a periodic resync released the lease of a pod waiting for its bind")
+	if !e.leaseExists(waitingLease.ID) {
+		t.Error("a periodic resync released a lease younger than its timeout")
+	}
+}
+
+// TestResyncKeepsTheLeaseOfAPodJustBound: the cache may show a pod unbound
+// an instant after its bind; kube-apiserver, asked before the release,
+// says it is bound, and its lease stays.
+func TestResyncKeepsTheLeaseOfAPodJustBound(t *testing.T) {
+	e := newEnv(t, kube.UnitPercent)
+	e.ctrl.unboundTimeout = 500 * time.Millisecond
+	e.run()
+	pod := gpuPod("binding", "", 50)
+	e.create(pod)
+	l := kubetest.Acquire(e.ctx, t, e.admin, pod, "s1")
+	time.Sleep(e.ctrl.unboundTimeout + 100*time.Millisecond)
+	unbound := pod.DeepCopy()
+	pod.Spec.NodeName = "s1"
+	e.update(pod)
+	eventually(t, "the cache shows the pod bound", func() bool {
+		cached, ok, _ := e.ctrl.pods.GetStore().Get(pod)
+		return ok && cached.(*corev1.Pod).Spec.NodeName == "s1"
+	})
+	if err := e.ctrl.pods.GetStore().Update(unbound); err != nil { // as if the cache lagged
+		t.Fatal(err)
+	}
+	if err := e.ctrl.resync(e.ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if !e.leaseExists(l.ID) {
+		t.Error("the resync released the lease of a pod bound an instant ago")
 	}
 }

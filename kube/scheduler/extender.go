@@ -265,7 +265,7 @@ func (e *Extender) bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 		e.log.Warn("bind failed", "pod", args.PodNamespace+"/"+args.PodName, "node", args.Node, "err", err)
 		return &extenderv1.ExtenderBindingResult{Error: err.Error()}, resultError
 	}
-	e.unbound.bound(args.PodUID)
+	e.unbound.stop(args.PodUID)
 	return &extenderv1.ExtenderBindingResult{}, resultBound
 }
 

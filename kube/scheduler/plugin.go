@@ -24,6 +24,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/internal/cli"
+	"github.com/gpupool/gpupool/kube"
 )
 
 // PluginName is the scheduler-framework plugin's name in a
@@ -211,12 +212,22 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 	case c.lease.Server != node:
 		return fwk.AsStatus(fmt.Errorf("gpupool: the pod's lease %s is on %s, not on %s", c.lease.ID, c.lease.Server, node))
 	}
+	// From here Unreserve or Bind ends the lease's wait, however long
+	// Permit and PreBind hold the pod (a volume provisioned: up to
+	// VolumeBinding's 10 minutes); the wait's timer would release the
+	// lease under them. Should kube-scheduler die meanwhile, the lease
+	// controller's resync releases the lease of a pod still unbound long
+	// after its grant.
+	p.core.unbound.stop(pod.UID)
 	return nil
 }
 
 // Unreserve releases the cycle's lease: the cycle failed after Reserve.
+// The wait for a bind that Reserve stopped starts again first: should
+// this release fail, the wait's end releases the lease.
 func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ string) {
 	if c := leaseOf(state); c != nil && c.refused == "" {
+		p.core.watchBind(pod)
 		p.release(ctx, pod, "released the lease of a pod whose scheduling cycle failed")
 	}
 }
@@ -233,17 +244,48 @@ func (p *Plugin) Bind(ctx context.Context, _ fwk.CycleState, pod *v1.Pod, node s
 	return nil
 }
 
-// EventsToRegister: a pod the pool refused may fit once a lease ends (an
-// assigned pod deleted) or a node comes or changes (added, a taint or a
-// label: more candidates on the long way); one whose lease kube-scheduler
-// refused is tried again, the long way, at its own next update
-// (kube-scheduler's PodScheduled condition).
+// EventsToRegister: a pod the pool refused is tried again only on an
+// event that can change the pool's answer, since each try is an
+// acquisition: a lease ending (a pod that held one deleted, or ended,
+// which kube-scheduler's informer sees as a deletion), a node added (it
+// may be a new GPU server, whose registration with the allocator
+// kube-scheduler does not see), and, for a pod on the long way, whose
+// candidates are the nodes kube-scheduler's filters pass, a node's taints
+// or labels changed. A pod whose lease kube-scheduler refused is tried
+// again, the long way, at its own next update (kube-scheduler's
+// PodScheduled condition).
 func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
 	return []fwk.ClusterEventWithHint{
-		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete}},
-		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeTaint | fwk.UpdateNodeLabel}},
+		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete}, QueueingHintFn: leaseEnded},
+		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add}},
+		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.UpdateNodeTaint | fwk.UpdateNodeLabel}, QueueingHintFn: p.candidatesChanged},
 		{Event: fwk.ClusterEvent{Resource: fwk.TargetPod, ActionType: fwk.Update}, QueueingHintFn: p.longWayHint},
 	}, nil
+}
+
+// leaseEnded queues when the deleted pod held a lease, which the lease
+// controller releases now: the pool wrote it on the pod at its bind. Any
+// other pod frees nothing the pool counts.
+func leaseEnded(_ klog.Logger, _ *v1.Pod, oldObj, _ any) (fwk.QueueingHint, error) {
+	deleted, ok := oldObj.(*v1.Pod)
+	if !ok {
+		return fwk.Queue, fmt.Errorf("gpupool: an assigned pod's deletion carries a %T, not a pod", oldObj)
+	}
+	if _, leased := deleted.Annotations[kube.AnnotationLease]; leased {
+		return fwk.Queue, nil
+	}
+	return fwk.QueueSkip, nil
+}
+
+// candidatesChanged queues a pod on the long way: the pool was asked
+// among the nodes kube-scheduler's filters passed, which a taint or a
+// label changes. On the short way the pool was asked among all its
+// servers, whatever their taints and labels.
+func (p *Plugin) candidatesChanged(_ klog.Logger, pod *v1.Pod, _, _ any) (fwk.QueueingHint, error) {
+	if p.longWay.has(pod.UID) {
+		return fwk.Queue, nil
+	}
+	return fwk.QueueSkip, nil
 }
 
 func (p *Plugin) longWayHint(_ klog.Logger, pod *v1.Pod, _, newObj any) (fwk.QueueingHint, error) {

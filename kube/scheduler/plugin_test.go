@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -202,6 +203,96 @@ func TestPluginUnreserveReleasesTheCyclesLease(t *testing.T) {
 	p.Unreserve(ctx, state, pod, node)
 	if held := podLeases(t, te.alloc, pod); len(held) != 0 {
 		t.Fatalf("leases %+v after Unreserve", held)
+	}
+}
+
+// TestPluginKeepsAReservedPodsLease: a reserved pod keeps its lease
+// however long Permit and PreBind hold it (a volume provisioned), past
+// the wait that ends a lease no bind came for, and is bound with it.
+func TestPluginKeepsAReservedPodsLease(t *testing.T) {
+	pod := testPod("p", half)
+	p, te := newTestPlugin(t, 1, pod)
+	te.unbound.timeout = 100 * time.Millisecond
+	ctx, state := context.Background(), newCycleState()
+	res, st := p.PreFilter(ctx, state, pod, nil)
+	if !st.IsSuccess() {
+		t.Fatalf("PreFilter: %v", st)
+	}
+	node := res.NodeNames.UnsortedList()[0]
+	if st := p.Reserve(ctx, state, pod, node); !st.IsSuccess() {
+		t.Fatalf("Reserve: %v", st)
+	}
+	granted := podLeases(t, te.alloc, pod)
+	time.Sleep(3 * te.unbound.timeout) // Permit and PreBind
+	if held := podLeases(t, te.alloc, pod); len(held) != 1 || held[0].ID != granted[0].ID {
+		t.Fatalf("leases %+v after a long PreBind, want the reserved %s", held, granted[0].ID)
+	}
+	if st := p.Bind(ctx, state, pod, node); !st.IsSuccess() {
+		t.Fatalf("Bind: %v", st)
+	}
+	if got := te.taken[0].Annotations[kube.AnnotationLease]; got != granted[0].ID {
+		t.Errorf("bound with lease %s, want the reserved %s", got, granted[0].ID)
+	}
+	if n := te.unbound.waiting(); n != 0 {
+		t.Errorf("%d pods still wait for a bind", n)
+	}
+}
+
+// TestPluginQueueingHints: a pod the pool refused is tried again, each
+// try an acquisition, only on an event that can change the pool's answer:
+// a pod that held a lease deleted, a node added, and, on the long way, a
+// node's taints or labels changed.
+func TestPluginQueueingHints(t *testing.T) {
+	refused := testPod("refused", half)
+	p, _ := newTestPlugin(t, 1, refused)
+	registered, err := p.EventsToRegister(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hint := func(event fwk.ClusterEvent, oldObj, newObj any) fwk.QueueingHint {
+		t.Helper()
+		for _, r := range registered {
+			if r.Event.Resource != event.Resource || r.Event.ActionType&event.ActionType == 0 {
+				continue
+			}
+			if r.QueueingHintFn == nil { // kube-scheduler's default
+				return fwk.Queue
+			}
+			h, err := r.QueueingHintFn(klog.Background(), refused, oldObj, newObj)
+			if err != nil {
+				t.Fatalf("%s: %v", event.Label(), err)
+			}
+			return h
+		}
+		return fwk.QueueSkip
+	}
+	plain := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "team-a"}, Spec: v1.PodSpec{NodeName: "cpu-0"}}
+	leased := testPod("leased", half)
+	leased.Spec.NodeName, leased.Annotations[kube.AnnotationLease] = "gpu-0", "lease-000001"
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cpu-0"}}
+	deleted := fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete}
+	tainted := fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.UpdateNodeTaint}
+	for _, tc := range []struct {
+		name           string
+		event          fwk.ClusterEvent
+		oldObj, newObj any
+		longWay        bool
+		want           fwk.QueueingHint
+	}{
+		{"a pod without a lease deleted", deleted, plain, nil, false, fwk.QueueSkip},
+		{"a pod with a lease deleted", deleted, leased, nil, false, fwk.Queue},
+		{"a node added", fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add}, nil, node, false, fwk.Queue},
+		{"a node's taint changed", tainted, node, node, false, fwk.QueueSkip},
+		{"a node's label changed", fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.UpdateNodeLabel}, node, node, false, fwk.QueueSkip},
+		{"a node's taint changed, on the long way", tainted, node, node, true, fwk.Queue},
+	} {
+		if tc.longWay {
+			p.longWay.add(refused.UID)
+		}
+		if got := hint(tc.event, tc.oldObj, tc.newObj); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+		p.longWay.remove(refused.UID)
 	}
 }
 

@@ -54,8 +54,9 @@ func (u *unboundLeases) watch(uid types.UID, expire func()) {
 	u.waits[uid] = w
 }
 
-// bound ends the pod's wait.
-func (u *unboundLeases) bound(uid types.UID) {
+// stop ends the pod's wait: it is bound, or reserved (the plugin), after
+// which Unreserve or Bind ends its lease.
+func (u *unboundLeases) stop(uid types.UID) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if w := u.waits[uid]; w != nil {

@@ -49,8 +49,10 @@ percentageOfNodesToScore 100 (else the extender sees a sample of the nodes).
 
 It also runs the lease controller: a pod's lease, which has no TTL, ends
 when the pod is deleted, succeeds or fails, or its node is deleted; a resync
-at start and every --resync releases leases whose pod is gone and acquires
-again those of bound pods that lost theirs; the namespaces' ResourceQuotas on
+at start and every --resync releases leases whose pod is gone, or still
+unbound --resync-unbound-lease-timeout after their grant (a scheduling cycle
+that died with kube-scheduler), and acquires again those of bound pods that
+lost theirs; the namespaces' ResourceQuotas on
 requests.bitfusion.io/gpu (in --unit) are the allocator's quotas.
 
 Serving: on a loopback address (a container beside kube-scheduler in its
@@ -95,8 +97,14 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	controller, err := leases.NewController(leases.Config{Client: kubeClient, Allocator: alloc, Unit: o.Unit, GPUMemoryBytes: o.GPUMemoryBytes, Resync: o.Resync,
-		UnboundLeaseTimeout: o.UnboundLeaseTimeout, Election: election, Logger: log, Registry: reg})
+	cfg := leases.Config{Client: kubeClient, Allocator: alloc, Unit: o.Unit, GPUMemoryBytes: o.GPUMemoryBytes, Resync: o.Resync,
+		UnboundLeaseTimeout: o.ResyncUnboundLeaseTimeout, Election: election, Logger: log, Registry: reg}
+	if o.Listen != "" {
+		// The extender's waits for binds are in this process: after a
+		// restart, the resync at start ends those they would have.
+		cfg.StartUnboundLeaseTimeout = o.UnboundLeaseTimeout
+	}
+	controller, err := leases.NewController(cfg)
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}

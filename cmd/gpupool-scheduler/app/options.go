@@ -28,6 +28,9 @@ type Options struct {
 	Resync, UnboundLeaseTimeout           time.Duration
 	KubeAPIQPS                            float64
 	KubeAPIBurst                          int
+	// ResyncUnboundLeaseTimeout is the lease controller's
+	// leases.Config.UnboundLeaseTimeout.
+	ResyncUnboundLeaseTimeout time.Duration
 	// LeaderElect runs the lease controller in the replica that holds the
 	// Lease leases.DefaultElectionName in LeaderElectNamespace only.
 	LeaderElect          bool
@@ -44,7 +47,7 @@ func NewOptions() *Options {
 	return &Options{
 		Listen: "127.0.0.1:8474", MetricsListen: "127.0.0.1:9474", Allocator: "http://127.0.0.1:8470",
 		UnitName: string(kube.UnitPercent), GPUMemory: admission.DefaultGPUMemory, Resync: leases.DefaultResync, UnboundLeaseTimeout: scheduler.DefaultUnboundLeaseTimeout,
-		KubeAPIQPS: 200, KubeAPIBurst: 400, LeaderElect: true, LeaderElectNamespace: "gpupool",
+		ResyncUnboundLeaseTimeout: leases.DefaultUnboundLeaseTimeout, KubeAPIQPS: 200, KubeAPIBurst: 400, LeaderElect: true, LeaderElectNamespace: "gpupool",
 	}
 }
 
@@ -66,7 +69,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "burst of requests to kube-apiserver above --kube-api-qps")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "reconcile leases and quotas in one replica at a time, the holder of the coordination.k8s.io Lease "+leases.DefaultElectionName+" (the others serve the extender and stand by, taking over within 15 s of the leader's loss); false only where one replica runs")
 	fs.StringVar(&o.LeaderElectNamespace, "leader-elect-namespace", o.LeaderElectNamespace, "namespace of the election's Lease, gpupool-scheduler's own")
-	fs.DurationVar(&o.UnboundLeaseTimeout, "unbound-lease-timeout", o.UnboundLeaseTimeout, "how long a lease a filter took waits for its pod's bind: then, the pod still unbound, it is released (kube-scheduler's cycle failed after the filter, which the extender protocol does not report); the resync releases such leases too, after a restart")
+	fs.DurationVar(&o.UnboundLeaseTimeout, "unbound-lease-timeout", o.UnboundLeaseTimeout, "how long a lease the extender's filter took waits for its pod's bind: then, the pod still unbound, it is released (kube-scheduler's cycle failed after the filter, which the extender protocol does not report); the resync at start releases such leases too, the extender's waits lost with the restart")
+	fs.DurationVar(&o.ResyncUnboundLeaseTimeout, "resync-unbound-lease-timeout", o.ResyncUnboundLeaseTimeout, "every resync releases a lease whose pod is still unbound this long after its grant: its scheduling cycle died with kube-scheduler (the plugin's wait for the bind is in memory); longer than any bind takes, a PreBind provisioning a volume (up to 10 minutes) included")
 }
 
 // Validate checks the options and parses the unit.
@@ -83,7 +87,7 @@ func (o *Options) Validate() error {
 	if _, err := servingMode(o.Listen, o.CertFile, o.KeyFile, o.ClientCAFile); err != nil {
 		return err
 	}
-	for name, d := range map[string]time.Duration{"--resync": o.Resync, "--unbound-lease-timeout": o.UnboundLeaseTimeout} {
+	for name, d := range map[string]time.Duration{"--resync": o.Resync, "--unbound-lease-timeout": o.UnboundLeaseTimeout, "--resync-unbound-lease-timeout": o.ResyncUnboundLeaseTimeout} {
 		if d <= 0 {
 			return fmt.Errorf("%s %v: must be more than 0", name, d)
 		}

@@ -18,6 +18,7 @@ func TestOptionsValidate(t *testing.T) {
 		{[]string{"--tls-cert-file", "c.pem"}, "--tls-cert-file and --tls-private-key-file go together"},
 		{[]string{"--resync", "0s"}, "--resync 0s: must be more than 0"},
 		{[]string{"--unbound-lease-timeout", "-1s"}, "--unbound-lease-timeout -1s: must be more than 0"},
+		{[]string{"--resync-unbound-lease-timeout", "0s"}, "--resync-unbound-lease-timeout 0s: must be more than 0"},
 		{[]string{"--kube-api-qps", "0"}, "--kube-api-qps 0: must be more than 0"},
 		{[]string{"--kube-api-burst", "0"}, "--kube-api-burst 0: must be at least 1"},
 		{[]string{"--allocator", " "}, "--allocator: no address"},
