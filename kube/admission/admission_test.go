@@ -318,7 +318,7 @@ func TestMemoryPastItsRangeIsRefused(t *testing.T) {
 		{"bitfusion.io/gpu-amount=100E", "bitfusion.io/gpu-memory=8Gi"},
 		{"bitfusion.io/gpu=100E"},
 	} {
-		patch, errs := config(kube.MemoryUnit(8<<30)).Mutate(podOf(asking(limits...)))
+		patch, errs := config(kube.MemoryUnit(8 << 30)).Mutate(podOf(asking(limits...)))
 		if patch != nil || errs.ToAggregate() == nil || !strings.Contains(errs.ToAggregate().Error(), "must be 1..") {
 			t.Errorf("%v: Mutate = %v, %v; want refused naming the range", limits, patch, errs.ToAggregate())
 		}
