@@ -1,7 +1,7 @@
 // Package secrets makes, in the cluster, the Secrets the Helm chart's
 // components read: the allocator's tokens and config, and, without
 // cert-manager, a CA of the pool's own and the serving certificates it
-// signs. The chart runs it as a hook Job (cmd/gpupool-secrets) before each
+// signs. The chart runs it as a hook Job (`gpupool-scheduler secrets`) before each
 // install, upgrade and rollback, so that no token and no private key is
 // ever in the chart's templates, and so in Helm's release Secret
 // (docs/design.md, "The chart's secrets"). What it finds it keeps: a

@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	build := exec.Command("go", "build", "-o", dir, "../../cmd/gpupool", "../../cmd/gpupool-demo", "../../cmd/gpupool-allocator", "../../cmd/gpupool-server", "../../cmd/gpupool-adapter", "../../cmd/gpupool-webhook", "../../cmd/gpupool-scheduler", "../../cmd/gpupool-device-plugin", "../../cmd/gpupool-load", "../../cmd/gpupool-secrets", "./gpuload")
+	build := exec.Command("go", "build", "-o", dir, "../../cmd/gpupool", "../../cmd/gpupool-demo", "../../cmd/gpupool-allocator", "../../cmd/gpupool-server", "../../cmd/gpupool-adapter", "../../cmd/gpupool-webhook", "../../cmd/gpupool-scheduler", "../../cmd/gpupool-device-plugin", "../../cmd/gpupool-load", "./gpuload")
 	build.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {

@@ -86,7 +86,7 @@ GPUs of one CPU socket; the schema allows one rule, of the keys below. */ -}}
 {{- end }}
 
 {{- /* The tokens values set: at least the 16 characters the allocator requires.
-Unset, gpupool-secrets makes them in the cluster (templates/secrets.yaml). */ -}}
+Unset, the hook Job gpupool-secrets makes them in the cluster (templates/secrets.yaml). */ -}}
 {{- define "gpupool.checkTokens" -}}
 {{- range $key, $token := dict "admin" .Values.tokens.admin "server" .Values.tokens.server }}
 {{- if and $token (lt (len $token) 16) }}

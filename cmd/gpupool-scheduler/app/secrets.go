@@ -1,10 +1,4 @@
-// Command gpupool-secrets makes, in the cluster, the Secrets the Helm
-// chart's components read (kube/secrets): the allocator's tokens and
-// config and, with --certs, a CA of the pool's own, the serving
-// certificates it signs, and the caBundles that trust it. The chart runs it
-// as a hook Job before and after each install, upgrade and rollback, so
-// that no token and no private key is in the release.
-package main
+package app
 
 import (
 	"context"
@@ -23,7 +17,8 @@ import (
 	"github.com/gpupool/gpupool/kube/secrets"
 )
 
-const usage = `Usage: gpupool-secrets [flags]
+// SecretsUsage is what `gpupool-scheduler secrets --help` says above the flags.
+const SecretsUsage = `Usage: gpupool-scheduler secrets [flags]
 
 Makes the Secrets of gpupool's Helm chart in --namespace, keeping what it
 finds: gpupool-tokens (admin-token, server-token, reader-token: random, or
@@ -35,12 +30,13 @@ before they end), and the CA as the caBundle of --webhook and --apiservice
 where they exist. Then it exits.
 `
 
-type options struct {
+// secretsOptions are the flags of `gpupool-scheduler secrets`.
+type secretsOptions struct {
 	kubeconfig, namespace, namespaces, webhook, apiService string
 	certs                                                  bool
 }
 
-func (o *options) AddFlags(fs *flag.FlagSet) {
+func (o *secretsOptions) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: the pod's ServiceAccount")
 	fs.StringVar(&o.namespace, "namespace", "gpupool", "the namespace of the Secrets")
 	fs.StringVar(&o.namespaces, "allocator-namespaces", "{}", "the allocator config's namespaces (quotas and tokens), a JSON object")
@@ -49,7 +45,7 @@ func (o *options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.apiService, "apiservice", "v1beta1.external.metrics.k8s.io", "the APIService whose caBundle is the CA, with --certs")
 }
 
-func (o *options) Validate() error {
+func (o *secretsOptions) Validate() error {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(o.namespaces), &m); err != nil {
 		return fmt.Errorf("--allocator-namespaces %q: not a JSON object: %w", o.namespaces, err)
@@ -60,14 +56,18 @@ func (o *options) Validate() error {
 	return nil
 }
 
-func main() {
-	o := &options{}
-	cli.Service{Name: "gpupool-secrets", Usage: usage, Options: o, Run: func(ctx context.Context, log *slog.Logger) error {
+// SecretsCommand is `gpupool-scheduler secrets`: it makes the Secrets of
+// gpupool's Helm chart in the cluster (kube/secrets), then exits. The chart
+// runs it as a hook Job; it lives in this binary, which links client-go
+// already, rather than in one of its own (28 MB more in the image).
+func SecretsCommand() cli.Service {
+	o := &secretsOptions{}
+	return cli.Service{Name: "gpupool-scheduler secrets", Usage: SecretsUsage, Options: o, Run: func(ctx context.Context, log *slog.Logger) error {
 		cfg, err := kubeconfig.Load(o.kubeconfig)
 		if err != nil {
 			return &cli.UsageError{Err: fmt.Errorf("no cluster (--kubeconfig, or run in a pod): %w", err)}
 		}
-		cfg.UserAgent = "gpupool-secrets"
+		cfg.UserAgent = "gpupool-scheduler-secrets"
 		client, err := kubernetes.NewForConfig(cfg)
 		if err != nil {
 			return err
@@ -81,5 +81,5 @@ func main() {
 		return secrets.Ensure(ctx, secrets.Config{Client: client, Dynamic: dyn, Namespace: o.namespace,
 			AdminToken: os.Getenv("GPUPOOL_ADMIN_TOKEN"), ServerToken: os.Getenv("GPUPOOL_SERVER_TOKEN"),
 			Namespaces: json.RawMessage(o.namespaces), Certs: o.certs, Webhook: o.webhook, APIService: o.apiService, Log: log})
-	}}.Main()
+	}}
 }
