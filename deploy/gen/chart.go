@@ -74,8 +74,11 @@ var objectConds = map[string]string{
 // Job that makes the Secrets (templates/secrets.yaml) runs in it before
 // the install, so before the release's own objects. Helm deletes no hook
 // on uninstall, as it kept the namespace (helm.sh/resource-policy: keep).
+// Its delete policy is any but Helm's default, before-hook-creation, which
+// would delete a namespace that lookup did not see: hook-failed, which
+// never applies (Helm waits for Jobs and Pods alone to succeed).
 var hookAnnotations = map[string]map[string]any{
-	"Namespace/gpupool": {"helm.sh/hook": "pre-install", "helm.sh/hook-weight": "-20"},
+	"Namespace/gpupool": {"helm.sh/hook": "pre-install", "helm.sh/hook-weight": "-20", "helm.sh/hook-delete-policy": "hook-failed"},
 }
 
 // A hole is a field whose value a template expression renders: set
