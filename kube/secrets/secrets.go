@@ -172,6 +172,11 @@ func (c Config) config(ctx context.Context, tokens map[string][]byte) error {
 	return err
 }
 
+// keep is the annotation by which Helm deletes no object, read on the
+// live object: a release of an older chart rendered these Secrets, and an
+// upgrade to this one, which does not, would delete them.
+const keepKey, keepValue = "helm.sh/resource-policy", "keep"
+
 // write creates or updates Secret name with what data makes of its data
 // (nil when there is none), and returns what it holds.
 func (c Config) write(ctx context.Context, name string, typ corev1.SecretType, data func(old map[string][]byte) map[string][]byte) (map[string][]byte, error) {
@@ -179,7 +184,7 @@ func (c Config) write(ctx context.Context, name string, typ corev1.SecretType, d
 	old, err := secrets.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.Namespace,
-			Labels: map[string]string{"app.kubernetes.io/part-of": "gpupool"}}, Type: typ, Data: data(nil)}
+			Labels: map[string]string{"app.kubernetes.io/part-of": "gpupool"}, Annotations: map[string]string{keepKey: keepValue}}, Type: typ, Data: data(nil)}
 		if _, err := secrets.Create(ctx, s, metav1.CreateOptions{}); err != nil {
 			return nil, fmt.Errorf("creating Secret %s/%s: %w", c.Namespace, name, err)
 		}
@@ -190,7 +195,7 @@ func (c Config) write(ctx context.Context, name string, typ corev1.SecretType, d
 		return nil, fmt.Errorf("reading Secret %s/%s: %w", c.Namespace, name, err)
 	}
 	now := data(old.Data)
-	if maps.EqualFunc(now, old.Data, bytes.Equal) {
+	if maps.EqualFunc(now, old.Data, bytes.Equal) && old.Annotations[keepKey] == keepValue {
 		c.Log.Info("kept", "secret", name)
 		return now, nil
 	}
@@ -201,6 +206,10 @@ func (c Config) write(ctx context.Context, name string, typ corev1.SecretType, d
 		}
 	}
 	old.Data = now
+	if old.Annotations == nil {
+		old.Annotations = map[string]string{}
+	}
+	old.Annotations[keepKey] = keepValue
 	if _, err := secrets.Update(ctx, old, metav1.UpdateOptions{}); err != nil {
 		return nil, fmt.Errorf("updating Secret %s/%s: %w", c.Namespace, name, err)
 	}

@@ -152,7 +152,8 @@ func TestEnsureMakesThenKeeps(t *testing.T) {
 
 // TestEnsureTakesTheValuesTokens: tokens the chart's values set replace the
 // stored ones; a key an older chart did not make (reader-token) is added,
-// and the others kept.
+// and the others kept; the Secret, which that chart rendered, is marked
+// for Helm to keep when the upgrade no longer renders it.
 func TestEnsureTakesTheValuesTokens(t *testing.T) {
 	ctx := context.Background()
 	old := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: TokensSecret, Namespace: "gpupool"},
@@ -160,6 +161,10 @@ func TestEnsureTakesTheValuesTokens(t *testing.T) {
 	c := fake.NewClientset(old)
 	if err := Ensure(ctx, Config{Client: c, Namespace: "gpupool", ServerToken: "values-server-0123456789"}); err != nil {
 		t.Fatal(err)
+	}
+	s, _ := c.CoreV1().Secrets("gpupool").Get(ctx, TokensSecret, metav1.GetOptions{})
+	if s.Annotations["helm.sh/resource-policy"] != "keep" {
+		t.Errorf("an older chart's Secret is not marked for Helm to keep: %v (an upgrade would delete it)", s.Annotations)
 	}
 	got := secretData(t, c, TokensSecret)
 	if string(got[AdminKey]) != "stored-admin-0123456789" || string(got[ServerKey]) != "values-server-0123456789" || len(got[ReaderKey]) < 16 {
