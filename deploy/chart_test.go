@@ -1,9 +1,6 @@
 package deploy_test
 
 import (
-	"crypto/x509"
-	"encoding/base64"
-	"encoding/pem"
 	"fmt"
 	"maps"
 	"reflect"
@@ -99,6 +96,13 @@ func byID(t *testing.T, objs []*unstructured.Unstructured, skip func(id string) 
 		if skip(id) {
 			continue
 		}
+		// Helm's hook annotations (the namespace is one) say when helm
+		// creates an object, not what it is.
+		for k := range u.GetAnnotations() {
+			if strings.HasPrefix(k, "helm.sh/hook") {
+				unstructured.RemoveNestedField(obj, "metadata", "annotations", k)
+			}
+		}
 		if ann, ok, _ := unstructured.NestedStringMap(obj, "spec", "template", "metadata", "annotations"); ok {
 			for k := range ann {
 				if strings.HasPrefix(k, "checksum/") {
@@ -118,9 +122,11 @@ func byID(t *testing.T, objs []*unstructured.Unstructured, skip func(id string) 
 }
 
 // chartMade are the objects only the chart makes: the Secrets kustomize
-// leaves to the user (tokens, certificates; deploy/README.md).
+// leaves to the user (tokens, certificates; deploy/README.md), and the
+// hook Job that makes them in the cluster, with its ServiceAccount and
+// roles.
 func chartMade(id string) bool {
-	return strings.HasPrefix(id, "Secret/")
+	return strings.HasPrefix(id, "Secret/") || strings.HasSuffix(id, "/gpupool-secrets")
 }
 
 // TestChartIsTheOverlays renders the chart as each overlay installs
@@ -283,64 +289,75 @@ func TestChartRefusesWhatItCannotHonour(t *testing.T) {
 	}
 }
 
-// TestChartCertificates: without cert-manager, every serving certificate
-// verifies for its Service's name against the CA its callers trust, and
-// the chart makes no other.
-func TestChartCertificates(t *testing.T) {
-	objs := mustRenderChart(t, map[string]any{"scheduler": map[string]any{"enabled": true}, "adapter": map[string]any{"apiService": true}})
-	secret := func(name string) map[string]string {
-		data, _, _ := unstructured.NestedStringMap(find1(t, objs, "Secret", name).Object, "data")
-		out := map[string]string{}
-		for k, v := range data {
-			b, err := base64.StdEncoding.DecodeString(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out[k] = string(b)
-		}
-		return out
-	}
-	pool := func(pemText string) *x509.CertPool {
-		p := x509.NewCertPool()
-		if !p.AppendCertsFromPEM([]byte(pemText)) {
-			t.Fatalf("no certificate in %q", pemText)
-		}
-		return p
-	}
-	leaf := func(pemText string) *x509.Certificate {
-		block, _ := pem.Decode([]byte(pemText))
-		c, err := x509.ParseCertificate(block.Bytes)
+// TestChartRendersNoSecret: whatever the values, the chart renders no
+// Secret, no private key and no token, so that Helm's release Secret holds
+// none (test/e2e's TestHelmChart reads it); the hook Job gpupool-secrets
+// makes them in the cluster, before each install, upgrade and rollback
+// (the Secrets the pods mount) and after them (the caBundles), with
+// certificates exactly when cert-manager makes none.
+func TestChartRendersNoSecret(t *testing.T) {
+	const certManager = "cert-manager.io/v1"
+	for _, tc := range []struct {
+		vals     map[string]any
+		apis     []string
+		certs    bool
+		webhook  string
+		apiSvc   string
+		patching bool
+	}{
+		{vals: nil, certs: true},
+		{vals: seedValues, certs: true, webhook: "gpupool", patching: true},
+		{vals: map[string]any{"scheduler": map[string]any{"enabled": true}, "adapter": map[string]any{"apiService": true}}, certs: true,
+			webhook: "gpupool", apiSvc: "v1beta1.external.metrics.k8s.io", patching: true},
+		{vals: map[string]any{"scheduler": map[string]any{"enabled": true}, "adapter": map[string]any{"apiService": true}}, apis: []string{certManager}},
+	} {
+		what := fmt.Sprintf("values %v, APIs %v", tc.vals, tc.apis)
+		objs, err := renderChart(t, tc.vals, tc.apis...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c
-	}
-	webhookCA, _, _ := unstructured.NestedSlice(find1(t, objs, "MutatingWebhookConfiguration", "gpupool").Object, "webhooks")
-	bundle, _ := base64.StdEncoding.DecodeString(webhookCA[0].(map[string]any)["clientConfig"].(map[string]any)["caBundle"].(string))
-	apiBundle, _, _ := unstructured.NestedString(find1(t, objs, "APIService", "v1beta1.external.metrics.k8s.io").Object, "spec", "caBundle")
-	apiCA, _ := base64.StdEncoding.DecodeString(apiBundle)
-	for _, tc := range []struct{ secret, dns, trusted string }{
-		{"gpupool-allocator-tls", "gpupool-allocator.gpupool.svc", secret("gpupool-allocator-tls")["ca.crt"]},
-		{"gpupool-allocator-tls", "gpupool-allocator-2.gpupool-allocator-peers.gpupool.svc", secret("gpupool-allocator-tls")["ca.crt"]},
-		{"gpupool-webhook-tls", "gpupool-webhook.gpupool.svc", string(bundle)},
-		{"gpupool-adapter-tls", "gpupool-adapter.gpupool.svc", string(apiCA)},
-	} {
-		_, err := leaf(secret(tc.secret)["tls.crt"]).Verify(x509.VerifyOptions{DNSName: tc.dns, Roots: pool(tc.trusted)})
-		if err != nil {
-			t.Errorf("%s for %s: %v", tc.secret, tc.dns, err)
+		var jobs []*unstructured.Unstructured
+		for _, o := range objs {
+			b, _ := o.MarshalJSON()
+			if o.GetKind() == "Secret" || strings.Contains(string(b), "PRIVATE KEY") {
+				t.Errorf("%s: the chart renders %s %s, which the release would hold", what, o.GetKind(), o.GetName())
+			}
+			if o.GetKind() == "Job" {
+				jobs = append(jobs, o)
+			}
+			if o.GetKind() == "MutatingWebhookConfiguration" || o.GetKind() == "APIService" {
+				if strings.Contains(string(b), "caBundle") {
+					t.Errorf("%s: %s %s renders a caBundle: the Job sets it, and a rollback to a release without one would take it away", what, o.GetKind(), o.GetName())
+				}
+			}
+		}
+		if len(jobs) != 1 || jobs[0].GetName() != "gpupool-secrets" {
+			t.Errorf("%s: Jobs %v, want gpupool-secrets", what, jobs)
+			continue
+		}
+		if hooks := jobs[0].GetAnnotations()["helm.sh/hook"]; hooks != "pre-install,pre-upgrade,pre-rollback,post-install,post-upgrade,post-rollback" {
+			t.Errorf("%s: the Job runs at %q", what, hooks)
+		}
+		pod, _ := podSpec(t, jobs[0])
+		args := strings.Join(pod.Containers[0].Args, " ")
+		for arg, want := range map[string]bool{"--certs": tc.certs, "--webhook=gpupool": tc.webhook != "", "--apiservice=v1beta1.external.metrics.k8s.io": tc.apiSvc != ""} {
+			if strings.Contains(args, arg) != want {
+				t.Errorf("%s: the Job runs %s: %s wanted %v", what, args, arg, want)
+			}
+		}
+		hasClusterRole := slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == "ClusterRole" && o.GetName() == "gpupool-secrets" })
+		if hasClusterRole != tc.patching {
+			t.Errorf("%s: a ClusterRole to set caBundles: %v, want %v", what, hasClusterRole, tc.patching)
 		}
 	}
-	var secrets []string
+	// Tokens the values set are the values' (the release holds them as
+	// values): the Job takes them from its environment, never a file.
+	objs := mustRenderChart(t, map[string]any{"tokens": map[string]any{"admin": "admin-0123456789abcdef"}})
 	for _, o := range objs {
-		if o.GetKind() == "Secret" && strings.HasSuffix(o.GetName(), "-tls") {
-			secrets = append(secrets, o.GetName())
+		b, _ := o.MarshalJSON()
+		if strings.Contains(string(b), "admin-0123456789abcdef") && o.GetKind() != "Job" {
+			t.Errorf("%s %s holds the admin token", o.GetKind(), o.GetName())
 		}
-	}
-	if want := []string{"gpupool-adapter-tls", "gpupool-allocator-tls", "gpupool-webhook-tls"}; !slices.Equal(secrets, want) {
-		t.Errorf("the chart's certificates %q, want %q", secrets, want)
-	}
-	if ca := secret("gpupool-ca"); ca["ca.key"] == "" || len(ca) != 2 {
-		t.Errorf("the Secret gpupool-ca holds %d keys, want the CA's certificate and key", len(ca))
 	}
 }
 

@@ -262,7 +262,7 @@ func TestTokens(t *testing.T) {
 		t.Errorf("the placeholder config loads: %v", err)
 	}
 
-	config := "admin: {tokens: [admin-0123456789abcdef]}\nservers: {tokens: [server-0123456789abcdef]}\n"
+	config := "admin: {tokens: [admin-0123456789abcdef]}\nreaders: {tokens: [reader-0123456789abcdef]}\nservers: {tokens: [server-0123456789abcdef]}\n"
 	dir := userOverlay(t, `resources:
   - $DEPLOY/overlays/full
 secretGenerator:
@@ -276,7 +276,7 @@ secretGenerator:
     envs: [tokens.env]
 `, map[string]string{
 		"config.yaml": config,
-		"tokens.env":  "admin-token=admin-0123456789abcdef\nserver-token=server-0123456789abcdef\n",
+		"tokens.env":  "admin-token=admin-0123456789abcdef\nserver-token=server-0123456789abcdef\nreader-token=reader-0123456789abcdef\n",
 	})
 	if _, err := service.LoadConfig(filepath.Join(dir, "config.yaml")); err != nil {
 		t.Fatal(err)
@@ -299,16 +299,27 @@ secretGenerator:
 			continue
 		}
 		var names []string
+		keys := map[string][]string{}
 		for _, v := range pod.Volumes {
 			if v.Secret != nil {
 				names = append(names, v.Secret.SecretName)
+				for _, item := range v.Secret.Items {
+					keys[v.Secret.SecretName] = append(keys[v.Secret.SecretName], item.Key)
+				}
 			}
 		}
 		for _, c := range pod.Containers {
 			for _, e := range c.Env {
 				if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
 					names = append(names, e.ValueFrom.SecretKeyRef.Name)
+					keys[e.ValueFrom.SecretKeyRef.Name] = append(keys[e.ValueFrom.SecretKeyRef.Name], e.ValueFrom.SecretKeyRef.Key)
 				}
+			}
+		}
+		// Each key a pod reads is one the README's Secrets hold.
+		for _, key := range keys[tokens.Name] {
+			if _, ok := tokens.Data[key]; !ok {
+				t.Errorf("%s %s reads %s of %s, which the README's tokens.env does not make", o.GetKind(), o.GetName(), key, tokens.Name)
 			}
 		}
 		for _, name := range names {

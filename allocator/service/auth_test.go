@@ -279,3 +279,112 @@ func TestStoredServerFromBeforeNameChecksStillStarts(t *testing.T) {
 		t.Errorf("registering %s anew: %v, want Invalid", legacy.Name, err)
 	}
 }
+
+// TestReadersTokenOnlyReads: a readers token (the metrics adapter's) reads
+// what an admin reads, every namespace's leases, the pool, the quotas and
+// the console, and is refused with 403 on every request that would change
+// something: acquire, renew, release, register, heartbeat, quota writes.
+func TestReadersTokenOnlyReads(t *testing.T) {
+	a := startAllocator(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, nil)
+	ctx := context.Background()
+	admin, reader := a.client(t, adminToken), a.client(t, readerToken)
+	if err := admin.RegisterServer(ctx, gpuServer("s1", 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.SetQuota(ctx, "team-a", allocator.SharePercent(400)); err != nil {
+		t.Fatal(err)
+	}
+	var held []api.Lease
+	for _, ns := range []string{"team-a", "team-b"} {
+		l, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: ns, GPUAmount: 1, GPUPercent: 25})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, l)
+	}
+
+	// The reads the adapter does (GET /v1/pool, GET /v1/leases), and the rest.
+	if ls, err := reader.Leases(ctx, client.LeaseFilter{}); err != nil || len(ls) != len(held) {
+		t.Errorf("the readers token lists %d leases (%v), want every namespace's %d", len(ls), err, len(held))
+	}
+	if ls, err := reader.Leases(ctx, client.LeaseFilter{Namespace: "team-b"}); err != nil || len(ls) != 1 {
+		t.Errorf("the readers token lists %d of team-b's leases (%v), want 1", len(ls), err)
+	}
+	if _, err := reader.Lease(ctx, held[1].ID); err != nil {
+		t.Errorf("the readers token cannot read lease %s: %v", held[1].ID, err)
+	}
+	if st, err := reader.Pool(ctx); err != nil || len(st.Servers) != 1 {
+		t.Errorf("the readers token reads the pool: %+v (%v), want s1", st.Servers, err)
+	}
+	if _, err := reader.Server(ctx, "s1"); err != nil {
+		t.Errorf("the readers token cannot read server s1: %v", err)
+	}
+	if qs, err := reader.Quotas(ctx); err != nil || len(qs) == 0 {
+		t.Errorf("the readers token reads quotas %+v (%v), want team-a's", qs, err)
+	}
+	if v, err := reader.Console(ctx); err != nil || len(v.Leases) != len(held) {
+		t.Errorf("the readers token's console shows %d leases (%v), want %d", len(v.Leases), err, len(held))
+	}
+
+	for what, write := range map[string]func() error{
+		"acquire": func() error {
+			_, err := reader.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, GPUPercent: 25})
+			return err
+		},
+		"renew": func() error { _, err := reader.Renew(ctx, held[0].ID, time.Minute); return err },
+		"release": func() error { return reader.Release(ctx, held[0].ID) },
+		"register": func() error { return reader.RegisterServer(ctx, gpuServer("s9", 1)) },
+		"heartbeat": func() error {
+			return reader.Heartbeat(ctx, "s1", api.Heartbeat{})
+		},
+		"set a quota":    func() error { return reader.SetQuota(ctx, "team-a", allocator.SharePercent(100)) },
+		"remove a quota": func() error { return reader.DeleteQuota(ctx, "team-a") },
+	} {
+		if err := write(); !client.IsReason(err, api.ReasonForbidden) {
+			t.Errorf("the readers token may %s: %v, want 403 Forbidden", what, err)
+		}
+	}
+	// Nothing changed.
+	if ls, _ := admin.Leases(ctx, client.LeaseFilter{}); len(ls) != len(held) {
+		t.Errorf("after the readers token's writes, %d leases, want %d", len(ls), len(held))
+	}
+	if st, _ := admin.Pool(ctx); len(st.Servers) != 1 {
+		t.Errorf("after the readers token's writes, %d servers, want s1 alone", len(st.Servers))
+	}
+
+	// Every route but a GET, raw, whatever its body: 403 before anything else.
+	for _, route := range []string{"PUT /v1/servers/s1", "POST /v1/servers/s1/heartbeat", "POST /v1/leases", "POST /v1/leases/" + held[0].ID + "/renew",
+		"DELETE /v1/leases/" + held[0].ID, "PUT /v1/quotas/team-a", "DELETE /v1/quotas/team-a"} {
+		method, path, _ := strings.Cut(route, " ")
+		req, err := http.NewRequestWithContext(ctx, method, a.url+path, strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+readerToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(body), "only read") {
+			t.Errorf("%s with the readers token: %d %s, want 403 saying it may only read", route, resp.StatusCode, body)
+		}
+	}
+}
+
+// TestReadersTokensAreChecked: a readers token is held to the length and
+// uniqueness of every other token.
+func TestReadersTokensAreChecked(t *testing.T) {
+	for _, tc := range []struct {
+		c    FileConfig
+		want string
+	}{
+		{FileConfig{Readers: TokenSet{Tokens: []string{"short"}}}, "readers.tokens[0]"},
+		{FileConfig{Admin: TokenSet{Tokens: []string{adminToken}}, Readers: TokenSet{Tokens: []string{adminToken}}}, "is also a token of admin"},
+	} {
+		if err := tc.c.validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.c, err, tc.want)
+		}
+	}
+}

@@ -25,6 +25,7 @@ const QuotaResource = "requests.bitfusion.io/gpu"
 // shape of a ResourceQuota's hard limits, and bearer tokens.
 //
 //	admin:   {tokens: [...]}          # every namespace, every operation
+//	readers: {tokens: [...]}          # every namespace, reading only (the adapter)
 //	servers:
 //	  tokens: [...]                   # GPU-server daemons, as any server
 //	  perServer: {gpu-0: [...]}       # as gpu-0 only
@@ -33,7 +34,11 @@ const QuotaResource = "requests.bitfusion.io/gpu"
 //	    hard: {requests.bitfusion.io/gpu: 200}
 //	    tokens: [...]                 # leases in team-a only
 type FileConfig struct {
-	Admin      TokenSet                   `json:"admin"`
+	Admin TokenSet `json:"admin"`
+	// Readers see what an admin sees and change nothing: every request but
+	// a GET is refused with 403 (the metrics adapter reads the pool and
+	// its leases, and needs no more).
+	Readers    TokenSet                   `json:"readers"`
 	Servers    ServersConfig              `json:"servers"`
 	Namespaces map[string]NamespaceConfig `json:"namespaces"`
 }
@@ -92,6 +97,9 @@ func (c *FileConfig) validate() error {
 		return nil
 	}
 	if err := check("admin", c.Admin.Tokens); err != nil {
+		return err
+	}
+	if err := check("readers", c.Readers.Tokens); err != nil {
 		return err
 	}
 	if err := check("servers", c.Servers.Tokens); err != nil {
@@ -160,12 +168,17 @@ func (c *FileConfig) Quotas() map[string]allocator.Share {
 // Principal is who a request acts as.
 type Principal struct {
 	Admin bool
+	// Reader sees every namespace as Admin does, and may change nothing.
+	Reader bool
 	// Server is set for GPU-server daemons; ServerName binds one to a
 	// single server ("" speaks for any).
 	Server     bool
 	ServerName string
 	Namespace  string // for namespace tokens
 }
+
+// seesAll reports whether p reads every namespace: an admin or a reader.
+func (p Principal) seesAll() bool { return p.Admin || p.Reader }
 
 // mayUse reports whether p may act on leases of namespace ns.
 func (p Principal) mayUse(ns string) bool { return p.Admin || p.Namespace != "" && p.Namespace == ns }
@@ -179,7 +192,7 @@ func (p Principal) mayServe(server string) bool {
 // mayRead reports whether p may see a lease: its namespace's tokens, and
 // the daemon of the server it is placed on.
 func (p Principal) mayRead(l *allocator.Lease) bool {
-	return p.mayUse(l.Namespace) || p.mayServe(l.Server)
+	return p.Reader || p.mayUse(l.Namespace) || p.mayServe(l.Server)
 }
 
 // Authenticator maps bearer tokens to principals.
@@ -201,6 +214,7 @@ func NewAuthenticator(c *FileConfig) *Authenticator {
 		}
 	}
 	add(c.Admin.Tokens, Principal{Admin: true})
+	add(c.Readers.Tokens, Principal{Reader: true})
 	add(c.Servers.Tokens, Principal{Server: true})
 	for name, tokens := range c.Servers.PerServer {
 		add(tokens, Principal{Server: true, ServerName: name})

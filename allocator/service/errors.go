@@ -135,10 +135,14 @@ type ForbiddenError struct {
 	Server    string
 	// AdminOnly names the operation only an admin token may do.
 	AdminOnly string
+	// ReadOnly names the request a reader's token made: it may only read.
+	ReadOnly string
 }
 
 func (e *ForbiddenError) Error() string {
 	switch {
+	case e.ReadOnly != "":
+		return "a readers token may only read (GET), not " + e.ReadOnly
 	case e.AdminOnly != "":
 		return "only an admin token may " + e.AdminOnly
 	case e.Server != "":

@@ -112,6 +112,12 @@ func (h *handler) principal(w http.ResponseWriter, r *http.Request) (Principal, 
 	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if ok {
 		if p, known := h.auth.Lookup(token); known {
+			// A reader reads: every route that changes something is not a
+			// GET, so it is refused here, before any route's own check.
+			if p.Reader && r.Method != http.MethodGet && r.Method != http.MethodHead {
+				h.fail(w, &ForbiddenError{ReadOnly: r.Method + " " + r.URL.Path})
+				return Principal{}, false
+			}
 			return p, true
 		}
 	}
@@ -196,7 +202,7 @@ func (h *handler) listLeases(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := LeaseFilter{Namespace: q.Get("namespace"), Server: q.Get("server"), OwnerUID: q.Get("ownerUID")}
 	switch {
-	case p.Admin:
+	case p.seesAll():
 	case p.Server:
 		// A daemon reads the leases placed on its own server, of every
 		// namespace, and nothing else.
@@ -275,7 +281,7 @@ func (h *handler) pool(w http.ResponseWriter, r *http.Request) {
 	st := h.s.Status()
 	// Servers and shares are everyone's; who waits for them (pods, UIDs,
 	// labels) is each namespace's own.
-	if !p.Admin {
+	if !p.seesAll() {
 		st.Pending = slices.DeleteFunc(st.Pending, func(pr api.PendingRequest) bool { return !p.mayUse(pr.Namespace) })
 	}
 	h.reply(w, http.StatusOK, st, nil)
@@ -389,7 +395,7 @@ func (h *handler) quotas(w http.ResponseWriter, r *http.Request) {
 	}
 	out := []api.QuotaStatus{}
 	for _, q := range h.s.Quotas() {
-		if p.Admin || q.Namespace == p.Namespace {
+		if p.seesAll() || q.Namespace == p.Namespace {
 			out = append(out, api.NewQuotaStatus(q))
 		}
 	}

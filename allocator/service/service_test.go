@@ -31,6 +31,7 @@ const (
 	teamAToken  = "team-a-token-0123456789"
 	teamBToken  = "team-b-token-0123456789"
 	s1Token     = "s1-only-token-0123456789"
+	readerToken = "reader-token-0123456789"
 )
 
 // fakeClock is a settable clock for the service.
@@ -59,6 +60,7 @@ type testAllocator struct {
 func testConfig() *FileConfig {
 	return &FileConfig{
 		Admin:   TokenSet{Tokens: []string{adminToken}},
+		Readers: TokenSet{Tokens: []string{readerToken}},
 		Servers: ServersConfig{Tokens: []string{serverToken}, PerServer: map[string][]string{"s1": {s1Token}}},
 		Namespaces: map[string]NamespaceConfig{
 			"team-a": {Tokens: []string{teamAToken}},

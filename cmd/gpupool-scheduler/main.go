@@ -1,8 +1,19 @@
 // Command gpupool-scheduler places pods through the GPU pool: it serves
 // kube-scheduler's extender and runs the controller that ends each pod's
-// lease with the pod (app).
+// lease with the pod (app). `gpupool-scheduler secrets` makes the Helm
+// chart's Secrets in the cluster, then exits (app.SecretsCommand).
 package main
 
-import "github.com/gpupool/gpupool/cmd/gpupool-scheduler/app"
+import (
+	"os"
 
-func main() { app.Command().Main() }
+	"github.com/gpupool/gpupool/cmd/gpupool-scheduler/app"
+	"github.com/gpupool/gpupool/internal/cli"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "secrets" {
+		os.Exit(cli.Main(app.SecretsCommand(), os.Args[2:], os.Stdout, os.Stderr))
+	}
+	app.Command().Main()
+}

@@ -29,3 +29,15 @@ func TestBadFlags(t *testing.T) {
 func run(args []string, stdout, stderr io.Writer) int {
 	return cli.Main(app.Command(), args, stdout, stderr)
 }
+
+// TestSecretsHelp: `gpupool-scheduler secrets --help` says what it makes,
+// and a bad command line is refused naming the flag.
+func TestSecretsHelp(t *testing.T) {
+	secrets := func(args []string, stdout, stderr io.Writer) int {
+		return cli.Main(app.SecretsCommand(), args, stdout, stderr)
+	}
+	clitest.CheckHelp(t, secrets, "gpupool-tokens", "reader-token", "gpupool-allocator-config", "gpupool-ca", "caBundle")
+	clitest.CheckBadFlags(t, secrets, []clitest.Case{
+		{[]string{"--allocator-namespaces", "[1]"}, "--allocator-namespaces"},
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -64,8 +65,20 @@ var chartOnly = []string{"Secret/gpupool-allocator-config", "Secret/gpupool-toke
 // objectConds are conditions on single objects, within their piece's.
 var objectConds = map[string]string{
 	// `helm install -n gpupool --create-namespace` makes it, without the
-	// chart's ownership: the chart makes it only when installed elsewhere.
-	"Namespace/gpupool": `ne .Release.Namespace "gpupool"`,
+	// chart's ownership: the chart makes it only when installed elsewhere,
+	// and only when it is not there (a hook is created, never adopted).
+	"Namespace/gpupool": `and (ne .Release.Namespace "gpupool") (not (lookup "v1" "Namespace" "" "gpupool"))`,
+}
+
+// hookAnnotations make objects Helm hooks. The namespace is one: the
+// Job that makes the Secrets (templates/secrets.yaml) runs in it before
+// the install, so before the release's own objects. Helm deletes no hook
+// on uninstall, as it kept the namespace (helm.sh/resource-policy: keep).
+// Its delete policy is any but Helm's default, before-hook-creation, which
+// would delete a namespace that lookup did not see: hook-failed, which
+// never applies (Helm waits for Jobs and Pods alone to succeed).
+var hookAnnotations = map[string]map[string]any{
+	"Namespace/gpupool": {"helm.sh/hook": "pre-install", "helm.sh/hook-weight": "-20", "helm.sh/hook-delete-policy": "hook-failed"},
 }
 
 // A hole is a field whose value a template expression renders: set
@@ -89,8 +102,6 @@ var holes = []hole{
 	{id: "DaemonSet/gpupool-server", path: []string{"spec", "template", "spec", "nodeSelector"}, expr: `{{ include "gpupool.gpuNodeSelector" . }}`},
 	{id: "DaemonSet/gpupool-device-plugin", path: []string{"spec", "template", "spec", "nodeSelector"}, expr: `{{ include "gpupool.gpuNodeSelector" . }}`},
 	{id: "ConfigMap/gpupool-kubernetes", path: []string{"data"}, expr: `{{ include "gpupool.kubernetesSettings" . }}`},
-	{id: "MutatingWebhookConfiguration/gpupool", path: []string{"webhooks", "0", "clientConfig", "caBundle"}, expr: `{{ include "gpupool.caBundleField" . }}`, line: true},
-	{id: "APIService/v1beta1.external.metrics.k8s.io", path: []string{"spec", "caBundle"}, expr: `{{ include "gpupool.caBundleField" . }}`, line: true},
 }
 
 // texts are the manifests' image names and flags whose values the chart
@@ -124,7 +135,7 @@ var generatedFiles = map[string]string{
 	"gpupool-endpoints":             "configmap-endpoints.yaml",
 	"gpupool-kubernetes":            "configmap-kubernetes.yaml",
 	"gpupool-kube-scheduler-config": "configmap-kube-scheduler-config.yaml",
-	"gpupool-allocator-config":      "secrets.yaml",
+	"gpupool-allocator-config":      "secrets.yaml", // the Job that makes them
 	"gpupool-tokens":                "secrets.yaml",
 }
 
@@ -308,6 +319,15 @@ func templated(o builtObject, hashed map[string]string) (string, error) {
 			ann["checksum/"+strings.TrimSuffix(file, ".yaml")] = key
 			exprs = append(exprs, `{{ include (print $.Template.BasePath "/`+file+`") . | sha256sum }}`)
 		}
+	}
+	if hook, ok := hookAnnotations[o.id]; ok {
+		meta, _ := o.obj["metadata"].(map[string]any)
+		ann, _ := meta["annotations"].(map[string]any)
+		if ann == nil {
+			ann = map[string]any{}
+			meta["annotations"] = ann
+		}
+		maps.Copy(ann, hook)
 	}
 	b, err := yaml.Marshal(o.obj)
 	if err != nil {

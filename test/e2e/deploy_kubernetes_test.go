@@ -114,7 +114,7 @@ func TestDeployedKubernetesComponent(t *testing.T) {
 	}
 	var tokens corev1.Secret
 	decode(t, find(t, objs, "Secret", "gpupool-tokens"), &tokens)
-	createSecret(ctx, t, cp.Client, tokens.Name, map[string]string{"admin-token": config.Admin, "server-token": config.Servers})
+	createSecret(ctx, t, cp.Client, tokens.Name, map[string]string{"admin-token": config.Admin, "server-token": config.Servers, "reader-token": config.Reader})
 
 	// The webhook, behind its Service and configurations.
 	webhookPort := freePort(t)

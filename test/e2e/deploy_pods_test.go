@@ -89,7 +89,7 @@ func TestOverlayRunsAsPods(t *testing.T) {
 
 	config := writePoolConfig(t, nil)
 	setSecret(t, find(t, objs, "Secret", "gpupool-allocator-config"), map[string]string{"config.yaml": readString(t, filepath.Dir(config.Path), filepath.Base(config.Path))})
-	setSecret(t, find(t, objs, "Secret", "gpupool-tokens"), map[string]string{"admin-token": config.Admin, "server-token": config.Servers})
+	setSecret(t, find(t, objs, "Secret", "gpupool-tokens"), map[string]string{"admin-token": config.Admin, "server-token": config.Servers, "reader-token": config.Reader})
 	setHostPath(t, find(t, objs, "DaemonSet", "gpupool-device-plugin"), "pod-resources", filepath.Dir(node.PodResourcesSocket()))
 	certs := makeCerts(t)
 	ca := []byte(readString(t, certs, "ca.crt"))
@@ -142,6 +142,16 @@ func TestOverlayRunsAsPods(t *testing.T) {
 	admin.SetTLS(&tls.Config{RootCAs: roots, ServerName: "gpupool-allocator.gpupool.svc"})
 	checkPodLeaseEnv(t, ctx, cp, admin, node.Name, running, 50)
 	t.Logf("the BFK pod Running with its lease %v after the test started", time.Since(start).Round(100*time.Millisecond))
+
+	// The adapter, with its readers token, reads the pool: an external
+	// metric through the aggregator.
+	const path = "/apis/external.metrics.k8s.io/v1beta1/namespaces/ml/bitfusion_pool_unallocated_gpus"
+	if err := retry(ctx, time.Minute, func() error {
+		_, err := cp.Client.CoreV1().RESTClient().Get().AbsPath(path).DoRaw(ctx)
+		return err
+	}); err != nil {
+		t.Errorf("GET %s: %v", path, err)
+	}
 }
 
 // runBFKPod creates a pod as BFK's users write it (one GPU at 50%, the

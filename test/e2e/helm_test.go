@@ -2,14 +2,19 @@ package e2e
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +31,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/kube"
 	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
@@ -39,10 +45,12 @@ var seedFlags = []string{"--set", "controller.replicas=3", "--set", "scheduler.e
 // TestOverlayRunsAsPods, and waits until every component is Ready, run
 // from the image built here: 3 allocators on the chart's 3-member etcd, 3
 // of each controller, the daemon and the device plugin on the node
-// labelled gpu=true, certificates and tokens made by the chart. A BFK pod
+// labelled gpu=true, certificates and tokens made in the cluster by the
+// chart's hook Job, which no revision of the release holds. A BFK pod
 // and the articles' TFJob are placed and get their leases; `helm upgrade` changes the policy, which
 // rolls the allocators, and no lease is lost, nor a token or the CA;
-// `helm rollback` goes back; `helm test` asks the pool for its status;
+// `helm rollback` goes back; `helm test` asks the pool for its status
+// with the adapter's token, which only reads;
 // `helm uninstall` leaves no cluster-wide object of the pool behind.
 //
 // What differs from a GPU cluster is what differs for TestOverlayRunsAsPods
@@ -97,6 +105,9 @@ func TestHelmChart(t *testing.T) {
 	}
 	t.Logf("helm install with the seed's flags: every component Ready in %v", time.Since(start).Round(100*time.Millisecond))
 	checkSeedReplicas(t, ctx, cp.Client)
+	// The tokens and keys were made in the cluster: the release holds none.
+	checkReleaseHoldsNoSecret(t, ctx, cp.Client, 1)
+	checkReaderOnlyReads(t, ctx, cp.Client)
 
 	// A BFK pod placed through the chart's components gets its lease.
 	waitNodeAllocatable(t, ctx, cp.Client, node.Name, 2*100)
@@ -178,6 +189,8 @@ func TestHelmChart(t *testing.T) {
 	if err != nil || !strings.Contains(string(status), "gpu-0") {
 		t.Errorf("helm test passed without listing the server gpu-0 (%v):\n%s", err, status)
 	}
+
+	checkReleaseHoldsNoSecret(t, ctx, cp.Client, 3)
 
 	if out, err := h.run(ctx, "uninstall", "bf-cluster", "--wait", "--timeout", "3m"); err != nil {
 		t.Fatalf("helm uninstall: %v\n%s", err, out)
@@ -341,6 +354,12 @@ func checkSeedReplicas(t *testing.T, ctx context.Context, c kubernetes.Interface
 // next), with the chart's token, checking the chart's CA.
 func chartAdmin(t *testing.T, ctx context.Context, c kubernetes.Interface) *client.Client {
 	t.Helper()
+	return chartClient(t, ctx, c, "admin-token")
+}
+
+// chartClient is chartAdmin with the token of key of gpupool-tokens.
+func chartClient(t *testing.T, ctx context.Context, c kubernetes.Interface, key string) *client.Client {
+	t.Helper()
 	pods, err := c.CoreV1().Pods("gpupool").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=gpupool-allocator"})
 	if err != nil {
 		t.Fatal(err)
@@ -350,7 +369,7 @@ func chartAdmin(t *testing.T, ctx context.Context, c kubernetes.Interface) *clie
 		urls = append(urls, fmt.Sprintf("https://%s:8470", p.Status.PodIP))
 	}
 	secrets := chartSecrets(t, ctx, c)
-	admin, err := client.New(urls, string(secrets["gpupool-tokens/admin-token"]))
+	admin, err := client.New(urls, string(secrets["gpupool-tokens/"+key]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -457,4 +476,96 @@ func clusterWideLeftovers(t *testing.T, ctx context.Context, cfg *rest.Config) [
 		}
 	}
 	return left
+}
+
+// checkReleaseHoldsNoSecret: Helm's release Secrets of bf-cluster, each
+// revision up to revisions (sh.helm.release.v1.bf-cluster.v<n>, in the
+// release's namespace: base64 of gzip of the release as JSON, its
+// manifest, its hooks and its values), hold no token of gpupool-tokens, no
+// key of the chart's certificates and no PEM private key: whoever reads
+// Secrets in the release's namespace reads no more of the pool than that.
+func checkReleaseHoldsNoSecret(t *testing.T, ctx context.Context, c kubernetes.Interface, revisions int) {
+	t.Helper()
+	secrets := chartSecrets(t, ctx, c)
+	var held []string // secret/key whose value must not be in the release
+	for name, v := range secrets {
+		if strings.HasSuffix(name, "-token") || strings.HasSuffix(name, ".key") {
+			held = append(held, name)
+			if len(v) < 16 {
+				t.Fatalf("%s is %d bytes", name, len(v))
+			}
+		}
+	}
+	if len(held) < 5 {
+		t.Fatalf("the chart made %d tokens and keys, want 3 tokens and the keys of the CA and the certificates", len(held))
+	}
+	for n := 1; n <= revisions; n++ {
+		name := fmt.Sprintf("sh.helm.release.v1.bf-cluster.v%d", n)
+		s, err := c.CoreV1().Secrets("default").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		zipped, err := base64.StdEncoding.DecodeString(string(s.Data["release"]))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		zr, err := gzip.NewReader(bytes.NewReader(zipped))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		release, err := io.ReadAll(zr)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		type hook struct {
+			Name     string `json:"name"`
+			Manifest string `json:"manifest"`
+		}
+		var r struct {
+			Manifest string `json:"manifest"`
+			Hooks    []hook `json:"hooks"`
+		}
+		if err := json.Unmarshal(release, &r); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !strings.Contains(r.Manifest, "kind: StatefulSet") {
+			t.Fatalf("%s: not the release it should be (manifest of %d bytes)", name, len(r.Manifest))
+		}
+		if !slices.ContainsFunc(r.Hooks, func(h hook) bool { return strings.Contains(h.Manifest, "kind: Job") && h.Name == "gpupool-secrets" }) {
+			t.Errorf("%s: no hook Job gpupool-secrets among its %d hooks", name, len(r.Hooks))
+		}
+		for _, text := range []struct{ what, text string }{{"manifest", r.Manifest}, {"release", string(release)}} {
+			if strings.Contains(text.text, "PRIVATE KEY") {
+				t.Errorf("%s: its %s holds a private key", name, text.what)
+			}
+			for _, key := range held {
+				v := secrets[key]
+				if strings.Contains(text.text, string(v)) || strings.Contains(text.text, base64.StdEncoding.EncodeToString(v)) {
+					t.Errorf("%s: its %s holds %s", name, text.what, key)
+				}
+			}
+		}
+	}
+}
+
+// checkReaderOnlyReads: the adapter's token (reader-token) reads the pool
+// and every namespace's leases, as the adapter does, and may take no
+// lease.
+func checkReaderOnlyReads(t *testing.T, ctx context.Context, c kubernetes.Interface) {
+	t.Helper()
+	admin := chartAdmin(t, ctx, c)
+	reader := chartClient(t, ctx, c, "reader-token")
+	if _, err := reader.Pool(ctx); err != nil {
+		t.Errorf("the adapter's token cannot read the pool: %v", err)
+	}
+	all, err := admin.Leases(ctx, client.LeaseFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ls, err := reader.Leases(ctx, client.LeaseFilter{}); err != nil || len(ls) != len(all) {
+		t.Errorf("the adapter's token lists %d leases (%v), want every namespace's %d", len(ls), err, len(all))
+	}
+	if _, err := reader.Acquire(ctx, api.AcquireRequest{Namespace: "ml", GPUAmount: 1, GPUPercent: 10}); !client.IsReason(err, api.ReasonForbidden) {
+		t.Errorf("the adapter's token acquired a lease: %v, want 403", err)
+	}
 }

@@ -193,9 +193,10 @@ func gpupool(t *testing.T, env []string, args ...string) (string, int) {
 type poolConfig struct {
 	// Path is the allocator's --config.
 	Path string
-	// Admin is an operator's token, and the adapter's; Servers the
-	// gpupool-server daemons' (one for all, as the DaemonSet's Secret).
-	Admin, Servers string
+	// Admin is an operator's token; Reader the adapter's, which only
+	// reads; Servers the gpupool-server daemons' (one for all, as the
+	// DaemonSet's Secret).
+	Admin, Reader, Servers string
 	// Tenant is each namespace's token, what its pods' `gpupool run` holds.
 	Tenant map[string]string
 }
@@ -211,9 +212,9 @@ func writePoolConfig(t testing.TB, quotas map[string]int64) *poolConfig {
 	t.Helper()
 	dir := t.TempDir()
 	c := &poolConfig{Path: filepath.Join(dir, "allocator-config.yaml"), Admin: "admin-" + rand.Text(),
-		Servers: "servers-" + rand.Text(), Tenant: map[string]string{}}
+		Reader: "reader-" + rand.Text(), Servers: "servers-" + rand.Text(), Tenant: map[string]string{}}
 	var b strings.Builder
-	fmt.Fprintf(&b, "admin: {tokens: [%s]}\nservers: {tokens: [%s]}\nnamespaces:\n", c.Admin, c.Servers)
+	fmt.Fprintf(&b, "admin: {tokens: [%s]}\nreaders: {tokens: [%s]}\nservers: {tokens: [%s]}\nnamespaces:\n", c.Admin, c.Reader, c.Servers)
 	for ns, quota := range quotas {
 		c.Tenant[ns] = ns + "-" + rand.Text()
 		fmt.Fprintf(&b, "  %s:\n    tokens: [%s]\n", ns, c.Tenant[ns])

@@ -85,63 +85,12 @@ GPUs of one CPU socket; the schema allows one rule, of the keys below. */ -}}
 {{- if or (eq $mode "true") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) }}true{{ end }}
 {{- end }}
 
-{{- /* The chart's own CA and certificates, made once a render and kept across
-upgrades: the CA from the Secret gpupool-ca when it exists, each leaf from
-its Secret when that one was signed by the same CA. They serve only: no
-component of the chart takes a client certificate. */ -}}
-{{- define "gpupool.pki" -}}
-{{- if not (hasKey .Values "__gpupoolPKI") }}
-{{- $pki := dict }}
-{{- $stored := lookup "v1" "Secret" "gpupool" "gpupool-ca" }}
-{{- $ca := dict }}
-{{- if $stored }}
-{{- $ca = buildCustomCert (index $stored.data "ca.crt") (index $stored.data "ca.key") }}
-{{- else }}
-{{- $ca = genCA "gpupool-ca" 3650 }}
-{{- end }}
-{{- $_ := set $pki "ca" $ca }}
-{{- $leaves := dict }}
-{{- range $name, $spec := dict
-    "gpupool-allocator-tls" (dict "cn" "gpupool-allocator.gpupool.svc" "dns" (list "gpupool-allocator.gpupool.svc" "gpupool-allocator.gpupool.svc.cluster.local" "*.gpupool-allocator-peers.gpupool.svc" "*.gpupool-allocator-peers.gpupool.svc.cluster.local") "signer" $ca "ca" $ca)
-    "gpupool-adapter-tls" (dict "cn" "gpupool-adapter.gpupool.svc" "dns" (list "gpupool-adapter.gpupool.svc" "gpupool-adapter.gpupool.svc.cluster.local") "signer" $ca "ca" $ca)
-    "gpupool-webhook-tls" (dict "cn" "gpupool-webhook.gpupool.svc" "dns" (list "gpupool-webhook.gpupool.svc" "gpupool-webhook.gpupool.svc.cluster.local") "signer" $ca "ca" $ca) }}
-{{- $old := lookup "v1" "Secret" "gpupool" $name }}
-{{- $leaf := dict "ca.crt" $spec.ca.Cert }}
-{{- if and $old (eq (index $old.data "ca.crt" | default "" | b64dec) $spec.ca.Cert) (hasKey $old.data "tls.crt") }}
-{{- $_ := set $leaf "tls.crt" (index $old.data "tls.crt" | b64dec) }}
-{{- $_ := set $leaf "tls.key" (index $old.data "tls.key" | b64dec) }}
-{{- else }}
-{{- $cert := genSignedCert $spec.cn nil $spec.dns 365 $spec.signer }}
-{{- $_ := set $leaf "tls.crt" $cert.Cert }}
-{{- $_ := set $leaf "tls.key" $cert.Key }}
-{{- end }}
-{{- $_ := set $leaves $name $leaf }}
-{{- end }}
-{{- $_ := set $pki "leaves" $leaves }}
-{{- $_ := set .Values "__gpupoolPKI" $pki }}
-{{- end }}
-{{- end }}
-
-{{- /* The caBundle field where the chart's CA is the one to trust; nothing
-where cert-manager's CA injector fills it. */ -}}
-{{- define "gpupool.caBundleField" -}}
-{{- if not (include "gpupool.certManager" .) }}
-{{- include "gpupool.pki" . }}caBundle: {{ .Values.__gpupoolPKI.ca.Cert | b64enc }}
-{{- end }}
-{{- end }}
-
-{{- /* The allocator's tokens: as set, else as stored, else new. */ -}}
-{{- define "gpupool.tokens" -}}
-{{- if not (hasKey .Values "__gpupoolTokens") }}
-{{- $stored := (lookup "v1" "Secret" "gpupool" "gpupool-tokens").data | default dict }}
-{{- $tokens := dict }}
-{{- range $key, $value := dict "admin" .Values.tokens.admin "server" .Values.tokens.server }}
-{{- $token := $value | default (index $stored (printf "%s-token" $key) | default "" | b64dec) | default (randAlphaNum 48) }}
-{{- if lt (len $token) 16 }}
+{{- /* The tokens values set: at least the 16 characters the allocator requires.
+Unset, the hook Job gpupool-secrets makes them in the cluster (templates/secrets.yaml). */ -}}
+{{- define "gpupool.checkTokens" -}}
+{{- range $key, $token := dict "admin" .Values.tokens.admin "server" .Values.tokens.server }}
+{{- if and $token (lt (len $token) 16) }}
 {{- fail (printf "tokens.%s: %d characters is shorter than the 16 the allocator requires" $key (len $token)) }}
 {{- end }}
-{{- $_ := set $tokens $key $token }}
-{{- end }}
-{{- $_ := set .Values "__gpupoolTokens" $tokens }}
 {{- end }}
 {{- end }}
