@@ -345,7 +345,9 @@ func TestChartRendersNoSecret(t *testing.T) {
 				t.Errorf("%s: the Job runs %s: %s wanted %v", what, args, arg, want)
 			}
 		}
-		hasClusterRole := slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == "ClusterRole" && o.GetName() == "gpupool-secrets" })
+		hasClusterRole := slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool {
+			return o.GetKind() == "ClusterRole" && o.GetName() == "gpupool-secrets"
+		})
 		if hasClusterRole != tc.patching {
 			t.Errorf("%s: a ClusterRole to set caBundles: %v, want %v", what, hasClusterRole, tc.patching)
 		}

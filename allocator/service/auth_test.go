@@ -331,8 +331,8 @@ func TestReadersTokenOnlyReads(t *testing.T) {
 			_, err := reader.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, GPUPercent: 25})
 			return err
 		},
-		"renew": func() error { _, err := reader.Renew(ctx, held[0].ID, time.Minute); return err },
-		"release": func() error { return reader.Release(ctx, held[0].ID) },
+		"renew":    func() error { _, err := reader.Renew(ctx, held[0].ID, time.Minute); return err },
+		"release":  func() error { return reader.Release(ctx, held[0].ID) },
 		"register": func() error { return reader.RegisterServer(ctx, gpuServer("s9", 1)) },
 		"heartbeat": func() error {
 			return reader.Heartbeat(ctx, "s1", api.Heartbeat{})

@@ -39,11 +39,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// The Secrets' names, as the manifests (deploy/base) name them.
+// The Secrets' names, as the manifests (deploy/base) name them: names,
+// not credentials.
 const (
-	TokensSecret = "gpupool-tokens"
-	ConfigSecret = "gpupool-allocator-config"
-	CASecret     = "gpupool-ca"
+	TokensSecret = "gpupool-tokens"           //nolint:gosec // G101: a Secret's name
+	ConfigSecret = "gpupool-allocator-config" //nolint:gosec // G101: a Secret's name
+	CASecret     = "gpupool-ca"               //nolint:gosec // G101: a Secret's name
 )
 
 // Token keys of TokensSecret.

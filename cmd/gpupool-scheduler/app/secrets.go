@@ -17,7 +17,10 @@ import (
 	"github.com/gpupool/gpupool/kube/secrets"
 )
 
-// SecretsUsage is what `gpupool-scheduler secrets --help` says above the flags.
+// SecretsUsage is what `gpupool-scheduler secrets --help` says above the
+// flags: it names Secrets, and holds none.
+//
+//nolint:gosec // G101: the help names the Secrets' keys
 const SecretsUsage = `Usage: gpupool-scheduler secrets [flags]
 
 Makes the Secrets of gpupool's Helm chart in --namespace, keeping what it
