@@ -138,7 +138,7 @@ func (s *Service) buildConsole() api.Console {
 	}
 	s.pool.EachLease(now, func(l *allocator.Lease) {
 		onServer[l.Server]++
-		cl := s.consoleLease(l)
+		cl := s.consoleLease(l, now)
 		if cl.Idle {
 			for _, g := range l.GPUs {
 				model(g.Model).IdleHeldGPUs += g.Share.GPUs()
@@ -253,15 +253,15 @@ func (s *Service) consoleServer(st *allocator.ServerState, workload allocator.Wo
 	return cs
 }
 
-// consoleLease is one lease's row; s.mu is held.
-func (s *Service) consoleLease(l *allocator.Lease) api.ConsoleLease {
+// consoleLease is one lease's row at now; s.mu is held.
+func (s *Service) consoleLease(l *allocator.Lease, now time.Time) api.ConsoleLease {
 	cl := api.ConsoleLease{ID: l.ID, Namespace: l.Namespace, Pod: l.Owner.Pod, App: l.Owner.Labels["app"], Server: l.Server,
 		ShareGPUs: l.Share().GPUs(), GrantedAt: l.GrantedAt}
 	for _, g := range l.GPUs {
 		cl.GPUs = append(cl.GPUs, g.Index)
 		cl.MemoryBytes += g.MemoryBytes
 	}
-	if use, ok := s.useOf(l); ok {
+	if use, ok := s.useOf(l, now); ok {
 		cl.Use = &use
 	}
 	if w := s.windows[l.ID]; w != nil {

@@ -175,6 +175,62 @@ func TestIdleButHeld(t *testing.T) {
 	}
 }
 
+// TestUnknownIsNeverIdle: a lease is idle only after a whole window of
+// measured samples. A heartbeat with no reading (its source failed), a
+// reading older than maxUseAge (a source stuck on its last round), a
+// lease's GPU missing from the reading, or a daemon gone silent each
+// start the window again; none of them is idle.
+func TestUnknownIsNeverIdle(t *testing.T) {
+	ctx := context.Background()
+	for name, gap := range map[string]func(a *testAllocator, server *client.Client, l api.Lease){
+		"a heartbeat with no reading": func(a *testAllocator, server *client.Client, l api.Lease) {
+			if err := server.Heartbeat(ctx, l.Server, api.Heartbeat{}); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"a reading past maxUseAge": func(a *testAllocator, server *client.Client, l api.Lease) {
+			heartbeatUse(t, server, l, 0.025, a.clock.Now().Add(-maxUseAge-api.HistoryInterval))
+		},
+		"the lease's GPU not read": func(a *testAllocator, server *client.Client, l api.Lease) {
+			hb := api.Heartbeat{Use: &api.ServerUse{SampledAt: a.clock.Now(), GPUs: []api.GPUUse{{Index: l.GPUs[0].Index}}}}
+			if err := server.Heartbeat(ctx, l.Server, hb); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"a silent daemon": func(a *testAllocator, _ *client.Client, _ api.Lease) {
+			a.clock.Add(a.svc.cfg.HeartbeatTimeout + time.Second)
+			a.svc.tick()
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			a, _, la, _ := consolePool(t)
+			server := a.client(t, serverToken)
+			idleSample := func() bool {
+				heartbeatUse(t, server, la, 0.025, a.clock.Now()) // 5% of its share
+				a.clock.Add(api.HistoryInterval)
+				a.svc.tick()
+				return a.svc.Console(Principal{Admin: true}).Models[0].IdleHeldGPUs > 0
+			}
+			for i := range idleSamples - 1 {
+				if idleSample() {
+					t.Fatalf("idle after %d samples, short of the window", i+1)
+				}
+			}
+			gap(a, server, la)
+			a.clock.Add(api.HistoryInterval)
+			a.svc.tick()
+			for i := range idleSamples - 1 {
+				if idleSample() {
+					t.Fatalf("idle %d samples after the gap: the window did not start again", i+1)
+				}
+			}
+			if !idleSample() {
+				t.Errorf("not idle after a whole window measured after the gap")
+			}
+		})
+	}
+}
+
 // TestHistoryKeepsTheLastHour: one point per interval, the oldest dropped
 // past an hour, in order.
 func TestHistoryKeepsTheLastHour(t *testing.T) {

@@ -53,6 +53,8 @@ func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) 
 		s.lastSeen[name] = now
 		if hb.Use != nil {
 			s.recordUse(now, name, hb.Use)
+		} else {
+			delete(s.use, name) // a heartbeat with no reading: its source failed, or refused one
 		}
 		if back, _ := s.pool.SetSchedulable(name, true); back {
 			s.wakeLocked() // back after silence: queued requests may fit now

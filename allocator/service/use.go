@@ -189,11 +189,17 @@ func (s *Service) recordUse(now time.Time, name string, u *api.ServerUse) {
 	s.use[name] = su
 }
 
-// useOf is a lease's measured SM use over its share, and whether it is
-// known; s.mu is held.
-func (s *Service) useOf(l *allocator.Lease) (float64, bool) {
+// maxUseAge is how old a reading may be and still say what a lease uses
+// now: a daemon samples every few seconds and heart-beats every 5 s, so
+// older is a source that stopped, whose last reading says nothing of now.
+const maxUseAge = 30 * time.Second
+
+// useOf is a lease's measured SM use over its share at now, and whether
+// it is known: not when its server's reading is missing or older than
+// maxUseAge, nor when a GPU of the lease is not in it; s.mu is held.
+func (s *Service) useOf(l *allocator.Lease, now time.Time) (float64, bool) {
 	su := s.use[l.Server]
-	if su == nil {
+	if su == nil || now.Sub(su.sampledAt) > maxUseAge {
 		return 0, false
 	}
 	share := l.Share().GPUs()
@@ -236,8 +242,11 @@ func (s *Service) sampleUse(now time.Time) {
 	live := map[string]bool{}
 	s.pool.EachLease(now, func(l *allocator.Lease) {
 		live[l.ID] = true
-		use, ok := s.useOf(l)
+		use, ok := s.useOf(l, now)
 		if !ok {
+			// Unknown is never idle: a window is a run of measured
+			// samples, and a gap starts it again.
+			delete(s.windows, l.ID)
 			return
 		}
 		w := s.windows[l.ID]
