@@ -30,7 +30,8 @@ type Console struct {
 }
 
 // IdleUse is the use of its share under which a lease held for
-// IdleWindow counts as idle but held.
+// IdleWindow counts as idle but held, in a namespace whose idle policy
+// does not say otherwise.
 const (
 	IdleUse    = 0.1
 	IdleWindow = 5 * time.Minute
@@ -129,10 +130,17 @@ type ConsoleLease struct {
 	// ShareGPUs is the share held, summed over the GPUs; Use the measured
 	// SM use over that share (0..1 and above when it bursts), nil before
 	// the daemon reports it.
-	ShareGPUs   float64    `json:"shareGPUs"`
-	MemoryBytes int64      `json:"memoryBytes"`
-	Use         *float64   `json:"use,omitempty"`
+	ShareGPUs   float64  `json:"shareGPUs"`
+	MemoryBytes int64    `json:"memoryBytes"`
+	Use         *float64 `json:"use,omitempty"`
+	// IdleSeconds is how long the lease has been measured idle, every
+	// sample under its namespace's idle policy's bar (absent while it is
+	// in use or not measured); Idle is whether that is the policy's whole
+	// window; ReclaimAt, under a policy that reclaims, when its GPUs are
+	// given back unless it is used before.
+	IdleSeconds *float64   `json:"idleSeconds,omitempty"`
 	Idle        bool       `json:"idle"`
+	ReclaimAt   *time.Time `json:"reclaimAt,omitempty"`
 	GrantedAt   time.Time  `json:"grantedAt"`
 	ExpiresAt   *time.Time `json:"expiresAt,omitempty"`
 	TTL         string     `json:"ttl,omitempty"`

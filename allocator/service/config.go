@@ -33,6 +33,7 @@ const QuotaResource = "requests.bitfusion.io/gpu"
 //	  team-a:
 //	    hard: {requests.bitfusion.io/gpu: 200}
 //	    tokens: [...]                 # leases in team-a only
+//	    idle: {useBelow: 0.1, window: 30m, grace: 15m, action: reclaim}
 type FileConfig struct {
 	Admin TokenSet `json:"admin"`
 	// Readers see what an admin sees and change nothing: every request but
@@ -59,10 +60,12 @@ type TokenSet struct {
 	Tokens []string `json:"tokens"`
 }
 
-// NamespaceConfig is one namespace's quota and tokens.
+// NamespaceConfig is one namespace's quota, tokens and idle policy.
 type NamespaceConfig struct {
 	Hard   map[string]resource.Quantity `json:"hard"`
 	Tokens []string                     `json:"tokens"`
+	// Idle is the namespace's idle policy; DefaultIdlePolicy when nil.
+	Idle *IdlePolicy `json:"idle"`
 }
 
 // LoadConfig reads and checks a config file.
@@ -113,9 +116,15 @@ func (c *FileConfig) validate() error {
 			return err
 		}
 	}
-	for ns, nc := range c.Namespaces {
+	for _, ns := range slices.Sorted(maps.Keys(c.Namespaces)) {
+		nc := c.Namespaces[ns]
 		if err := check("namespaces."+ns, nc.Tokens); err != nil {
 			return err
+		}
+		if nc.Idle != nil {
+			if err := nc.Idle.validate("namespaces." + ns + ".idle"); err != nil {
+				return err
+			}
 		}
 		for k, q := range nc.Hard {
 			field := "namespaces." + ns + ".hard." + k
@@ -153,9 +162,27 @@ func quotaShare(in api.QuotaRequest) (allocator.Share, error) {
 	return allocator.SharePercent(*p), nil
 }
 
-// Quotas returns each namespace's GPU quota.
+// IdlePolicies returns the idle policy of each namespace that has one;
+// none without a config.
+func (c *FileConfig) IdlePolicies() map[string]IdlePolicy {
+	out := map[string]IdlePolicy{}
+	if c == nil {
+		return out
+	}
+	for ns, nc := range c.Namespaces {
+		if nc.Idle != nil {
+			out[ns] = *nc.Idle
+		}
+	}
+	return out
+}
+
+// Quotas returns each namespace's GPU quota; none without a config.
 func (c *FileConfig) Quotas() map[string]allocator.Share {
 	out := map[string]allocator.Share{}
+	if c == nil {
+		return out
+	}
 	for ns, nc := range c.Namespaces {
 		if q, ok := nc.Hard[QuotaResource]; ok {
 			percent, _ := q.AsInt64()

@@ -264,8 +264,12 @@ func (s *Service) consoleLease(l *allocator.Lease, now time.Time) api.ConsoleLea
 	if use, ok := s.useOf(l, now); ok {
 		cl.Use = &use
 	}
-	if w := s.windows[l.ID]; w != nil {
-		cl.Idle = w.idle()
+	if idleFor, idle, reclaimAt := s.leaseIdle(l, now); idleFor > 0 {
+		seconds := idleFor.Seconds()
+		cl.IdleSeconds, cl.Idle = &seconds, idle
+		if !reclaimAt.IsZero() {
+			cl.ReclaimAt = &reclaimAt
+		}
 	}
 	if l.TTL > 0 {
 		expires := l.ExpiresAt

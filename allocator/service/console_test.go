@@ -148,7 +148,7 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 func TestIdleButHeld(t *testing.T) {
 	a, _, la, lb := consolePool(t)
 	server := a.client(t, serverToken)
-	for i := range idleSamples {
+	for i := range windowSamples {
 		// team-a's lease uses 5% of its share, team-b's 50%.
 		heartbeatUse(t, server, la, 0.025, a.clock.Now())
 		heartbeatUse(t, server, lb, 0.5, a.clock.Now())
@@ -156,7 +156,7 @@ func TestIdleButHeld(t *testing.T) {
 		a.svc.tick()
 		v := a.svc.Console(Principal{Admin: true})
 		idle := v.Models[0].IdleHeldGPUs
-		if want := 0.0; i == idleSamples-1 {
+		if want := 0.0; i == windowSamples-1 {
 			if want = 0.5; !near(idle, want) {
 				t.Errorf("after %d samples: %v idle but held, want %v (team-a's half GPU)", i+1, idle, want)
 			}
@@ -211,7 +211,7 @@ func TestUnknownIsNeverIdle(t *testing.T) {
 				a.svc.tick()
 				return a.svc.Console(Principal{Admin: true}).Models[0].IdleHeldGPUs > 0
 			}
-			for i := range idleSamples - 1 {
+			for i := range windowSamples - 1 {
 				if idleSample() {
 					t.Fatalf("idle after %d samples, short of the window", i+1)
 				}
@@ -219,7 +219,7 @@ func TestUnknownIsNeverIdle(t *testing.T) {
 			gap(a, server, la)
 			a.clock.Add(api.HistoryInterval)
 			a.svc.tick()
-			for i := range idleSamples - 1 {
+			for i := range windowSamples - 1 {
 				if idleSample() {
 					t.Fatalf("idle %d samples after the gap: the window did not start again", i+1)
 				}
@@ -488,3 +488,6 @@ func TestConsoleReadsBoundedPerToken(t *testing.T) {
 		t.Errorf("team-a's read beside the admin's: %d %s", resp.Code, resp.Body)
 	}
 }
+
+// windowSamples is how many samples the default idle policy's window is.
+const windowSamples = int(api.IdleWindow / api.HistoryInterval)

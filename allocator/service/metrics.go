@@ -66,6 +66,10 @@ var (
 		"When the lease expires unless renewed; none for a lease that lives until released.")
 	leasePending = metricdef.Gauge("bitfusion_lease_pending_requests", "requests", namespaceLabels,
 		"Lease requests queued for capacity or quota, by namespace.")
+	leaseIdle = metricdef.Gauge("bitfusion_lease_idle_seconds", "seconds", metricdef.Labels{"lease", "namespace"},
+		"How long the lease has been measured idle, every sample under its namespace's idle policy's bar; 0 while it is in use; none while its use is not known (unknown is never idle).")
+	namespaceIdleHeld = metricdef.Gauge("bitfusion_namespace_idle_held_gpus", "GPUs", namespaceLabels,
+		"GPU share held by the namespace's leases measured idle for their idle policy's whole window, in GPUs.")
 
 	// LeaderFamily is the binary's gauge, not the service's: a replica
 	// reports it while it stands by, before any service exists.
@@ -76,7 +80,7 @@ var (
 // poolFamilies are what poolCollector exports.
 var poolFamilies = []*metricdef.Family{gpuInfo, gpuAllocated, gpuMemory, gpuMemoryAllocated, gpuHealthy,
 	serverSchedulable, serverHeartbeat, poolFreeGPUs, poolFragmentation, namespaceQuota, namespaceAllocated,
-	namespaceMultiGPULeases, leaseInfo, leaseAllocated, leaseExpiry, leasePending}
+	namespaceMultiGPULeases, leaseInfo, leaseAllocated, leaseExpiry, leasePending, leaseIdle, namespaceIdleHeld}
 
 // MetricFamilies is the table of the allocator binary's metrics.
 var MetricFamilies = slices.Concat([]*metricdef.Family{acquisitionsTotal, acquisitionDuration, releasesTotal, expirationsTotal,
@@ -163,6 +167,19 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	for r := range s.waiting {
 		pending[r.Namespace]++
 	}
+	idleFor := make(map[string]time.Duration, len(leases))
+	idleHeld := map[string]float64{}
+	for i := range leases {
+		l := &leases[i]
+		if _, known := s.useOf(l, now); !known {
+			continue
+		}
+		d, idle, _ := s.leaseIdle(l, now)
+		idleFor[l.ID] = d
+		if idle {
+			idleHeld[l.Namespace] += l.Share().GPUs()
+		}
+	}
 	s.mu.Unlock()
 
 	gauge := func(f *metricdef.Family, v float64, labels ...string) { ch <- f.Metric(v, labels...) }
@@ -206,6 +223,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(namespaceQuota, q.Hard.GPUs(), q.Namespace)
 		}
 		gauge(namespaceAllocated, q.Used.GPUs(), q.Namespace)
+		gauge(namespaceIdleHeld, idleHeld[q.Namespace], q.Namespace)
 	}
 	c.collectLinks(ch, servers, leases)
 	for _, l := range leases {
@@ -213,6 +231,9 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(leaseAllocated, l.Share().GPUs(), l.ID, l.Namespace, l.Server)
 		if !l.UntilReleased() {
 			gauge(leaseExpiry, float64(l.ExpiresAt.UnixNano())/1e9, l.ID, l.Namespace)
+		}
+		if d, known := idleFor[l.ID]; known {
+			gauge(leaseIdle, d.Seconds(), l.ID, l.Namespace)
 		}
 	}
 	for ns, n := range pending {

@@ -43,6 +43,9 @@ type Config struct {
 	// Quotas are GPU quotas by namespace, the config file's: the quotas
 	// the API set or removed, kept in the store, apply over them.
 	Quotas map[string]allocator.Share
+	// IdlePolicies are the namespaces' idle policies, the config file's;
+	// DefaultIdlePolicy for a namespace without one.
+	IdlePolicies map[string]IdlePolicy
 	// StoreRetry is how long a batch the store could not write for a
 	// reason that may pass (store.ErrUnavailable) is retried before the
 	// store counts as failed; the requests it carries wait meanwhile.
@@ -75,12 +78,13 @@ type Service struct {
 	waiting   map[*allocator.Request]*waiter
 	waitingIn map[string]int
 	estimate  allocator.WorkloadEstimate // the expected workload, learnt from grants
-	// use is each server's latest measured use, windows each lease's use
-	// over the idle window, history the pool's shares over the last hour:
-	// the console's, in memory only (use.go).
-	use     map[string]*serverUse
-	windows map[string]*useWindow
-	history history
+	// use is each server's latest measured use, idleRuns since when each
+	// lease has been measured idle (idle.go), history the pool's shares
+	// over the last hour: in memory only (use.go), so that a restart
+	// starts every idle run again.
+	use      map[string]*serverUse
+	idleRuns map[string]*idleRun
+	history  history
 	// console is the last view of every namespace the console read,
 	// rebuilt at most once per consoleMaxAge, and consoleEncoded its JSON
 	// by scope and encoding (console.go).
@@ -155,7 +159,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		cfg.MaxWaitingPerNamespace = DefaultMaxWaitingPerNamespace
 	}
 	s := &Service{
-		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, lastSeen: map[string]time.Time{}, use: map[string]*serverUse{}, windows: map[string]*useWindow{},
+		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, lastSeen: map[string]time.Time{}, use: map[string]*serverUse{}, idleRuns: map[string]*idleRun{},
 		waiting: map[*allocator.Request]*waiter{}, waitingIn: map[string]int{},
 		kick: make(chan struct{}, 1), failed: make(chan struct{}),
 		closing: make(chan struct{}), committerDone: make(chan struct{}),

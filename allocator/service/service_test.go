@@ -72,16 +72,25 @@ func testConfig() *FileConfig {
 // startAllocator serves a service on a real bolt store in dir.
 func startAllocator(t testing.TB, dir string, clock *fakeClock, quotas map[string]allocator.Share) *testAllocator {
 	t.Helper()
+	return startAllocatorWith(t, dir, clock, func(c *Config) { c.Quotas = quotas })
+}
+
+// startAllocatorWith is startAllocator with the service's config as
+// configure leaves it.
+func startAllocatorWith(t testing.TB, dir string, clock *fakeClock, configure func(*Config)) *testAllocator {
+	t.Helper()
 	st, err := store.OpenBolt(dir, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc, err := New(context.Background(), Config{
+	cfg := Config{
 		Store: st, Policy: "best-fit", DefaultTTL: time.Minute, MaxTTL: time.Hour, HeartbeatTimeout: 10 * time.Second,
-		Quotas: quotas, Clock: clock.Now, Registry: reg, Logger: log,
-	})
+		Clock: clock.Now, Registry: reg, Logger: log,
+	}
+	configure(&cfg)
+	svc, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

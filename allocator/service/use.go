@@ -22,33 +22,6 @@ type serverUse struct {
 	leases    map[string]map[int]float64
 }
 
-// useWindow is one lease's use of its share over the last IdleWindow: one
-// sample per HistoryInterval, a ring.
-type useWindow struct {
-	samples [idleSamples]float32
-	n, next int
-}
-
-const idleSamples = int(api.IdleWindow / api.HistoryInterval)
-
-func (w *useWindow) add(use float64) {
-	w.samples[w.next] = float32(use)
-	w.next = (w.next + 1) % idleSamples
-	w.n = min(w.n+1, idleSamples)
-}
-
-// idle is whether the window is full and its mean under api.IdleUse.
-func (w *useWindow) idle() bool {
-	if w.n < idleSamples {
-		return false
-	}
-	var sum float64
-	for _, u := range w.samples {
-		sum += float64(u)
-	}
-	return sum/float64(idleSamples) < api.IdleUse
-}
-
 // history is the console's ring of the pool's shares.
 type history struct {
 	points [api.HistoryLength]api.HistoryPoint
@@ -217,8 +190,8 @@ func (s *Service) useOf(l *allocator.Lease, now time.Time) (float64, bool) {
 	return sm / share, true
 }
 
-// sampleUse adds a point to the history and each lease's use to its idle
-// window, once every api.HistoryInterval; s.mu is held.
+// sampleUse adds a point to the history and a sample of each lease's use
+// to its idle run, once every api.HistoryInterval; s.mu is held.
 func (s *Service) sampleUse(now time.Time) {
 	if now.Sub(s.history.last) < api.HistoryInterval {
 		return
@@ -242,23 +215,12 @@ func (s *Service) sampleUse(now time.Time) {
 	live := map[string]bool{}
 	s.pool.EachLease(now, func(l *allocator.Lease) {
 		live[l.ID] = true
-		use, ok := s.useOf(l, now)
-		if !ok {
-			// Unknown is never idle: a window is a run of measured
-			// samples, and a gap starts it again.
-			delete(s.windows, l.ID)
-			return
-		}
-		w := s.windows[l.ID]
-		if w == nil {
-			w = &useWindow{}
-			s.windows[l.ID] = w
-		}
-		w.add(use)
+		use, known := s.useOf(l, now)
+		s.sampleIdle(l, use, known, now)
 	})
-	for id := range s.windows {
+	for id := range s.idleRuns {
 		if !live[id] {
-			delete(s.windows, id)
+			delete(s.idleRuns, id)
 		}
 	}
 }

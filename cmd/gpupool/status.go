@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -97,15 +98,26 @@ func poolCmd(args []string, stdout, stderr io.Writer) int {
 
 func leasesCmd(args []string, stdout, stderr io.Writer) int {
 	var f client.LeaseFilter
-	return queryCmd("leases", "Lists live leases: who holds which share of which GPU.", args, stdout, stderr,
+	var idle bool
+	return queryCmd("leases", "Lists live leases: who holds which share of which GPU; with --idle, the leases measured idle, longest first.", args, stdout, stderr,
 		func(fs *flag.FlagSet) {
 			fs.StringVar(&f.Namespace, "namespace", "", "only this namespace")
 			fs.StringVar(&f.Server, "server", "", "only this server")
 			fs.StringVar(&f.OwnerUID, "owner-uid", "", "only the leases of the owner with this UID (a pod's)")
 			fs.StringVar(&f.Selector, "selector", "", "only leases whose owner has these labels (app=tf-training)")
+			fs.BoolVar(&idle, "idle", false, "only the leases measured idle under their namespace's idle policy: for how long, whether that is its whole window, and when a policy that reclaims gives their GPUs back (with --namespace and --server only)")
 		},
-		func(ctx context.Context, cl *client.Client) (any, error) { return cl.Leases(ctx, f) },
+		func(ctx context.Context, cl *client.Client) (any, error) {
+			if idle {
+				return idleLeases(ctx, cl, f)
+			}
+			return cl.Leases(ctx, f)
+		},
 		func(tw *tabwriter.Writer, v any) {
+			if idle {
+				idleTable(tw, v.([]api.ConsoleLease))
+				return
+			}
 			fmt.Fprintln(tw, "LEASE\tNAMESPACE\tPOD\tSERVER\tGPUS\tEXPIRES")
 			for _, l := range api.CoreLeases(v.([]api.Lease)) {
 				var gpus []string
@@ -120,6 +132,41 @@ func leasesCmd(args []string, stdout, stderr io.Writer) int {
 					strings.Join(gpus, ","), expires)
 			}
 		})
+}
+
+// idleLeases are the leases the console's view (the token's) shows
+// measured idle, in f's namespace and server, longest idle first.
+func idleLeases(ctx context.Context, cl *client.Client, f client.LeaseFilter) ([]api.ConsoleLease, error) {
+	v, err := cl.Console(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := slices.DeleteFunc(v.Leases, func(l api.ConsoleLease) bool {
+		return l.IdleSeconds == nil || f.Namespace != "" && l.Namespace != f.Namespace || f.Server != "" && l.Server != f.Server
+	})
+	slices.SortStableFunc(out, func(a, b api.ConsoleLease) int { return cmp.Compare(*b.IdleSeconds, *a.IdleSeconds) })
+	return out, nil
+}
+
+// idleTable: IDLE is how long the lease has been measured idle, WINDOW
+// whether that is its policy's whole window, RECLAIMED when a policy that
+// reclaims gives its GPUs back unless they are used before.
+func idleTable(tw *tabwriter.Writer, leases []api.ConsoleLease) {
+	fmt.Fprintln(tw, "LEASE\tNAMESPACE\tPOD\tSERVER\tSHARE\tUSE\tIDLE\tWINDOW\tRECLAIMED")
+	for _, l := range leases {
+		use, window, reclaimed := "unknown", "not yet", "never (report)"
+		if l.Use != nil {
+			use = fmt.Sprintf("%.0f%%", *l.Use*100)
+		}
+		if l.Idle {
+			window = "whole"
+		}
+		if l.ReclaimAt != nil {
+			reclaimed = l.ReclaimAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.2f GPUs\t%s\t%s\t%s\t%s\n", l.ID, l.Namespace, l.Pod, l.Server, l.ShareGPUs, use,
+			(time.Duration(*l.IdleSeconds) * time.Second).String(), window, reclaimed)
+	}
 }
 
 func quotaCmd(args []string, stdout, stderr io.Writer) int {

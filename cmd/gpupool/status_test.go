@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"strings"
@@ -101,4 +103,47 @@ func startTestAllocator(t *testing.T, quotas map[string]allocator.Share) string 
 	srv := httptest.NewServer(service.Handler(svc, nil, reg, log))
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// TestIdleLeases: `gpupool leases --idle` lists the leases the console's
+// view shows measured idle, of the namespace and server asked, longest
+// first, with the policy's verdict and deadline.
+func TestIdleLeases(t *testing.T) {
+	reclaim := time.Date(2026, 11, 29, 14, 5, 0, 0, time.UTC)
+	secs := func(s float64) *float64 { return &s }
+	view := api.Console{Leases: []api.ConsoleLease{
+		{ID: "lease-000001", Namespace: "ml", Pod: "notebook-0", Server: "gpu-a", ShareGPUs: 1, Use: secs(0.01), IdleSeconds: secs(1800), Idle: true, ReclaimAt: &reclaim},
+		{ID: "lease-000002", Namespace: "ml", Pod: "train-0", Server: "gpu-a", ShareGPUs: 0.5, Use: secs(0.9)},
+		{ID: "lease-000003", Namespace: "ml", Pod: "train-1", Server: "gpu-b", ShareGPUs: 0.5, Use: secs(0.05), IdleSeconds: secs(2400)},
+		{ID: "lease-000004", Namespace: "batch", Pod: "job-0", Server: "gpu-a", ShareGPUs: 2, IdleSeconds: secs(60)},
+	}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _ = json.NewEncoder(w).Encode(view) }))
+	defer srv.Close()
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"leases", "--idle"}, []string{
+			"LEASE NAMESPACE POD SERVER SHARE USE IDLE WINDOW RECLAIMED",
+			"lease-000003 ml train-1 gpu-b 0.50 GPUs 5% 40m0s not yet never (report)",
+			"lease-000001 ml notebook-0 gpu-a 1.00 GPUs 1% 30m0s whole 2026-11-29T14:05:00Z",
+			"lease-000004 batch job-0 gpu-a 2.00 GPUs unknown 1m0s not yet never (report)",
+		}},
+		{[]string{"leases", "--idle", "--namespace", "ml", "--server", "gpu-a"}, []string{
+			"LEASE NAMESPACE POD SERVER SHARE USE IDLE WINDOW RECLAIMED",
+			"lease-000001 ml notebook-0 gpu-a 1.00 GPUs 1% 30m0s whole 2026-11-29T14:05:00Z",
+		}},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(append(tc.args, "--allocator", srv.URL), &stdout, &stderr); code != 0 {
+			t.Fatalf("gpupool %v: exit %d\n%s", tc.args, code, stderr.String())
+		}
+		got := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+		for i := range got {
+			got[i] = strings.Join(strings.Fields(got[i]), " ")
+		}
+		if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+			t.Errorf("gpupool %v printed\n%s\nwant\n%s", tc.args, strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+		}
+	}
 }

@@ -24,6 +24,15 @@ function age(t, now) {
   return span(now - Date.parse(t));
 }
 
+// idleNote says how long a lease has been measured idle, and when its
+// namespace's policy reclaims it: " idle 35m, reclaimed in 10m".
+function idleNote(l, now) {
+  if (l.idleSeconds == null) return "";
+  let note = " idle " + span(l.idleSeconds * 1000);
+  if (l.reclaimAt) note += ", reclaimed in " + span(Date.parse(l.reclaimAt) - now);
+  return esc(note);
+}
+
 function span(ms) {
   const s = Math.max(0, Math.round(ms / 1000));
   if (s < 120) return s + "s";
@@ -177,7 +186,7 @@ function renderLeases(v, now) {
   $("#leases tbody").innerHTML = rows.slice(0, maxRows).map((l) =>
     `<tr data-lease="${esc(l.id)}" class="${l.idle ? "idle" : ""}"><td class="namespace">${esc(l.namespace)}</td><td class="pod">${esc(l.pod)}</td>` +
     `<td class="app">${esc(l.app)}</td><td class="server"><a href="#server-${esc(l.server)}">${esc(l.server)}</a> / ${l.gpus.map((g) => `<a href="#gpu-${esc(l.server)}-${g}">${g}</a>`).join(",")}</td>` +
-    `<td class="share">${gpus(l.shareGPUs)}</td><td class="use">${pct(l.use)}${l.idle ? " idle" : ""}</td><td class="age">${age(l.grantedAt, now)}</td>` +
+    `<td class="share">${gpus(l.shareGPUs)}</td><td class="use">${pct(l.use)}${idleNote(l, now)}</td><td class="age">${age(l.grantedAt, now)}</td>` +
     `<td class="ttl">${l.expiresAt ? "in " + span(Date.parse(l.expiresAt) - now) + " (" + esc(l.ttl) + ")" : "when released"}</td><td class="id">${esc(l.id)}</td></tr>`).join("");
   for (const th of document.querySelectorAll("#leases th")) {
     th.classList.toggle("sorted", th.dataset.sort === sort.key);

@@ -14,7 +14,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/service"
 	"github.com/gpupool/gpupool/allocator/store"
 	"github.com/gpupool/gpupool/internal/cli"
@@ -42,9 +41,13 @@ refuses to start and says how to restore it or move it aside. Verify a store
 // (with /metrics) while this replica leads, which on bolt is from the
 // moment the store opens, and 503 while it stands by.
 func Run(ctx context.Context, o *Options, log *slog.Logger) error {
-	auth, quotas, err := loadConfig(o.ConfigFile, log)
+	cfg, err := loadConfig(o.ConfigFile, log)
 	if err != nil {
 		return &cli.UsageError{Err: err}
+	}
+	var auth *service.Authenticator // nil: open
+	if cfg != nil {
+		auth = service.NewAuthenticator(cfg)
 	}
 	tlsConfig, err := httpserver.ServingTLS(o.listenAddress(), o.CertFile, o.KeyFile, o.InsecureHTTP, log)
 	if err != nil {
@@ -55,7 +58,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	term, err := service.NewLeadership(service.LeadershipConfig{
 		Service: service.Config{Policy: o.Policy, Seed: o.Seed, DefaultTTL: o.DefaultTTL, MaxTTL: o.MaxTTL,
 			HeartbeatTimeout: o.HeartbeatTimeout, MaxWaiting: o.MaxWaiting, MaxWaitingPerNamespace: o.MaxWaitingPerNamespace,
-			Quotas: quotas, Registry: reg, Logger: log},
+			Quotas: cfg.Quotas(), IdlePolicies: cfg.IdlePolicies(), Registry: reg, Logger: log},
 		Auth: auth, Gatherer: reg, Tick: o.Tick, Drain: func() { drain(api.Server) }})
 	if err != nil {
 		return err
@@ -81,21 +84,22 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	return err
 }
 
-// loadConfig reads the tokens and quotas of --config. Without one, every
-// request acts as admin and no namespace has a quota.
-func loadConfig(path string, log *slog.Logger) (*service.Authenticator, map[string]allocator.Share, error) {
+// loadConfig reads the tokens, quotas and idle policies of --config.
+// Without one, every request acts as admin (NewAuthenticator(nil)), no
+// namespace has a quota and every namespace has the default idle policy.
+func loadConfig(path string, log *slog.Logger) (*service.FileConfig, error) {
 	if path == "" {
 		log.Warn("no --config: authentication is OFF and namespaces have no quota; serve on loopback only")
-		return nil, map[string]allocator.Share{}, nil
+		return nil, nil
 	}
 	cfg, err := service.LoadConfig(path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--config: %w", err)
+		return nil, fmt.Errorf("--config: %w", err)
 	}
 	if warning := cli.PrivateFileWarning(path); warning != "" {
 		log.Warn(warning)
 	}
-	return service.NewAuthenticator(cfg), cfg.Quotas(), nil
+	return cfg, nil
 }
 
 // drain stops srv taking requests and lets those in flight finish.

@@ -1,0 +1,121 @@
+package service
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpupool/gpupool/allocator"
+	"github.com/gpupool/gpupool/allocator/api"
+)
+
+// IdlePolicy is what a namespace's platform team decides of leases that
+// hold GPUs and do not use them. It lives in the allocator's config file,
+// beside the namespace's quota and tokens, where no tenant writes.
+//
+//	namespaces:
+//	  ml:
+//	    idle: {useBelow: 0.1, window: 30m, grace: 15m, action: reclaim}
+type IdlePolicy struct {
+	// UseBelow: a measured sample whose use of the lease's share is under
+	// it is idle (0.1: under 10% of what the lease holds).
+	UseBelow float64 `json:"useBelow"`
+	// Window: how long a lease must be measured idle, every sample of it,
+	// to count as idle. Any sample at or above UseBelow, and any sample
+	// whose use is unknown, starts it again.
+	Window metav1.Duration `json:"window"`
+	// Grace: how long after the window a reclaimed lease's holder has to
+	// use it again (the warning's deadline).
+	Grace metav1.Duration `json:"grace"`
+	// Action: IdleReport (the default) reports an idle lease; IdleReclaim
+	// also gives its GPUs back after the grace.
+	Action string `json:"action"`
+}
+
+// The actions of an IdlePolicy.
+const (
+	IdleReport  = "report"
+	IdleReclaim = "reclaim"
+)
+
+// DefaultIdlePolicy is the policy of a namespace the config gives none:
+// the console's "idle but held", reported and never acted on.
+var DefaultIdlePolicy = IdlePolicy{UseBelow: api.IdleUse, Window: metav1.Duration{Duration: api.IdleWindow}, Action: IdleReport}
+
+// The bounds of an IdlePolicy: a window of at least six samples, so that
+// one sample's noise decides nothing, and at most a week for either wait.
+const (
+	minIdleWindow = 6 * api.HistoryInterval
+	maxIdleWait   = 7 * 24 * time.Hour
+)
+
+// validate checks p, named field in its errors; an empty Action is
+// IdleReport.
+func (p *IdlePolicy) validate(field string) error {
+	switch {
+	case !(p.UseBelow > 0 && p.UseBelow <= 1):
+		return &allocator.FieldError{Field: field + ".useBelow", Value: strconv.FormatFloat(p.UseBelow, 'g', -1, 64),
+			Limit: "out of range (0, 1]: the use of the lease's share under which it is idle (0.1 is 10%)"}
+	case p.Window.Duration < minIdleWindow || p.Window.Duration > maxIdleWait:
+		return &allocator.FieldError{Field: field + ".window", Value: p.Window.Duration.String(),
+			Limit: fmt.Sprintf("out of range %v..%v (six samples, %v apart, to a week)", minIdleWindow, maxIdleWait, api.HistoryInterval)}
+	case p.Grace.Duration < 0 || p.Grace.Duration > maxIdleWait:
+		return &allocator.FieldError{Field: field + ".grace", Value: p.Grace.Duration.String(), Limit: fmt.Sprintf("out of range 0..%v", maxIdleWait)}
+	}
+	switch p.Action {
+	case "":
+		p.Action = IdleReport
+	case IdleReport, IdleReclaim:
+	default:
+		return &allocator.FieldError{Field: field + ".action", Value: strconv.Quote(p.Action), Limit: "must be " + IdleReport + " or " + IdleReclaim}
+	}
+	return nil
+}
+
+// idlePolicy is namespace ns's policy; s.mu is held or the policies are
+// read only.
+func (s *Service) idlePolicy(ns string) IdlePolicy {
+	if p, ok := s.cfg.IdlePolicies[ns]; ok {
+		return p
+	}
+	return DefaultIdlePolicy
+}
+
+// idleRun is a lease's run of measured idle samples: since when it has
+// been idle. A lease without one is in use, or not measured.
+type idleRun struct{ since time.Time }
+
+// sampleIdle adds one sample of lease l's use, known or not, at now;
+// s.mu is held. Each idle sample counts for the interval before it, from
+// the grant at the earliest.
+func (s *Service) sampleIdle(l *allocator.Lease, use float64, known bool, now time.Time) {
+	if !known || use >= s.idlePolicy(l.Namespace).UseBelow {
+		delete(s.idleRuns, l.ID) // unknown is never idle
+		return
+	}
+	if s.idleRuns[l.ID] == nil {
+		since := now.Add(-api.HistoryInterval)
+		if since.Before(l.GrantedAt) {
+			since = l.GrantedAt
+		}
+		s.idleRuns[l.ID] = &idleRun{since: since}
+	}
+}
+
+// leaseIdle is how long lease l has been measured idle at now, whether
+// that is its namespace's whole window, and when its policy reclaims it
+// (zero unless it does); s.mu is held.
+func (s *Service) leaseIdle(l *allocator.Lease, now time.Time) (idleFor time.Duration, idle bool, reclaimAt time.Time) {
+	run := s.idleRuns[l.ID]
+	if run == nil {
+		return 0, false, time.Time{}
+	}
+	p := s.idlePolicy(l.Namespace)
+	idleFor = now.Sub(run.since)
+	if p.Action == IdleReclaim {
+		reclaimAt = run.since.Add(p.Window.Duration + p.Grace.Duration)
+	}
+	return idleFor, idleFor >= p.Window.Duration, reclaimAt
+}

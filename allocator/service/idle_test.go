@@ -1,0 +1,138 @@
+package service
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpupool/gpupool/allocator/api"
+)
+
+func minutes(n float64) metav1.Duration {
+	return metav1.Duration{Duration: time.Duration(n * float64(time.Minute))}
+}
+
+// TestIdlePolicyIsChecked: nonsense in the config file is refused naming
+// the field, the value and the limit.
+func TestIdlePolicyIsChecked(t *testing.T) {
+	for _, tc := range []struct {
+		policy IdlePolicy
+		want   string
+	}{
+		{IdlePolicy{UseBelow: 0, Window: minutes(30)}, "namespaces.ml.idle.useBelow 0 out of range (0, 1]"},
+		{IdlePolicy{UseBelow: 1.5, Window: minutes(30)}, "namespaces.ml.idle.useBelow 1.5 out of range (0, 1]"},
+		{IdlePolicy{UseBelow: -0.1, Window: minutes(30)}, "namespaces.ml.idle.useBelow -0.1"},
+		{IdlePolicy{UseBelow: 0.1, Window: minutes(0.5)}, "namespaces.ml.idle.window 30s out of range 1m0s..168h0m0s"},
+		{IdlePolicy{UseBelow: 0.1}, "namespaces.ml.idle.window 0s out of range"},
+		{IdlePolicy{UseBelow: 0.1, Window: minutes(60 * 24 * 8)}, "namespaces.ml.idle.window 192h0m0s out of range"},
+		{IdlePolicy{UseBelow: 0.1, Window: minutes(30), Grace: minutes(-1)}, "namespaces.ml.idle.grace -1m0s out of range 0..168h0m0s"},
+		{IdlePolicy{UseBelow: 0.1, Window: minutes(30), Action: "delete"}, `namespaces.ml.idle.action "delete" must be report or reclaim`},
+	} {
+		err := tc.policy.validate("namespaces.ml.idle")
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.policy, err, tc.want)
+		}
+	}
+	p := IdlePolicy{UseBelow: 0.1, Window: minutes(30), Grace: minutes(15)}
+	if err := p.validate("namespaces.ml.idle"); err != nil || p.Action != IdleReport {
+		t.Errorf("a sane policy: %v, action %q, want report by default", err, p.Action)
+	}
+}
+
+// TestIdlePolicyOfTheNamespace: a namespace's own policy decides its
+// leases: under its bar for its whole window is idle, with the deadline
+// its grace gives; any sample at or above the bar starts the run again (a
+// bursty job whose gaps are shorter than the window is never idle); the
+// other namespace keeps the default.
+func TestIdlePolicyOfTheNamespace(t *testing.T) {
+	policy := IdlePolicy{UseBelow: 0.3, Window: minutes(1), Grace: minutes(2), Action: IdleReclaim}
+	a := startAllocatorWith(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, func(c *Config) {
+		c.IdlePolicies = map[string]IdlePolicy{"team-a": policy}
+	})
+	ctx := context.Background()
+	admin := a.client(t, adminToken)
+	for _, s := range []api.Server{gpuServer("s1", 2), gpuServer("s2", 1)} {
+		if err := admin.RegisterServer(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	la, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, UntilReleased: true, Servers: []string{"s1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-b", GPUAmount: 1, UntilReleased: true, Servers: []string{"s2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := a.client(t, serverToken)
+	// sample reports both leases' use and takes one sample.
+	sample := func(useA, useB float64) (api.ConsoleLease, api.ConsoleLease) {
+		heartbeatUse(t, server, la, useA, a.clock.Now())
+		heartbeatUse(t, server, lb, useB, a.clock.Now())
+		a.clock.Add(api.HistoryInterval)
+		a.svc.tick()
+		var ca, cb api.ConsoleLease
+		for _, l := range a.svc.Console(Principal{Admin: true}).Leases {
+			switch l.ID {
+			case la.ID:
+				ca = l
+			case lb.ID:
+				cb = l
+			}
+		}
+		return ca, cb
+	}
+	// 20% of the lease is idle under team-a's bar of 30%, not under the
+	// default's 10% (team-b).
+	windowA := int(policy.Window.Duration / api.HistoryInterval)
+	start := a.clock.Now()
+	for i := range windowA {
+		ca, cb := sample(0.2, 0.2)
+		if ca.Idle != (i == windowA-1) || cb.Idle || cb.IdleSeconds != nil {
+			t.Fatalf("sample %d: team-a idle %v, team-b %+v", i+1, ca.Idle, cb)
+		}
+	}
+	ca, _ := sample(0.2, 0.2)
+	if want := start.Add(policy.Window.Duration + policy.Grace.Duration); ca.ReclaimAt == nil || !ca.ReclaimAt.Equal(want) ||
+		ca.IdleSeconds == nil || *ca.IdleSeconds != policy.Window.Seconds()+api.HistoryInterval.Seconds() {
+		t.Errorf("idle past the window: reclaim at %v, idle %v s; want %v, %v s", ca.ReclaimAt, ca.IdleSeconds, want, policy.Window.Seconds()+10)
+	}
+	if got := idleHeldOf(t, a, "team-a"); got != 1 {
+		t.Errorf("bitfusion_namespace_idle_held_gpus{team-a} = %v, want 1", got)
+	}
+	// A burst every 50 s: its gaps are shorter than the window.
+	for range 3 {
+		for i := range windowA - 1 {
+			if ca, _ := sample(map[bool]float64{true: 0.9, false: 0.2}[i == 0], 0.5); ca.Idle || ca.ReclaimAt != nil && i == 0 {
+				t.Fatalf("a bursty lease is idle: %+v", ca)
+			}
+		}
+	}
+}
+
+// idleHeldOf is bitfusion_namespace_idle_held_gpus of ns, as a's
+// registry exports it.
+func idleHeldOf(t *testing.T, a *testAllocator, ns string) float64 {
+	t.Helper()
+	mfs, err := a.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "bitfusion_namespace_idle_held_gpus" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "namespace" && l.GetValue() == ns {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no bitfusion_namespace_idle_held_gpus{namespace=%q}", ns)
+	return 0
+}
