@@ -26,6 +26,26 @@ type Lease struct {
 	UntilReleased bool      `json:"untilReleased,omitempty"`
 	GrantedAt     time.Time `json:"grantedAt"`
 	ExpiresAt     time.Time `json:"expiresAt,omitzero"`
+	// Idle is set, in GET /v1/leases, on a lease measured idle: every
+	// sample under its namespace's idle policy's bar.
+	Idle *LeaseIdle `json:"idle,omitempty"`
+}
+
+// LeaseIdle is how long a lease has been measured idle, and what its
+// namespace's idle policy makes of it.
+type LeaseIdle struct {
+	// Since is when the run of idle samples began; Seconds its length.
+	Since   time.Time `json:"since"`
+	Seconds float64   `json:"seconds"`
+	// UseBelow and Window are the policy's bar and window; Whole is
+	// whether the run is the whole window, the lease idle.
+	UseBelow float64  `json:"useBelow"`
+	Window   Duration `json:"window"`
+	Whole    bool     `json:"whole"`
+	// Action is the policy's (report or reclaim); ReclaimAt, under
+	// reclaim, when the lease's GPUs are due back unless it is used.
+	Action    string    `json:"action"`
+	ReclaimAt time.Time `json:"reclaimAt,omitzero"`
 }
 
 // LeaseGPU is a lease's share of one GPU.

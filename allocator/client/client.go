@@ -165,6 +165,7 @@ type LeaseFilter struct {
 	Namespace, Server string
 	OwnerUID          string // the owner's UID: a pod's leases
 	Selector          string // a label selector on the owner's labels: app=tf-training
+	Idle              bool   // only the leases measured idle (api.Lease.Idle)
 }
 
 // Leases lists live leases.
@@ -174,6 +175,9 @@ func (c *Client) Leases(ctx context.Context, f LeaseFilter) ([]api.Lease, error)
 		if v != "" {
 			q.Set(k, v)
 		}
+	}
+	if f.Idle {
+		q.Set("idle", "true")
 	}
 	path := "/v1/leases"
 	if len(q) > 0 {

@@ -234,9 +234,14 @@ func (h *handler) listLeases(w http.ResponseWriter, r *http.Request) {
 		}
 		f.Selector = func(l map[string]string) bool { return parsed.Matches(labels.Set(l)) }
 	}
+	idleOnly := q.Get("idle") == "true"
 	list := api.LeaseList{Leases: []api.Lease{}}
 	for _, l := range h.s.Leases(f) {
-		list.Leases = append(list.Leases, api.NewLease(l))
+		wire := api.NewLease(l)
+		if wire.Idle = h.s.IdleOf(&l); idleOnly && wire.Idle == nil {
+			continue
+		}
+		list.Leases = append(list.Leases, wire)
 	}
 	h.reply(w, http.StatusOK, list, nil)
 }

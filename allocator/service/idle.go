@@ -104,6 +104,22 @@ func (s *Service) sampleIdle(l *allocator.Lease, use float64, known bool, now ti
 	}
 }
 
+// IdleOf is lease l's idle verdict as the API sends it, nil while it is
+// in use or not measured.
+func (s *Service) IdleOf(l *allocator.Lease) *api.LeaseIdle {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	run := s.idleRuns[l.ID]
+	if run == nil {
+		return nil
+	}
+	now := s.clock()
+	idleFor, whole, reclaimAt := s.leaseIdle(l, now)
+	p := s.idlePolicy(l.Namespace)
+	return &api.LeaseIdle{Since: run.since, Seconds: idleFor.Seconds(), UseBelow: p.UseBelow, Window: api.Duration(p.Window.Duration),
+		Whole: whole, Action: p.Action, ReclaimAt: reclaimAt}
+}
+
 // leaseIdle is how long lease l has been measured idle at now, whether
 // that is its namespace's whole window, and when its policy reclaims it
 // (zero unless it does); s.mu is held.

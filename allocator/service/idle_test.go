@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
 )
 
 func minutes(n float64) metav1.Duration {
@@ -102,6 +103,15 @@ func TestIdlePolicyOfTheNamespace(t *testing.T) {
 	}
 	if got := idleHeldOf(t, a, "team-a"); got != 1 {
 		t.Errorf("bitfusion_namespace_idle_held_gpus{team-a} = %v, want 1", got)
+	}
+	// GET /v1/leases?idle=true: team-a's lease alone, with its verdict.
+	idle, err := admin.Leases(ctx, client.LeaseFilter{Idle: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(idle) != 1 || idle[0].ID != la.ID || idle[0].Idle == nil || !idle[0].Idle.Whole || idle[0].Idle.Action != IdleReclaim ||
+		idle[0].Idle.UseBelow != 0.3 || !idle[0].Idle.ReclaimAt.Equal(*ca.ReclaimAt) || idle[0].Idle.Seconds != *ca.IdleSeconds {
+		t.Errorf("idle leases %+v; want team-a's %s alone, whole, reclaimed at %v", idle, la.ID, ca.ReclaimAt)
 	}
 	// A burst every 50 s: its gaps are shorter than the window.
 	for range 3 {
