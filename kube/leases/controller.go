@@ -65,6 +65,9 @@ type Config struct {
 	// waits up to VolumeBinding's bindTimeoutSeconds, 10 minutes) hold its
 	// lease unbound. DefaultUnboundLeaseTimeout when 0.
 	UnboundLeaseTimeout time.Duration
+	// IdleEvery is how often the controller asks the allocator which
+	// leases are idle, to warn their pods; DefaultIdleEvery when 0.
+	IdleEvery time.Duration
 	// StartUnboundLeaseTimeout, when set, replaces UnboundLeaseTimeout in
 	// the resync at start: the extender's --unbound-lease-timeout, where
 	// this process serves the extender, whose waits for binds were lost
@@ -130,6 +133,11 @@ type Controller struct {
 	// saw meanwhile.
 	reconciling atomic.Bool
 
+	idleEvery time.Duration
+	// warned is, by lease, the start of the idle run its pod was warned
+	// of; the worker's alone.
+	warned map[string]time.Time
+
 	// allocatorDown is set while the allocator does not answer, so that an
 	// outage is logged once, not once per item retried through it.
 	allocatorDown atomic.Bool
@@ -158,6 +166,9 @@ func NewController(cfg Config) (*Controller, error) {
 	if cfg.UnboundLeaseTimeout <= 0 {
 		cfg.UnboundLeaseTimeout = DefaultUnboundLeaseTimeout
 	}
+	if cfg.IdleEvery <= 0 {
+		cfg.IdleEvery = DefaultIdleEvery
+	}
 	if cfg.StartUnboundLeaseTimeout <= 0 {
 		cfg.StartUnboundLeaseTimeout = cfg.UnboundLeaseTimeout
 	}
@@ -180,8 +191,8 @@ func NewController(cfg Config) (*Controller, error) {
 	}
 	c := &Controller{
 		unit: cfg.Unit, gpuMemory: cfg.GPUMemoryBytes, resyncEvery: cfg.Resync, unboundTimeout: cfg.UnboundLeaseTimeout, startUnboundTimeout: cfg.StartUnboundLeaseTimeout, log: cfg.Logger, alloc: cfg.Allocator, client: cfg.Client, record: cfg.Recorder, metrics: m,
-		election: cfg.Election,
-		factory:  informers.NewSharedInformerFactory(cfg.Client, 0),
+		election: cfg.Election, idleEvery: cfg.IdleEvery,
+		factory: informers.NewSharedInformerFactory(cfg.Client, 0),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[item](retryBase, retryMax),
 			workqueue.TypedRateLimitingQueueConfig[item]{Name: "gpupool-leases"}),
@@ -337,10 +348,14 @@ func (c *Controller) reconcileUntil(ctx context.Context) {
 	c.queue.Add(item{kind: kindResync, atStart: true})
 	ticker := time.NewTicker(c.resyncEvery)
 	defer ticker.Stop()
+	idle := time.NewTicker(c.idleEvery)
+	defer idle.Stop()
 	for {
 		select {
 		case <-ticker.C:
 			c.queue.Add(item{kind: kindResync})
+		case <-idle.C:
+			c.queue.Add(item{kind: kindIdle})
 		case <-ctx.Done():
 			c.queue.ShutDown()
 			wg.Wait()
@@ -380,6 +395,7 @@ const (
 	kindNode   itemKind = "node"   // release the leases on a deleted node
 	kindQuota  itemKind = "quota"  // set a namespace's quota from its ResourceQuotas
 	kindResync itemKind = "resync" // compare every lease and quota with the cluster
+	kindIdle   itemKind = "idle"   // warn the pods of the leases measured idle
 )
 
 // item is one unit of work. A pod's item carries what its reconcile needs
@@ -406,6 +422,8 @@ func (c *Controller) reconcile(ctx context.Context, it item) error {
 		return c.syncQuota(ctx, it.namespace)
 	case kindResync:
 		return c.resync(ctx, it.atStart)
+	case kindIdle:
+		return c.warnIdle(ctx)
 	}
 	return fmt.Errorf("unknown item kind %q", it.kind)
 }

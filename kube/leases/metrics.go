@@ -10,7 +10,7 @@ import (
 // docs/metrics.md's lease controller section is checked against them.
 var (
 	reconcilesTotal = metricdef.Counter("bitfusion_lease_controller_reconciles_total", "reconciles", metricdef.Labels{"kind", "result"},
-		"Items reconciled, by kind (pod, node, quota, resync) and result (success, error: retried with backoff).")
+		"Items reconciled, by kind (pod, node, quota, resync, idle) and result (success, error: retried with backoff).")
 	releasesTotal = metricdef.Counter("bitfusion_lease_controller_releases_total", "leases", metricdef.Labels{"reason"},
 		"Pod leases released, by reason (pod_deleted, pod_succeeded, pod_failed, node_deleted, pod_unbound: a lease the scheduler took for a pod never bound).")
 	reacquisitionsTotal = metricdef.Counter("bitfusion_lease_controller_reacquisitions_total", "leases", metricdef.Labels{"outcome"},
