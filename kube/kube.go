@@ -70,6 +70,10 @@ const (
 	// and checks by it, before the container starts, that the pod the
 	// kubelet gave those devices to is the one whose lease it answered.
 	AnnotationAllocated = "gpupool.io/allocated"
+	// AnnotationIdleReplicas is written by the lease controller on a
+	// Deployment or StatefulSet it scaled to zero under its namespace's
+	// idle policy: the replicas it had, which resuming restores.
+	AnnotationIdleReplicas = "gpupool.io/idle-replicas"
 )
 
 // SimulatedDeviceDir is where a container finds the simulated GPUs its pod

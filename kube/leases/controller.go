@@ -134,9 +134,9 @@ type Controller struct {
 	reconciling atomic.Bool
 
 	idleEvery time.Duration
-	// warned is, by lease, the start of the idle run its pod was warned
-	// of; the worker's alone.
-	warned map[string]time.Time
+	// warned and reclaimed are, by lease, the start of the idle run its
+	// pod was warned of, and reclaimed for; the worker's alone.
+	warned, reclaimed map[string]time.Time
 
 	// allocatorDown is set while the allocator does not answer, so that an
 	// outage is logged once, not once per item retried through it.
@@ -395,7 +395,7 @@ const (
 	kindNode   itemKind = "node"   // release the leases on a deleted node
 	kindQuota  itemKind = "quota"  // set a namespace's quota from its ResourceQuotas
 	kindResync itemKind = "resync" // compare every lease and quota with the cluster
-	kindIdle   itemKind = "idle"   // warn the pods of the leases measured idle
+	kindIdle   itemKind = "idle"   // warn, and reclaim, the pods of the leases measured idle
 )
 
 // item is one unit of work. A pod's item carries what its reconcile needs
@@ -423,7 +423,7 @@ func (c *Controller) reconcile(ctx context.Context, it item) error {
 	case kindResync:
 		return c.resync(ctx, it.atStart)
 	case kindIdle:
-		return c.warnIdle(ctx)
+		return c.actOnIdle(ctx)
 	}
 	return fmt.Errorf("unknown item kind %q", it.kind)
 }

@@ -20,35 +20,69 @@ const EventIdle = "IdleGPUs"
 // idle window, so that a warning comes within a tenth of it.
 const DefaultIdleEvery = 10 * time.Second
 
-// warnIdle writes a Warning Event on the pod of each lease the allocator
+// actOnIdle writes a Warning Event on the pod of each lease the allocator
 // measures idle for its namespace's whole window, once per run of idle
-// samples: `kubectl describe pod` then says since when, under which bar,
-// and what the policy does. Only the worker calls it.
-func (c *Controller) warnIdle(ctx context.Context) error {
+// samples, so that `kubectl describe pod` says since when, under which
+// bar and what the policy does; and, once per run, reclaims the pod of a
+// lease whose policy reclaims it past its deadline. Only the worker calls
+// it.
+func (c *Controller) actOnIdle(ctx context.Context) (err error) {
 	ls, err := c.alloc.Leases(ctx, client.LeaseFilter{Idle: true})
 	if err := c.reached(err); err != nil {
 		return err
 	}
-	runs := make(map[string]time.Time, len(ls))
+	warned, reclaimed := make(map[string]time.Time, len(ls)), map[string]time.Time{}
+	defer func() {
+		if err != nil { // the leases not reached keep what was done
+			keep(warned, c.warned)
+			keep(reclaimed, c.reclaimed)
+		}
+		c.warned, c.reclaimed = warned, reclaimed
+	}()
 	for i := range ls {
 		l := &ls[i]
 		if l.Idle == nil || !l.Idle.Whole || !podLease(l) {
 			continue
 		}
-		runs[l.ID] = l.Idle.Since
-		if since, warned := c.warned[l.ID]; warned && since.Equal(l.Idle.Since) {
+		since := l.Idle.Since
+		warned[l.ID] = since
+		// The allocator's now: the run's start and its length.
+		due := !l.Idle.ReclaimAt.IsZero() && !since.Add(time.Duration(l.Idle.Seconds*float64(time.Second))).Before(l.Idle.ReclaimAt)
+		if done, ok := c.reclaimed[l.ID]; ok && done.Equal(since) {
+			reclaimed[l.ID] = since
+			continue
+		}
+		wasWarned := c.warned[l.ID].Equal(since)
+		if wasWarned && !due {
 			continue
 		}
 		pod, err := c.livePod(ctx, l.Namespace, l.Owner.Pod, types.UID(l.Owner.UID))
 		if err != nil {
 			return err
 		}
-		if pod != nil {
+		if pod == nil {
+			continue
+		}
+		if !wasWarned {
 			c.record.Event(pod, corev1.EventTypeWarning, EventIdle, idleMessage(l.Idle))
 		}
+		if due {
+			if err := c.reclaim(ctx, pod); err != nil {
+				return err
+			}
+			reclaimed[l.ID] = since
+		}
 	}
-	c.warned = runs
 	return nil
+}
+
+// keep adds to runs the entries of old it lacks.
+func keep(runs, old map[string]time.Time) {
+	for id, since := range old {
+		if _, ok := runs[id]; !ok {
+			runs[id] = since
+		}
+	}
 }
 
 // idleMessage says what the policy makes of an idle lease: "idle for 30m
