@@ -115,22 +115,7 @@ func BenchmarkTenantBesideAFullQueue(b *testing.B) {
 		}
 	}
 	tenant := a.client(b, teamBToken)
-	rounds := func() (p50, p99 time.Duration) {
-		took := make([]time.Duration, 300)
-		for i := range took {
-			start := time.Now()
-			l, err := tenant.Acquire(ctx, api.AcquireRequest{Namespace: "team-b", GPUAmount: 1, GPUPercent: 10})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := tenant.Release(ctx, l.ID); err != nil {
-				b.Fatal(err)
-			}
-			took[i] = time.Since(start)
-		}
-		slices.Sort(took)
-		return took[len(took)/2], took[len(took)*99/100]
-	}
+	rounds := func() (p50, p99 time.Duration) { return tenantRounds(b, tenant, 300) }
 	idle50, idle99 := rounds()
 	before := memInUse()
 
@@ -158,6 +143,25 @@ func BenchmarkTenantBesideAFullQueue(b *testing.B) {
 	b.ReportMetric(float64(full99.Microseconds())/1000, "full-p99-ms")
 	b.ReportMetric(float64(full99)/float64(idle99), "p99-full/idle")
 	b.ReportMetric(perWaiter/1024, "KiB/waiting")
+}
+
+// tenantRounds is n rounds of team-b's acquisition and release of a
+// tenth of a GPU: their p50 and p99.
+func tenantRounds(b *testing.B, tenant *client.Client, n int) (p50, p99 time.Duration) {
+	took := make([]time.Duration, n)
+	for i := range took {
+		start := time.Now()
+		l, err := tenant.Acquire(context.Background(), api.AcquireRequest{Namespace: "team-b", GPUAmount: 1, GPUPercent: 10})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := tenant.Release(context.Background(), l.ID); err != nil {
+			b.Fatal(err)
+		}
+		took[i] = time.Since(start)
+	}
+	slices.Sort(took)
+	return took[len(took)/2], took[len(took)*99/100]
 }
 
 // memInUse is the heap and the goroutine stacks in use, after a GC.
@@ -253,23 +257,7 @@ func BenchmarkConsoleBesideTenant(b *testing.B) {
 func consoleBesideTenant(b *testing.B, a *testAllocator, token string, backOff bool) {
 	ctx := context.Background()
 	tenant := a.client(b, teamBToken)
-	rounds := func(n int) time.Duration {
-		took := make([]time.Duration, n)
-		for i := range took {
-			start := time.Now()
-			l, err := tenant.Acquire(ctx, api.AcquireRequest{Namespace: "team-b", GPUAmount: 1, GPUPercent: 10})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := tenant.Release(ctx, l.ID); err != nil {
-				b.Fatal(err)
-			}
-			took[i] = time.Since(start)
-		}
-		slices.Sort(took)
-		return took[len(took)*99/100]
-	}
-	idle99 := rounds(300)
+	_, idle99 := tenantRounds(b, tenant, 300)
 	idleRSS := rss(b)
 
 	reading, stop := context.WithCancel(ctx)
@@ -314,7 +302,7 @@ func consoleBesideTenant(b *testing.B, a *testAllocator, token string, backOff b
 		}
 	}()
 	time.Sleep(2 * time.Second) // the readers at full pace
-	busy99 := rounds(300)
+	_, busy99 := tenantRounds(b, tenant, 300)
 	time.Sleep(time.Until(start.Add(20 * time.Second)))
 	stop()
 	wg.Wait()

@@ -188,9 +188,9 @@ func TestPluginReservesOnTheOneFeasibleNode(t *testing.T) {
 	}
 }
 
-func TestPluginUnreserveReleasesTheCyclesLease(t *testing.T) {
-	pod := testPod("p", half)
-	p, te := newTestPlugin(t, 1, pod)
+// reserved runs pod's cycle up to Reserve, which must succeed.
+func reserved(t *testing.T, p *Plugin, pod *v1.Pod) (context.Context, fwk.CycleState, string) {
+	t.Helper()
 	ctx, state := context.Background(), newCycleState()
 	res, st := p.PreFilter(ctx, state, pod, nil)
 	if !st.IsSuccess() {
@@ -200,6 +200,13 @@ func TestPluginUnreserveReleasesTheCyclesLease(t *testing.T) {
 	if st := p.Reserve(ctx, state, pod, node); !st.IsSuccess() {
 		t.Fatalf("Reserve: %v", st)
 	}
+	return ctx, state, node
+}
+
+func TestPluginUnreserveReleasesTheCyclesLease(t *testing.T) {
+	pod := testPod("p", half)
+	p, te := newTestPlugin(t, 1, pod)
+	ctx, state, node := reserved(t, p, pod)
 	p.Unreserve(ctx, state, pod, node)
 	if held := podLeases(t, te.alloc, pod); len(held) != 0 {
 		t.Fatalf("leases %+v after Unreserve", held)
@@ -213,15 +220,7 @@ func TestPluginKeepsAReservedPodsLease(t *testing.T) {
 	pod := testPod("p", half)
 	p, te := newTestPlugin(t, 1, pod)
 	te.unbound.timeout = 100 * time.Millisecond
-	ctx, state := context.Background(), newCycleState()
-	res, st := p.PreFilter(ctx, state, pod, nil)
-	if !st.IsSuccess() {
-		t.Fatalf("PreFilter: %v", st)
-	}
-	node := res.NodeNames.UnsortedList()[0]
-	if st := p.Reserve(ctx, state, pod, node); !st.IsSuccess() {
-		t.Fatalf("Reserve: %v", st)
-	}
+	ctx, state, node := reserved(t, p, pod)
 	granted := podLeases(t, te.alloc, pod)
 	time.Sleep(3 * te.unbound.timeout) // Permit and PreBind
 	if held := podLeases(t, te.alloc, pod); len(held) != 1 || held[0].ID != granted[0].ID {

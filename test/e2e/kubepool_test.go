@@ -49,6 +49,9 @@ type kubePoolOptions struct {
 	ExtenderTimeout time.Duration
 	// HPASyncPeriod is the HPA controller's; zero is the harness's default.
 	HPASyncPeriod time.Duration
+	// IdlePolicies are namespaces' idle policies in the allocator's
+	// config, as YAML flow maps ({useBelow: 0.1, window: 1m, ...}).
+	IdlePolicies map[string]string
 	// Extender places the pool's pods through gpupool-scheduler's extender
 	// and the upstream kube-scheduler, the way for a cluster that must run
 	// that binary; by default they are placed as deployed, by
@@ -125,6 +128,9 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 		namespaces[ns] = noQuota
 	}
 	p.config = writePoolConfig(t, namespaces)
+	for ns, policy := range o.IdlePolicies {
+		p.config.setIdlePolicy(t, ns, policy)
+	}
 	// A port of its own, so that a restarted allocator serves where
 	// gpupool-scheduler looks for it.
 	p.allocatorArgs = []string{"--listen", "127.0.0.1:" + freePort(t), "--data-dir", t.TempDir(), "--config", p.config.Path, "--heartbeat-timeout", "1h"}

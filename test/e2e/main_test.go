@@ -228,6 +228,24 @@ func writePoolConfig(t testing.TB, quotas map[string]int64) *poolConfig {
 	return c
 }
 
+// setIdlePolicy gives namespace ns, which the config lists, the idle
+// policy policy, a YAML flow map.
+func (c *poolConfig) setIdlePolicy(t testing.TB, ns, policy string) {
+	t.Helper()
+	b, err := os.ReadFile(c.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := fmt.Sprintf("  %s:\n    tokens: [%s]\n", ns, c.Tenant[ns])
+	if !strings.Contains(string(b), entry) {
+		t.Fatalf("the config lists no namespace %s", ns)
+	}
+	b = []byte(strings.Replace(string(b), entry, entry+"    idle: "+policy+"\n", 1))
+	if err := os.WriteFile(c.Path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // tenantEnv is the environment of a `gpupool` command acting in namespace
 // ns with its token, as a pod of ns runs it.
 func (c *poolConfig) tenantEnv(t testing.TB, allocatorURL, ns string) []string {
