@@ -49,7 +49,11 @@ func TestIdleReclaim(t *testing.T) {
 		pod.Spec.RestartPolicy = restart
 		return corev1.PodTemplateSpec{ObjectMeta: pod.ObjectMeta, Spec: pod.Spec}
 	}
-	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "train"}, Spec: batchv1.JobSpec{Template: template("train", corev1.RestartPolicyNever)}}
+	// A training Job runs until suspended: kwok completes Job pods at once
+	// but those labelled runsUntilDeleted.
+	train := template("train", corev1.RestartPolicyNever)
+	train.Labels["runsUntilDeleted"] = "true"
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "train"}, Spec: batchv1.JobSpec{Template: train}}
 	if _, err := c.BatchV1().Jobs("ml").Create(ctx, job, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -61,6 +65,7 @@ func TestIdleReclaim(t *testing.T) {
 	for _, app := range []string{"notebook", "train", "bursty"} {
 		waitForUpTo(t, time.Minute, func() bool { return len(appPods(t, ctx, pool, app)) == 1 })
 	}
+	before := appPods(t, ctx, pool, "train")
 
 	// What gpupool-server would report: the leases' SM use, by app.
 	started := time.Now()
@@ -92,9 +97,9 @@ func TestIdleReclaim(t *testing.T) {
 	}
 	waitForUpTo(t, time.Minute, func() bool {
 		pods := appPods(t, ctx, pool, "train")
-		return len(pods) == 1 && len(pool.leasesOf(t, ctx, &pods[0])) == 1
+		return len(pods) == 1 && pods[0].UID != before[0].UID && len(pool.leasesOf(t, ctx, &pods[0])) == 1
 	})
-	t.Logf("the resumed Job's pod held its GPU again %v after the resume", time.Since(resumed).Round(100*time.Millisecond))
+	t.Logf("the resumed Job's new pod held its GPU %v after the resume", time.Since(resumed).Round(time.Millisecond))
 
 	// The bursty Deployment: never reclaimed, its one pod leased.
 	d, err := c.AppsV1().Deployments("ml").Get(ctx, "bursty", metav1.GetOptions{})
