@@ -146,3 +146,43 @@ func idleHeldOf(t *testing.T, a *testAllocator, ns string) float64 {
 	t.Fatalf("no bitfusion_namespace_idle_held_gpus{namespace=%q}", ns)
 	return 0
 }
+
+// TestRestartStartsIdleRunsAgain: the runs of idle samples are in memory
+// only, so that a restarted allocator, which did not measure the time it
+// was down, starts each lease's run again: a lease idle for its whole
+// window before the restart is not idle after it until it has been
+// measured idle for a whole window again.
+func TestRestartStartsIdleRunsAgain(t *testing.T) {
+	dir, clock := t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}
+	a := startAllocator(t, dir, clock, nil)
+	ctx := context.Background()
+	admin := a.client(t, adminToken)
+	if err := admin.RegisterServer(ctx, gpuServer("s1", 1)); err != nil {
+		t.Fatal(err)
+	}
+	l, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, UntilReleased: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idleFor := func(a *testAllocator, samples int) []api.Lease {
+		server := a.client(t, serverToken)
+		for range samples {
+			heartbeatUse(t, server, l, 0, a.clock.Now())
+			a.clock.Add(api.HistoryInterval)
+			a.svc.tick()
+		}
+		idle, err := a.client(t, adminToken).Leases(ctx, client.LeaseFilter{Idle: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return idle
+	}
+	if idle := idleFor(a, windowSamples); len(idle) != 1 || !idle[0].Idle.Whole {
+		t.Fatalf("before the restart: %+v, want the lease idle", idle)
+	}
+	a.close()
+	b := startAllocator(t, dir, clock, nil)
+	if idle := idleFor(b, 1); len(idle) != 1 || idle[0].Idle.Whole || idle[0].Idle.Seconds != api.HistoryInterval.Seconds() {
+		t.Errorf("one sample after the restart: %+v, want a run of one sample", idle)
+	}
+}
