@@ -67,10 +67,13 @@ func (c *Controller) actOnIdle(ctx context.Context) (err error) {
 			c.record.Event(pod, corev1.EventTypeWarning, EventIdle, idleMessage(l.Idle))
 		}
 		if due {
-			if err := c.reclaim(ctx, pod); err != nil {
+			done, err := c.reclaim(ctx, pod)
+			if err != nil {
 				return err
 			}
-			reclaimed[l.ID] = since
+			if done {
+				reclaimed[l.ID] = since
+			}
 		}
 	}
 	return nil

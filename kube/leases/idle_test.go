@@ -183,8 +183,9 @@ func TestReclaimByOwner(t *testing.T) {
 		{ownedBy(gpuPod("serve-0", "s1", 50), "ReplicaSet", "serve-7c9"), "Normal IdleGPUsLeftToOwner idle past its deadline; Deployment serve is scaled by HorizontalPodAutoscaler keda-hpa-serve, which decides: nothing reclaimed"},
 		{ownedBy(gpuPod("worker-0", "s1", 50), "TFJob", "mnist"), "Normal IdleGPUsLeftToOwner idle past its deadline; owned by TFJob mnist, whose controller decides: nothing reclaimed"},
 	} {
-		if err := c.reclaim(ctx, tc.pod); err != nil {
-			t.Fatalf("%s: %v", tc.pod.Name, err)
+		done, err := c.reclaim(ctx, tc.pod)
+		if err != nil || done != (tc.pod != bare) {
+			t.Fatalf("%s: done %v, %v; want done but for the eviction its budget refuses", tc.pod.Name, done, err)
 		}
 		var got []string
 		for len(events.Events) > 0 {
@@ -211,8 +212,8 @@ func TestReclaimByOwner(t *testing.T) {
 	// The budget allows it now: the bare pod is evicted, its UID checked.
 	pdbBlocks = false
 	k.ClearActions()
-	if err := c.reclaim(ctx, bare); err != nil {
-		t.Fatal(err)
+	if done, err := c.reclaim(ctx, bare); !done || err != nil {
+		t.Fatalf("the eviction the budget allows: done %v, %v", done, err)
 	}
 	var evicted bool
 	for _, a := range k.Actions() {

@@ -30,7 +30,8 @@ const (
 // under an autoscaler (an HPA, or KEDA's) or another controller (an
 // operator's) is left to it: its pod gets the Event alone. Each pod
 // terminates with its grace period, and its lease ends with it, as ever.
-func (c *Controller) reclaim(ctx context.Context, pod *corev1.Pod) error {
+// It is done unless an eviction waits for its budget: tried again then.
+func (c *Controller) reclaim(ctx context.Context, pod *corev1.Pod) (done bool, err error) {
 	owner := metav1.GetControllerOf(pod)
 	if owner == nil {
 		err := c.client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, &policyv1.Eviction{
@@ -38,19 +39,19 @@ func (c *Controller) reclaim(ctx context.Context, pod *corev1.Pod) error {
 			DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}}})
 		if apierrors.IsTooManyRequests(err) {
 			c.record.Event(pod, corev1.EventTypeWarning, EventIdleLeft, "idle past its deadline; its eviction waits for its PodDisruptionBudget: "+err.Error())
-			return nil // tried again next round
+			return false, nil
 		}
 		if err != nil {
-			return fmt.Errorf("evicting pod %s/%s: %w", pod.Namespace, pod.Name, err)
+			return false, fmt.Errorf("evicting pod %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
 		c.record.Event(pod, corev1.EventTypeWarning, EventIdleReclaimed, "evicted by its namespace's idle policy; create it again to resume")
-		return nil
+		return true, nil
 	}
 	kind, name := owner.Kind, owner.Name
 	if kind == "ReplicaSet" {
 		rs, err := c.client.AppsV1().ReplicaSets(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return fmt.Errorf("the ReplicaSet of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+			return false, fmt.Errorf("the ReplicaSet of pod %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
 		if up := metav1.GetControllerOf(rs); up != nil {
 			kind, name = up.Kind, up.Name
@@ -60,16 +61,16 @@ func (c *Controller) reclaim(ctx context.Context, pod *corev1.Pod) error {
 	case "Job":
 		patch := []byte(`{"spec":{"suspend":true}}`)
 		if _, err := c.client.BatchV1().Jobs(pod.Namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-			return fmt.Errorf("suspending Job %s/%s: %w", pod.Namespace, name, err)
+			return false, fmt.Errorf("suspending Job %s/%s: %w", pod.Namespace, name, err)
 		}
 		c.record.Eventf(pod, corev1.EventTypeWarning, EventIdleReclaimed,
 			`Job %s suspended by its namespace's idle policy; to resume: kubectl patch job %s -n %s -p '{"spec":{"suspend":false}}'`, name, name, pod.Namespace)
-		return nil
+		return true, nil
 	case "Deployment", "StatefulSet":
-		return c.scaleToZero(ctx, pod, kind, name)
+		return true, c.scaleToZero(ctx, pod, kind, name)
 	}
 	c.record.Eventf(pod, corev1.EventTypeNormal, EventIdleLeft, "idle past its deadline; owned by %s %s, whose controller decides: nothing reclaimed", kind, name)
-	return nil
+	return true, nil
 }
 
 // scaleToZero scales the Deployment or StatefulSet name to zero, its
