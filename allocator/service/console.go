@@ -264,11 +264,10 @@ func (s *Service) consoleLease(l *allocator.Lease, now time.Time) api.ConsoleLea
 	if use, ok := s.useOf(l, now); ok {
 		cl.Use = &use
 	}
-	if idleFor, idle, reclaimAt := s.leaseIdle(l, now); idleFor > 0 {
-		seconds := idleFor.Seconds()
-		cl.IdleSeconds, cl.Idle = &seconds, idle
-		if !reclaimAt.IsZero() {
-			cl.ReclaimAt = &reclaimAt
+	if v := s.idleVerdict(l, now); v != nil {
+		cl.IdleSeconds, cl.Idle = &v.Seconds, v.Whole
+		if !v.ReclaimAt.IsZero() {
+			cl.ReclaimAt = &v.ReclaimAt
 		}
 	}
 	if l.TTL > 0 {

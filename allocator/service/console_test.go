@@ -3,6 +3,7 @@ package service
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -486,6 +487,17 @@ func TestConsoleReadsBoundedPerToken(t *testing.T) {
 	}
 	if resp := read(teamAToken); resp.Code != http.StatusOK {
 		t.Errorf("team-a's read beside the admin's: %d %s", resp.Code, resp.Body)
+	}
+	// Open mode (no --config): a forged header is no token of its own,
+	// and keeps nothing in memory.
+	open := &handler{s: a.svc, log: h.log}
+	for i := range consoleReadsPerSecond {
+		req := httptest.NewRequest(http.MethodGet, "/v1/console", nil)
+		req.Header.Set("Authorization", fmt.Sprint("Bearer forged-", i))
+		open.console(httptest.NewRecorder(), req)
+	}
+	if n := len(open.consoleReads.by); n != 1 {
+		t.Errorf("open mode paces %d callers, want 1", n)
 	}
 }
 

@@ -104,34 +104,33 @@ func (s *Service) sampleIdle(l *allocator.Lease, use float64, known bool, now ti
 	}
 }
 
-// IdleOf is lease l's idle verdict as the API sends it, nil while it is
-// in use or not measured.
-func (s *Service) IdleOf(l *allocator.Lease) *api.LeaseIdle {
+// IdleVerdicts are the idle verdicts of leases, in order, under one lock:
+// nil for a lease in use or not measured.
+func (s *Service) IdleVerdicts(leases []allocator.Lease) []*api.LeaseIdle {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.clock()
+	out := make([]*api.LeaseIdle, len(leases))
+	for i := range leases {
+		out[i] = s.idleVerdict(&leases[i], now)
+	}
+	return out
+}
+
+// idleVerdict is lease l's run of idle samples at now and what its
+// namespace's policy makes of it, nil while it is in use or not measured;
+// s.mu is held.
+func (s *Service) idleVerdict(l *allocator.Lease, now time.Time) *api.LeaseIdle {
 	run := s.idleRuns[l.ID]
 	if run == nil {
 		return nil
 	}
-	now := s.clock()
-	idleFor, whole, reclaimAt := s.leaseIdle(l, now)
 	p := s.idlePolicy(l.Namespace)
-	return &api.LeaseIdle{Since: run.since, Seconds: idleFor.Seconds(), UseBelow: p.UseBelow, Window: api.Duration(p.Window.Duration),
-		Whole: whole, Action: p.Action, ReclaimAt: reclaimAt}
-}
-
-// leaseIdle is how long lease l has been measured idle at now, whether
-// that is its namespace's whole window, and when its policy reclaims it
-// (zero unless it does); s.mu is held.
-func (s *Service) leaseIdle(l *allocator.Lease, now time.Time) (idleFor time.Duration, idle bool, reclaimAt time.Time) {
-	run := s.idleRuns[l.ID]
-	if run == nil {
-		return 0, false, time.Time{}
-	}
-	p := s.idlePolicy(l.Namespace)
-	idleFor = now.Sub(run.since)
+	idleFor := now.Sub(run.since)
+	v := &api.LeaseIdle{Since: run.since, Seconds: idleFor.Seconds(), UseBelow: p.UseBelow, Window: api.Duration(p.Window.Duration),
+		Whole: idleFor >= p.Window.Duration, Action: p.Action}
 	if p.Action == IdleReclaim {
-		reclaimAt = run.since.Add(p.Window.Duration + p.Grace.Duration)
+		v.ReclaimAt = run.since.Add(p.Window.Duration + p.Grace.Duration)
 	}
-	return idleFor, idleFor >= p.Window.Duration, reclaimAt
+	return v
 }

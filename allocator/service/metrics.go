@@ -167,17 +167,19 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	for r := range s.waiting {
 		pending[r.Namespace]++
 	}
-	idleFor := make(map[string]time.Duration, len(leases))
+	idleSeconds := make(map[string]float64, len(leases)) // of the leases measured now
 	idleHeld := map[string]float64{}
 	for i := range leases {
 		l := &leases[i]
 		if _, known := s.useOf(l, now); !known {
 			continue
 		}
-		d, idle, _ := s.leaseIdle(l, now)
-		idleFor[l.ID] = d
-		if idle {
-			idleHeld[l.Namespace] += l.Share().GPUs()
+		idleSeconds[l.ID] = 0
+		if v := s.idleVerdict(l, now); v != nil {
+			idleSeconds[l.ID] = v.Seconds
+			if v.Whole {
+				idleHeld[l.Namespace] += l.Share().GPUs()
+			}
 		}
 	}
 	s.mu.Unlock()
@@ -232,8 +234,8 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		if !l.UntilReleased() {
 			gauge(leaseExpiry, float64(l.ExpiresAt.UnixNano())/1e9, l.ID, l.Namespace)
 		}
-		if d, known := idleFor[l.ID]; known {
-			gauge(leaseIdle, d.Seconds(), l.ID, l.Namespace)
+		if seconds, known := idleSeconds[l.ID]; known {
+			gauge(leaseIdle, seconds, l.ID, l.Namespace)
 		}
 	}
 	for ns, n := range pending {

@@ -45,14 +45,16 @@ func (c *Controller) actOnIdle(ctx context.Context) (err error) {
 			continue
 		}
 		since := l.Idle.Since
-		warned[l.ID] = since
+		wasWarned := c.warned[l.ID].Equal(since)
+		if wasWarned {
+			warned[l.ID] = since
+		}
 		// The allocator's now: the run's start and its length.
 		due := !l.Idle.ReclaimAt.IsZero() && !since.Add(time.Duration(l.Idle.Seconds*float64(time.Second))).Before(l.Idle.ReclaimAt)
 		if done, ok := c.reclaimed[l.ID]; ok && done.Equal(since) {
 			reclaimed[l.ID] = since
 			continue
 		}
-		wasWarned := c.warned[l.ID].Equal(since)
 		if wasWarned && !due {
 			continue
 		}
@@ -65,6 +67,7 @@ func (c *Controller) actOnIdle(ctx context.Context) (err error) {
 		}
 		if !wasWarned {
 			c.record.Event(pod, corev1.EventTypeWarning, EventIdle, idleMessage(l.Idle))
+			warned[l.ID] = since
 		}
 		if due {
 			done, err := c.reclaim(ctx, pod)
