@@ -74,6 +74,16 @@ const (
 	// Deployment or StatefulSet it scaled to zero under its namespace's
 	// idle policy: the replicas it had, which resuming restores.
 	AnnotationIdleReplicas = "gpupool.io/idle-replicas"
+	// AnnotationIdleSuspended is written by the lease controller on a Job
+	// it suspended under its namespace's idle policy, when: resuming
+	// resumes only a Job it suspended (not one Kueue holds).
+	AnnotationIdleSuspended = "gpupool.io/idle-suspended"
+	// AnnotationIdleExempt on a pod or its workload (Job, Deployment,
+	// StatefulSet, ReplicaSet) exempts it from its namespace's idle
+	// reclaim; its value says why. Only the platform team may set it: the
+	// ValidatingAdmissionPolicy gpupool-idle-exemptions refuses it to
+	// anyone without the verb grant on idleexemptions.gpupool.io.
+	AnnotationIdleExempt = "gpupool.io/idle-exempt"
 )
 
 // SimulatedDeviceDir is where a container finds the simulated GPUs its pod

@@ -1,7 +1,9 @@
 // Command gpupool-scheduler places pods through the GPU pool: it serves
 // kube-scheduler's extender and runs the controller that ends each pod's
 // lease with the pod (app). `gpupool-scheduler secrets` makes the Helm
-// chart's Secrets in the cluster, then exits (app.SecretsCommand).
+// chart's Secrets in the cluster, then exits (app.SecretsCommand);
+// `gpupool-scheduler resume`, which `gpupool resume` runs, undoes what an
+// idle policy reclaimed (app.ResumeMain).
 package main
 
 import (
@@ -14,6 +16,9 @@ import (
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "secrets" {
 		os.Exit(cli.Main(app.SecretsCommand(), os.Args[2:], os.Stdout, os.Stderr))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "resume" {
+		os.Exit(app.ResumeMain(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	app.Command().Main()
 }

@@ -19,6 +19,9 @@ Commands:
   pool status  the pool's servers and GPUs, leased share and health
   leases       live leases: who holds which share of which GPU
   quota        GPU quota and use per namespace
+  resume       on Kubernetes, undo what an idle policy reclaimed:
+               gpupool resume job/train -n ml
+               (runs gpupool-scheduler resume, which speaks to kube-apiserver)
   simulate     replay an OpenB GPU trace against the placement policies
                (runs gpupool-simulate, a binary of its own)
 
@@ -53,7 +56,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	switch args[0] {
 	case "simulate":
-		return simulateCmd(args[1:], stdout, stderr)
+		return simulateTool.run(args[1:], stdout, stderr)
 	case "run":
 		return runCmd(args[1:], stdout, stderr)
 	case "pool":
@@ -62,6 +65,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return leasesCmd(args[1:], stdout, stderr)
 	case "quota":
 		return quotaCmd(args[1:], stdout, stderr)
+	case "resume":
+		return resumeTool.run(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -22,7 +22,7 @@ func fakeSimulate(t *testing.T, tag string) string {
 	t.Helper()
 	dir := t.TempDir()
 	script := "#!/bin/sh\necho " + tag + " \"$@\"\necho replaying >&2\nexit 3\n"
-	if err := os.WriteFile(filepath.Join(dir, simulateBinary), []byte(script), 0o700); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, simulateTool.binary), []byte(script), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -39,13 +39,28 @@ func TestSimulateRunsTheReplayBinary(t *testing.T) {
 	}
 	beside := fakeSimulate(t, "beside")
 	for _, tc := range []struct{ dir, want string }{
-		{beside, filepath.Join(beside, simulateBinary)},
-		{t.TempDir(), filepath.Join(os.Getenv("PATH"), simulateBinary)},
-		{"", filepath.Join(os.Getenv("PATH"), simulateBinary)},
+		{beside, filepath.Join(beside, simulateTool.binary)},
+		{t.TempDir(), filepath.Join(os.Getenv("PATH"), simulateTool.binary)},
+		{"", filepath.Join(os.Getenv("PATH"), simulateTool.binary)},
 	} {
-		if got, err := findSimulate(tc.dir); got != tc.want || err != nil {
-			t.Errorf("findSimulate(%q) = %q, %v; want %q", tc.dir, got, err, tc.want)
+		if got, err := simulateTool.find(tc.dir); got != tc.want || err != nil {
+			t.Errorf("find(%q) = %q, %v; want %q", tc.dir, got, err, tc.want)
 		}
+	}
+}
+
+// TestResumeRunsGpupoolSchedulerResume: gpupool resume is
+// gpupool-scheduler resume, with the rest of the command line.
+func TestResumeRunsGpupoolSchedulerResume(t *testing.T) {
+	dir := t.TempDir()
+	script := "#!/bin/sh\necho \"$@\"\nexit 1\n"
+	if err := os.WriteFile(filepath.Join(dir, "gpupool-scheduler"), []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"resume", "job/train", "-n", "ml"}, &stdout, &stderr); code != 1 || stdout.String() != "resume job/train -n ml\n" {
+		t.Errorf("gpupool resume job/train -n ml: exit %d, stdout %q, stderr %q; want gpupool-scheduler resume's", code, stdout.String(), stderr.String())
 	}
 }
 

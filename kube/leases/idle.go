@@ -65,18 +65,29 @@ func (c *Controller) actOnIdle(ctx context.Context) (err error) {
 		if pod == nil {
 			continue
 		}
+		// What reclaiming would act on, read only where the policy reclaims.
+		var w workload
+		exempt := ""
+		if !l.Idle.ReclaimAt.IsZero() {
+			if w, err = c.workloadOf(ctx, pod); err != nil {
+				return err
+			}
+			exempt = w.exemption(pod)
+		}
 		if !wasWarned {
-			c.record.Event(pod, corev1.EventTypeWarning, EventIdle, idleMessage(l.Idle))
+			c.record.Event(pod, corev1.EventTypeWarning, EventIdle, idleMessage(l.Idle, exempt))
 			warned[l.ID] = since
 		}
-		if due {
-			done, err := c.reclaim(ctx, pod)
+		if due && exempt == "" {
+			done, err := c.reclaim(ctx, pod, w)
 			if err != nil {
 				return err
 			}
 			if done {
 				reclaimed[l.ID] = since
 			}
+		} else if due {
+			reclaimed[l.ID] = since // its warning said it stays
 		}
 	}
 	return nil
@@ -93,12 +104,15 @@ func keep(runs, old map[string]time.Time) {
 
 // idleMessage says what the policy makes of an idle lease: "idle for 30m
 // (use under 10% of its GPU share); its GPUs are reclaimed at 14:05:00Z
-// unless used".
-func idleMessage(idle *api.LeaseIdle) string {
+// unless used"; exempt, where the platform team exempted it, says where.
+func idleMessage(idle *api.LeaseIdle, exempt string) string {
 	what := fmt.Sprintf("idle for %v (use under %.0f%% of its GPU share since %s)",
 		time.Duration(idle.Seconds*float64(time.Second)).Round(time.Second), idle.UseBelow*100, idle.Since.UTC().Format(time.RFC3339))
 	if idle.ReclaimAt.IsZero() {
 		return what + "; its namespace's idle policy reports it, and reclaims nothing"
+	}
+	if exempt != "" {
+		return what + "; exempt from its namespace's idle reclaim (" + exempt + "): its GPUs stay"
 	}
 	return what + "; its GPUs are reclaimed at " + idle.ReclaimAt.UTC().Format(time.RFC3339) + " unless used"
 }

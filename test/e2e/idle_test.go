@@ -17,15 +17,17 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
+	"github.com/gpupool/gpupool/kube"
 	"github.com/gpupool/gpupool/kube/leases"
 )
 
 // TestIdleReclaim: under namespace ml's idle policy (under 10% of the
 // share for 1 minute, then 10 s of grace, reclaim), on kwok nodes whose
 // daemon's use the test feeds every 5 s as gpupool-server does: a notebook
-// (a bare pod) measured idle is evicted, a Job idle is suspended, and its
-// GPUs come back when it is resumed; a bursty Deployment, busy 20 s of
-// every 40 s, is never reclaimed. Each reclaimed pod gets the Warning
+// (a bare pod) measured idle is evicted, and its twin the platform team
+// exempted is not; a Job idle is suspended, and its GPUs come back when
+// gpupool resume resumes it; a bursty Deployment, busy 20 s of every 40 s,
+// is never reclaimed. Each reclaimed pod gets the Warning
 // Events IdleGPUs, then IdleGPUsReclaimed.
 func TestIdleReclaim(t *testing.T) {
 	gpupoolKubeScheduler(t)
@@ -42,6 +44,12 @@ func TestIdleReclaim(t *testing.T) {
 	}
 	notebook, err := c.CoreV1().Pods("ml").Create(ctx, withLabel(bfkPod("notebook", 1, 0), "notebook"), metav1.CreateOptions{})
 	if err != nil {
+		t.Fatal(err)
+	}
+	// The same, which the platform team exempted.
+	lab := withLabel(bfkPod("lab", 1, 0), "lab")
+	lab.Annotations = map[string]string{kube.AnnotationIdleExempt: "the lab's demo"}
+	if lab, err = c.CoreV1().Pods("ml").Create(ctx, lab, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	template := func(app string, restart corev1.RestartPolicy) corev1.PodTemplateSpec {
@@ -62,7 +70,7 @@ func TestIdleReclaim(t *testing.T) {
 	if _, err := c.AppsV1().Deployments("ml").Create(ctx, bursty, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for _, app := range []string{"notebook", "train", "bursty"} {
+	for _, app := range []string{"notebook", "lab", "train", "bursty"} {
 		waitForUpTo(t, time.Minute, func() bool { return len(appPods(t, ctx, pool, app)) == 1 })
 	}
 	before := appPods(t, ctx, pool, "train")
@@ -92,14 +100,20 @@ func TestIdleReclaim(t *testing.T) {
 	t.Logf("Job suspended %v after its use was first reported", time.Since(started).Round(time.Second))
 	waitForUpTo(t, time.Minute, func() bool { return len(appPods(t, ctx, pool, "train")) == 0 })
 	resumed := time.Now()
-	if _, err := c.BatchV1().Jobs("ml").Patch(ctx, "train", types.MergePatchType, []byte(`{"spec":{"suspend":false}}`), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
+	if out, code := gpupool(t, []string{"KUBECONFIG=" + pool.CP.Kubeconfig}, "resume", "job/train", "-n", "ml"); code != 0 {
+		t.Fatalf("gpupool resume job/train -n ml: exit %d, %s", code, out)
 	}
 	waitForUpTo(t, time.Minute, func() bool {
 		pods := appPods(t, ctx, pool, "train")
 		return len(pods) == 1 && pods[0].UID != before[0].UID && len(pool.leasesOf(t, ctx, &pods[0])) == 1
 	})
 	t.Logf("the resumed Job's new pod held its GPU %v after the resume", time.Since(resumed).Round(time.Millisecond))
+
+	// The exempt notebook, idle as long as the other: warned, never
+	// reclaimed, its lease held.
+	if got, err := c.CoreV1().Pods("ml").Get(ctx, "lab", metav1.GetOptions{}); err != nil || got.DeletionTimestamp != nil || len(pool.leasesOf(t, ctx, lab)) != 1 {
+		t.Errorf("the exempt notebook was reclaimed: %v", err)
+	}
 
 	// The bursty Deployment: never reclaimed, its one pod leased.
 	d, err := c.AppsV1().Deployments("ml").Get(ctx, "bursty", metav1.GetOptions{})
