@@ -97,10 +97,27 @@ func (s *Service) sampleIdle(l *allocator.Lease, use float64, known bool, now ti
 	}
 	if s.idleRuns[l.ID] == nil {
 		since := now.Add(-api.HistoryInterval)
-		if since.Before(l.GrantedAt) {
-			since = l.GrantedAt
+		for _, t := range []time.Time{l.GrantedAt, s.notIdleAt[l.ID]} {
+			if since.Before(t) {
+				since = t
+			}
 		}
 		s.idleRuns[l.ID] = &idleRun{since: since}
+	}
+}
+
+// endRunsNotIdle ends the idle run of each of leases (one server's) that
+// its server's reading at now shows in use, or does not read: a daemon
+// heart-beats every 5 s and the samples come every 10, so a reading the
+// next sample never sees still counts; the run that starts after it starts
+// after it. s.mu is held.
+func (s *Service) endRunsNotIdle(now time.Time, leases []allocator.Lease) {
+	for i := range leases {
+		l := &leases[i]
+		if use, known := s.useOf(l, now); !known || use >= s.idlePolicy(l.Namespace).UseBelow {
+			delete(s.idleRuns, l.ID)
+			s.notIdleAt[l.ID] = now
+		}
 	}
 }
 

@@ -186,3 +186,80 @@ func TestRestartStartsIdleRunsAgain(t *testing.T) {
 		t.Errorf("one sample after the restart: %+v, want a run of one sample", idle)
 	}
 }
+
+// TestReadingsBetweenSamplesCount: a daemon heart-beats every 5 s and the
+// allocator samples every 10, so a reading can be replaced before a
+// sample sees it. One that shows the lease in use, or does not read it,
+// or a heartbeat with no reading at all, ends its idle run all the same,
+// and the run that follows starts after it: a lease whose every other
+// reading says busy or unknown is never idle. (BenchmarkIdleReclaim's
+// bursty pods, busy between two samples, were reclaimed without it.)
+func TestReadingsBetweenSamplesCount(t *testing.T) {
+	for name, between := range map[string]func(*testing.T, *client.Client, api.Lease, time.Time){
+		"busy": func(t *testing.T, c *client.Client, l api.Lease, at time.Time) { heartbeatUse(t, c, l, 0.9, at) },
+		"the lease unread": func(t *testing.T, c *client.Client, l api.Lease, at time.Time) {
+			hb := api.Heartbeat{Use: &api.ServerUse{SampledAt: at, GPUs: []api.GPUUse{{Index: l.GPUs[0].Index, Utilization: ratio(0)}}}}
+			if err := c.Heartbeat(context.Background(), l.Server, hb); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"no reading": func(t *testing.T, c *client.Client, l api.Lease, _ time.Time) {
+			if err := c.Heartbeat(context.Background(), l.Server, api.Heartbeat{}); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			policy := IdlePolicy{UseBelow: 0.1, Window: minutes(1), Grace: minutes(0.25), Action: IdleReclaim}
+			a := startAllocatorWith(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, func(c *Config) {
+				c.IdlePolicies = map[string]IdlePolicy{"team-a": policy}
+			})
+			ctx := context.Background()
+			admin := a.client(t, adminToken)
+			if err := admin.RegisterServer(ctx, gpuServer("s1", 1)); err != nil {
+				t.Fatal(err)
+			}
+			l, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, UntilReleased: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			server := a.client(t, serverToken)
+			idle := func() *api.LeaseIdle {
+				ls, err := admin.Leases(ctx, client.LeaseFilter{Idle: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(ls) == 0 {
+					return nil
+				}
+				return ls[0].Idle
+			}
+			a.svc.tick()
+			for i := range 9 { // 90 s: each sample reads the idle reading alone
+				between(t, server, l, a.clock.Now())
+				a.clock.Add(5 * time.Second)
+				a.svc.tick()
+				heartbeatUse(t, server, l, 0.01, a.clock.Now())
+				a.clock.Add(5 * time.Second)
+				a.svc.tick()
+				if v := idle(); v != nil && (v.Whole || v.Seconds > 10) {
+					t.Fatalf("sample %d: every other reading %s, yet idle: %+v", i+1, name, *v)
+				}
+			}
+			// Idle from now on: a run since the last reading that was not
+			// (the last sample's run goes on), whole after its window.
+			last := a.clock.Now().Add(-10 * time.Second)
+			for range 7 {
+				heartbeatUse(t, server, l, 0.01, a.clock.Now())
+				a.clock.Add(5 * time.Second)
+				a.svc.tick()
+				heartbeatUse(t, server, l, 0.01, a.clock.Now())
+				a.clock.Add(5 * time.Second)
+				a.svc.tick()
+			}
+			if v := idle(); v == nil || !v.Whole || !v.Since.Equal(last) {
+				t.Errorf("idle for 80 s since the last reading that was not (%v): %+v", last, v)
+			}
+		})
+	}
+}

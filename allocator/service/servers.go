@@ -55,6 +55,7 @@ func (s *Service) Heartbeat(ctx context.Context, name string, hb api.Heartbeat) 
 			s.recordUse(now, name, hb.Use)
 		} else {
 			delete(s.use, name) // a heartbeat with no reading: its source failed, or refused one
+			s.endRunsNotIdle(now, s.pool.LeasesOn(now, name))
 		}
 		if back, _ := s.pool.SetSchedulable(name, true); back {
 			s.wakeLocked() // back after silence: queued requests may fit now

@@ -82,8 +82,9 @@ type Service struct {
 	// lease has been measured idle (idle.go), history the pool's shares
 	// over the last hour: in memory only (use.go), so that a restart
 	// starts every idle run again.
-	use      map[string]*serverUse
-	idleRuns map[string]*idleRun
+	use       map[string]*serverUse
+	idleRuns  map[string]*idleRun
+	notIdleAt map[string]time.Time
 	history  history
 	// console is the last view of every namespace the console read,
 	// rebuilt at most once per consoleMaxAge, and consoleEncoded its JSON
@@ -159,7 +160,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		cfg.MaxWaitingPerNamespace = DefaultMaxWaitingPerNamespace
 	}
 	s := &Service{
-		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, lastSeen: map[string]time.Time{}, use: map[string]*serverUse{}, idleRuns: map[string]*idleRun{},
+		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, lastSeen: map[string]time.Time{}, use: map[string]*serverUse{}, idleRuns: map[string]*idleRun{}, notIdleAt: map[string]time.Time{},
 		waiting: map[*allocator.Request]*waiter{}, waitingIn: map[string]int{},
 		kick: make(chan struct{}, 1), failed: make(chan struct{}),
 		closing: make(chan struct{}), committerDone: make(chan struct{}),

@@ -160,6 +160,7 @@ func (s *Service) recordUse(now time.Time, name string, u *api.ServerUse) {
 		su.leases[l.Lease][l.GPU] = *l.SMUtilization
 	}
 	s.use[name] = su
+	s.endRunsNotIdle(now, leases)
 }
 
 // maxUseAge is how old a reading may be and still say what a lease uses
@@ -221,6 +222,11 @@ func (s *Service) sampleUse(now time.Time) {
 	for id := range s.idleRuns {
 		if !live[id] {
 			delete(s.idleRuns, id)
+		}
+	}
+	for id := range s.notIdleAt {
+		if !live[id] {
+			delete(s.notIdleAt, id)
 		}
 	}
 }
