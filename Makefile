@@ -187,7 +187,7 @@ bench-hpa: deps ## the HPA's reaction time to a step in GPU load, through the ad
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench HPAReaction -benchtime 1x -timeout 20m ./test/e2e
 
 .PHONY: bench-idle
-bench-idle: deps ## idle GPUs reclaimed: 200 workloads' use timelines on kwok nodes, the idle policy reporting beside reclaiming: idle-held GPU-hours, GPUs back, false reclaims, resumes, the allocator's CPU (about 10 minutes)
+bench-idle: deps ## idle GPUs reclaimed: 200 workloads' use timelines on kwok nodes, the idle policy reporting beside reclaiming: idle-held GPU-hours, GPUs back, false reclaims, resumes, the allocator's CPU (about 9 minutes)
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench IdleReclaim -benchtime 1x -timeout 20m ./test/e2e
 
 .PHONY: bench-scale
