@@ -66,7 +66,7 @@ const (
 // StatefulSets, training Deployments, Jobs, and services under an HPA),
 // about 250 pods on 32 servers of 8 GPUs, each workload with a use timeline:
 // idle from the start (a notebook left open), busy then idle for good (the
-// work ended, the pod stayed), bursty (idle gaps of 20 to 40 s, shorter
+// work ended, the pod stayed), bursty (bursts of 5 to 20 s, idle gaps of 30 to 40 s, shorter
 // than the 1-minute window), busy throughout, and idle with its telemetry
 // missing: the lease absent from 20 s of every 50 s of its server's
 // readings, its readings stopping at 30 s, one of its two GPUs unread from
@@ -189,7 +189,9 @@ type idlePattern string
 
 const (
 	// idle from the start; ends: busy, then idle from 15, 30, 45 or 60 s;
-	// bursty: busy 10-20 s, idle 20-40 s, again and again; busy throughout.
+	// bursty: busy 5-20 s, idle 30-40 s, again and again (a 5 s burst is
+	// one heartbeat, which the allocator's 10 s sample may never see);
+	// busy throughout.
 	patternIdle   idlePattern = "idle"
 	patternEnds   idlePattern = "ends"
 	patternBursty idlePattern = "bursty"
@@ -251,7 +253,7 @@ func idleWorkloads() []*idleWorkload {
 				case patternEnds:
 					w.end = time.Duration(15*(1+i%4)) * time.Second
 				case patternBursty:
-					cycles := [][2]time.Duration{{10, 20}, {15, 30}, {10, 40}, {20, 40}}
+					cycles := [][2]time.Duration{{5, 40}, {15, 30}, {10, 40}, {20, 40}}
 					w.busy, w.gap = cycles[i%4][0]*time.Second, cycles[i%4][1]*time.Second
 					w.phase = time.Duration(7*i) * time.Second % (w.busy + w.gap)
 				case patternGaps:
