@@ -153,17 +153,9 @@ func idleHeldOf(t *testing.T, a *testAllocator, ns string) float64 {
 // window before the restart is not idle after it until it has been
 // measured idle for a whole window again.
 func TestRestartStartsIdleRunsAgain(t *testing.T) {
-	dir, clock := t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}
-	a := startAllocator(t, dir, clock, nil)
-	ctx := context.Background()
-	admin := a.client(t, adminToken)
-	if err := admin.RegisterServer(ctx, gpuServer("s1", 1)); err != nil {
-		t.Fatal(err)
-	}
-	l, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, UntilReleased: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := t.TempDir()
+	a, l := startWithOneLease(t, dir, nil)
+	ctx, clock := context.Background(), a.clock
 	idleFor := func(a *testAllocator, samples int) []api.Lease {
 		server := a.client(t, serverToken)
 		for range samples {
@@ -211,18 +203,8 @@ func TestReadingsBetweenSamplesCount(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			policy := IdlePolicy{UseBelow: 0.1, Window: minutes(1), Grace: minutes(0.25), Action: IdleReclaim}
-			a := startAllocatorWith(t, t.TempDir(), &fakeClock{now: time.Unix(1e9, 0)}, func(c *Config) {
-				c.IdlePolicies = map[string]IdlePolicy{"team-a": policy}
-			})
-			ctx := context.Background()
-			admin := a.client(t, adminToken)
-			if err := admin.RegisterServer(ctx, gpuServer("s1", 1)); err != nil {
-				t.Fatal(err)
-			}
-			l, err := admin.Acquire(ctx, api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, UntilReleased: true})
-			if err != nil {
-				t.Fatal(err)
-			}
+			a, l := startWithOneLease(t, t.TempDir(), map[string]IdlePolicy{"team-a": policy})
+			ctx, admin := context.Background(), a.client(t, adminToken)
 			server := a.client(t, serverToken)
 			idle := func() *api.LeaseIdle {
 				ls, err := admin.Leases(ctx, client.LeaseFilter{Idle: true})
@@ -262,4 +244,20 @@ func TestReadingsBetweenSamplesCount(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startWithOneLease starts an allocator in dir on a fake clock with these
+// idle policies, a server s1 of one GPU and team-a's lease of it.
+func startWithOneLease(t *testing.T, dir string, policies map[string]IdlePolicy) (*testAllocator, api.Lease) {
+	t.Helper()
+	a := startAllocatorWith(t, dir, &fakeClock{now: time.Unix(1e9, 0)}, func(c *Config) { c.IdlePolicies = policies })
+	admin := a.client(t, adminToken)
+	if err := admin.RegisterServer(context.Background(), gpuServer("s1", 1)); err != nil {
+		t.Fatal(err)
+	}
+	l, err := admin.Acquire(context.Background(), api.AcquireRequest{Namespace: "team-a", GPUAmount: 1, UntilReleased: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, l
 }
