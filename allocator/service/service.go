@@ -85,7 +85,7 @@ type Service struct {
 	use       map[string]*serverUse
 	idleRuns  map[string]*idleRun
 	notIdleAt map[string]time.Time
-	history  history
+	history   history
 	// console is the last view of every namespace the console read,
 	// rebuilt at most once per consoleMaxAge, and consoleEncoded its JSON
 	// by scope and encoding (console.go).
