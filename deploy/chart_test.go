@@ -143,10 +143,13 @@ func TestChartIsTheOverlays(t *testing.T) {
 		// overlay keeps its own (the etcd overlay's two replicas).
 		differs []string
 	}{
-		{overlay: "overlays/embedded", vals: map[string]any{"dashboards": map[string]any{"enabled": false}}},
+		// The two without the APIService component: the chart's auto would
+		// register it on a cluster where no other service holds it.
+		{overlay: "overlays/embedded", vals: map[string]any{"dashboards": map[string]any{"enabled": false}, "adapter": map[string]any{"apiService": false}}},
 		{
 			overlay: "overlays/etcd",
-			vals:    map[string]any{"controller": map[string]any{"replicas": 2}, "dashboards": map[string]any{"enabled": false}},
+			vals: map[string]any{"controller": map[string]any{"replicas": 2}, "dashboards": map[string]any{"enabled": false},
+				"adapter": map[string]any{"apiService": false}},
 		},
 		{
 			overlay: "overlays/full",
@@ -305,8 +308,10 @@ func TestChartRendersNoSecret(t *testing.T) {
 		apiSvc   string
 		patching bool
 	}{
-		{vals: nil, certs: true},
-		{vals: seedValues, certs: true, webhook: "gpupool", patching: true},
+		// adapter.apiService: auto, and helm template sees no other owner.
+		{vals: nil, certs: true, apiSvc: "v1beta1.external.metrics.k8s.io", patching: true},
+		{vals: map[string]any{"adapter": map[string]any{"apiService": false}}, certs: true},
+		{vals: seedValues, certs: true, webhook: "gpupool", apiSvc: "v1beta1.external.metrics.k8s.io", patching: true},
 		{vals: map[string]any{"scheduler": map[string]any{"enabled": true}, "adapter": map[string]any{"apiService": true}}, certs: true,
 			webhook: "gpupool", apiSvc: "v1beta1.external.metrics.k8s.io", patching: true},
 		{vals: map[string]any{"scheduler": map[string]any{"enabled": true}, "adapter": map[string]any{"apiService": true}}, apis: []string{certManager}},

@@ -52,7 +52,7 @@ var chartPieces = []chartPiece{
 	{file: "etcd.yaml", component: "deploy/components/etcd", cond: `include "gpupool.bundledEtcd" .`},
 	{file: "allocator-etcd.yaml", dir: "deploy/overlays/etcd", cond: `include "gpupool.etcd" .`, without: []string{"etcd.yaml"}},
 	{file: "kubernetes.yaml", component: "deploy/components/kubernetes", cond: `.Values.scheduler.enabled`},
-	{file: "apiservice.yaml", component: "deploy/components/apiservice", cond: `.Values.adapter.apiService`},
+	{file: "apiservice.yaml", component: "deploy/components/apiservice", cond: `include "gpupool.apiService" .`},
 	{file: "cert-manager.yaml", component: "deploy/components/cert-manager", cond: `include "gpupool.certManager" .`},
 	{file: "prometheus-operator.yaml", component: "deploy/components/prometheus-operator", cond: `.Capabilities.APIVersions.Has "monitoring.coreos.com/v1"`},
 	{file: "dashboards.yaml", dir: "deploy/dashboards", cond: `.Values.dashboards.enabled`},

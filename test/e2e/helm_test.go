@@ -97,8 +97,14 @@ func TestHelmChart(t *testing.T) {
 
 	start := time.Now()
 	install := append([]string{"install", "bf-cluster", chartPath}, seedFlags...)
-	if out, err := h.run(ctx, append(install, append(renderer, "--wait", "--timeout", "6m")...)...); err != nil {
+	out, err := h.run(ctx, append(install, append(renderer, "--wait", "--timeout", "6m")...)...)
+	if err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+	// No other service holds external metrics here: adapter.apiService's
+	// default, auto, registers gpupool-adapter, and NOTES.txt says why.
+	if want := "the external-metrics adapter, registered as v1beta1.external.metrics.k8s.io for the HPA (adapter.apiService: auto, and no other service held it)"; !strings.Contains(out, want) {
+		t.Errorf("helm install's notes do not say %q:\n%s", want, out)
 	}
 	if err := workloadsReady(ctx, cp.Client, objs); err != nil {
 		t.Fatalf("helm install returned, but: %v", err)

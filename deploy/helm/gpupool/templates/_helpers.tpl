@@ -80,6 +80,36 @@ GPUs of one CPU socket; the schema allows one rule, of the keys below. */ -}}
 {{- end }}
 
 {{- /* "true" when cert-manager issues the certificates. */ -}}
+{{- /* Who serves v1beta1.external.metrics.k8s.io in the cluster, as
+namespace/service: empty when no APIService is there (or with helm
+template, which sees no cluster). */ -}}
+{{- define "gpupool.apiServiceOwner" -}}
+{{- $s := lookup "apiregistration.k8s.io/v1" "APIService" "" "v1beta1.external.metrics.k8s.io" }}
+{{- if $s }}{{ dig "spec" "service" "namespace" "kube-apiserver" $s }}/{{ dig "spec" "service" "name" "local" $s }}{{ end }}
+{{- end }}
+
+{{- /* Whether the chart registers gpupool-adapter as the external-metrics
+API: adapter.apiService true, or auto and no other service holds it (its
+own from an earlier revision is its to keep). */ -}}
+{{- define "gpupool.apiService" -}}
+{{- $mode := toString .Values.adapter.apiService }}
+{{- $owner := include "gpupool.apiServiceOwner" . }}
+{{- if or (eq $mode "true") (and (eq $mode "auto") (or (not $owner) (eq $owner "gpupool/gpupool-adapter"))) }}true{{ end }}
+{{- end }}
+
+{{- /* NOTES.txt's word on the external-metrics API: which path serves
+the HPA, and why. */ -}}
+{{- define "gpupool.apiServiceNote" -}}
+{{- $mode := toString .Values.adapter.apiService }}
+{{- if include "gpupool.apiService" . -}}
+registered as v1beta1.external.metrics.k8s.io for the HPA{{ if eq $mode "auto" }} (adapter.apiService: auto, and no other service held it){{ end }}
+{{- else if eq $mode "auto" -}}
+not registered as v1beta1.external.metrics.k8s.io: {{ include "gpupool.apiServiceOwner" . }} holds it (KEDA's metrics server, or prometheus-adapter), and adapter.apiService is auto; give that owner gpupool's queries (docs/adapter.md)
+{{- else -}}
+not registered as v1beta1.external.metrics.k8s.io (adapter.apiService: false)
+{{- end }}
+{{- end }}
+
 {{- define "gpupool.certManager" -}}
 {{- $mode := toString .Values.certs.certManager }}
 {{- if or (eq $mode "true") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) }}true{{ end }}
