@@ -15,7 +15,9 @@ import (
 )
 
 // cluster is what the chart's lookup sees: a fake cluster of objs.
-type cluster struct{ client *dynamicfake.FakeDynamicClient }
+type cluster struct {
+	client *dynamicfake.FakeDynamicClient
+}
 
 func (c cluster) GetClientFor(apiVersion, kind string) (dynamic.NamespaceableResourceInterface, bool, error) {
 	gv, err := schema.ParseGroupVersion(apiVersion)
