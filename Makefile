@@ -237,6 +237,22 @@ verify-generated: ## fail when the committed dashboards or the PrometheusRule di
 	$(GO) run ./dashboards/gen -check
 	$(GO) run ./deploy/gen -check
 
+# KEDA's external scaler API (adapter/externalscaler, docs/design.md "KEDA's
+# API generated here"): protoc is Debian's protobuf-compiler; the plugins are
+# built into bin/, protoc-gen-go at go.mod's google.golang.org/protobuf, so
+# that the generated code matches the runtime it links, and
+# protoc-gen-go-grpc at the version below (its code needs gRPC 1.64 or later).
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+
+.PHONY: generate-scaler
+generate-scaler: ## regenerate KEDA's external scaler API (adapter/externalscaler) from its .proto (needs protoc: apt-get install protobuf-compiler)
+	GOBIN=$(abspath bin) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$$($(GO) list -m -f '{{.Version}}' google.golang.org/protobuf)
+	GOBIN=$(abspath bin) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	cd adapter/externalscaler && protoc --plugin=protoc-gen-go=../../bin/protoc-gen-go --plugin=protoc-gen-go-grpc=../../bin/protoc-gen-go-grpc \
+		--go_out=. --go_opt=paths=source_relative --go_opt=Mexternalscaler.proto=github.com/gpupool/gpupool/adapter/externalscaler \
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative --go-grpc_opt=Mexternalscaler.proto=github.com/gpupool/gpupool/adapter/externalscaler \
+		externalscaler.proto
+
 .PHONY: clean
 clean: ## remove build outputs
 	rm -rf bin/
