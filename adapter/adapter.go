@@ -38,6 +38,13 @@ const (
 	// PendingRequests is the lease requests of the namespace queued for
 	// capacity or quota whose owners carry the selector's labels.
 	PendingRequests = "bitfusion_lease_pending_requests"
+	// IdleHeldShare is the share of the selected leases' GPUs held by
+	// leases the allocator measured idle for their namespace's whole
+	// window (0..1; 1 = every selected lease idle). KEDA's external scaler
+	// serves it (adapter/kedascaler), and decides activity from it; the
+	// external metrics API does not (MetricNames), nor does the Prometheus
+	// backend, which holds no idle verdict per lease owner.
+	IdleHeldShare = "bitfusion_idle_held_share"
 )
 
 // MetricNames lists the metric names served, in documentation order.
@@ -74,8 +81,42 @@ type Backend interface {
 	Query(ctx context.Context, q Query) ([]Value, error)
 }
 
-// errUnknownMetric is a backend's answer for a metric it does not serve.
-var errUnknownMetric = errors.New("unknown metric")
+// ErrUnknownMetric is a backend's answer for a metric it does not serve.
+var ErrUnknownMetric = errors.New("unknown metric")
+
+// ErrNoData is Provider.Values' answer when the backend has no value:
+// nothing is selected, or what is selected was not measured.
+var ErrNoData = errors.New("no data")
+
+// StaleError is Provider.Values' answer when a value is older than the
+// maximum age, or rests on a source not sampled yet.
+type StaleError struct {
+	Metric, Namespace, Selector string
+	Age, MaxAge                 time.Duration
+	// Unsampled: the value rests on a source not sampled yet.
+	Unsampled bool
+}
+
+func (e *StaleError) Error() string {
+	why := fmt.Sprintf("is %s old, more than --max-age=%s", e.Age.Round(time.Second), e.MaxAge)
+	if e.Unsampled {
+		why = "rests on a source not sampled yet"
+	}
+	return fmt.Sprintf("%s for namespace %q selector %q %s", e.Metric, e.Namespace, e.Selector, why)
+}
+
+// BackendError is Provider.Values' answer when the backend failed. Its
+// text is for the client: the cause (Err) is in the adapter's log.
+type BackendError struct {
+	Backend, Metric string
+	Err             error
+}
+
+func (e *BackendError) Error() string {
+	return fmt.Sprintf("the %s backend failed for %s (the adapter's log says why)", e.Backend, e.Metric)
+}
+
+func (e *BackendError) Unwrap() error { return e.Err }
 
 // SelectorError is a backend's answer for a selector it cannot express:
 // the caller's mistake, a 400.

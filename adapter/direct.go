@@ -49,6 +49,9 @@ type poolView struct {
 	// answer is missing. readings indexes their lease readings.
 	usage    map[string]*api.Usage
 	readings map[api.LeaseGPU]*api.LeaseUsage
+	// idle are the allocator's verdicts on the leases it measured idle, by
+	// lease ID.
+	idle map[string]*allocapi.LeaseIdle
 }
 
 // readTimeout bounds one read of the pool, daemons included.
@@ -78,8 +81,10 @@ func (d *Direct) Query(ctx context.Context, q Query) ([]Value, error) {
 		return v.freeGPUs(q), nil
 	case PendingRequests:
 		return v.pending(q), nil
+	case IdleHeldShare:
+		return v.idleShare(q), nil
 	}
-	return nil, errUnknownMetric
+	return nil, ErrUnknownMetric
 }
 
 // current returns a view of the pool no older than refresh, reading a new
@@ -141,7 +146,12 @@ func (d *Direct) readPool(ctx context.Context) (*poolView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing leases from the allocator: %w", err)
 	}
-	v := &poolView{at: at, pool: pool, leases: allocapi.CoreLeases(leases), usage: map[string]*api.Usage{}}
+	v := &poolView{at: at, pool: pool, leases: allocapi.CoreLeases(leases), usage: map[string]*api.Usage{}, idle: map[string]*allocapi.LeaseIdle{}}
+	for _, l := range leases {
+		if l.Idle != nil {
+			v.idle[l.ID] = l.Idle
+		}
+	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for _, s := range pool.Servers {
@@ -312,4 +322,24 @@ func (v *poolView) pending(q Query) []Value {
 		}
 	}
 	return []Value{{Value: float64(n), Time: v.at}}
+}
+
+// idleShare is IdleHeldShare: the GPU share held by the selected leases
+// that the allocator measured idle for their namespace's whole window,
+// over the share all of them hold. It rests on the allocator alone, and
+// is dated by the read. A lease measured idle for part of the window, or
+// not measured at all, counts as in use: unknown is never idle.
+func (v *poolView) idleShare(q Query) []Value {
+	var idle, held allocator.Share // whole milli-GPUs: all idle is exactly 1
+	for _, l := range v.selected(q) {
+		share := l.Share()
+		held += share
+		if verdict := v.idle[l.ID]; verdict != nil && verdict.Whole {
+			idle += share
+		}
+	}
+	if held == 0 {
+		return nil // no selected lease holds a GPU: no data, not 0
+	}
+	return []Value{{Value: idle.GPUs() / held.GPUs(), Time: v.at}}
 }

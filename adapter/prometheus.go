@@ -112,7 +112,7 @@ func (*Prometheus) Name() string { return "prometheus" }
 func (p *Prometheus) PromQL(q Query) (string, error) {
 	t := p.queries[q.Metric]
 	if t == nil {
-		return "", errUnknownMetric
+		return "", ErrUnknownMetric
 	}
 	return expand(t, q)
 }

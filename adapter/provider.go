@@ -3,7 +3,6 @@ package adapter
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math"
 	"slices"
@@ -61,43 +60,36 @@ func (p *Provider) GetExternalMetric(ctx context.Context, namespace string, sele
 	if selector == nil {
 		selector = labels.Everything()
 	}
-	q := Query{Metric: name, Namespace: namespace, Selector: selector}
-	values, err := p.backend.Query(ctx, q)
-	var invalid *SelectorError
+	values, err := p.Values(ctx, Query{Metric: name, Namespace: namespace, Selector: selector})
+	var (
+		invalid *SelectorError
+		stale   *StaleError
+		failed  *BackendError
+	)
 	switch {
 	case errors.As(err, &invalid):
 		p.metrics.request(start, name, outcomeInvalid)
 		return nil, apierrors.NewBadRequest(invalid.Error())
-	case errors.Is(err, errUnknownMetric): // the backend's queries leave it out
+	case errors.Is(err, ErrUnknownMetric): // the backend's queries leave it out
 		p.metrics.request(start, name, outcomeUnknown)
 		return nil, provider.NewMetricNotFoundError(externalGroup, name)
-	case err != nil:
+	case errors.As(err, &failed):
 		p.metrics.request(start, name, outcomeBackendError)
-		p.metrics.backendErrors.WithLabelValues(p.backend.Name()).Inc()
-		p.log.Error("backend failed", "backend", p.backend.Name(), "metric", name, "namespace", namespace, "selector", selector.String(), "err", err)
-		return nil, apierrors.NewInternalError(fmt.Errorf("the %s backend failed for %s (the adapter's log says why)", p.backend.Name(), name))
-	}
-	if len(values) == 0 {
+		return nil, apierrors.NewInternalError(failed)
+	case errors.Is(err, ErrNoData):
 		p.metrics.request(start, name, outcomeNoData)
-		p.log.Warn("no data", "metric", name, "namespace", namespace, "selector", selector.String())
 		return nil, provider.NewMetricNotFoundForSelectorError(externalGroup, name, namespace, selector)
+	case errors.As(err, &stale):
+		p.metrics.request(start, name, outcomeStale)
+		return nil, apierrors.NewServiceUnavailable(stale.Error())
+	case err != nil:
+		return nil, err // Values answers with the errors above alone
 	}
 	now := p.clock()
 	list := &external_metrics.ExternalMetricValueList{}
 	oldest := time.Duration(0)
 	for _, v := range values {
-		age := now.Sub(v.Time)
-		oldest = max(oldest, age)
-		if age > p.maxAge {
-			p.metrics.request(start, name, outcomeStale)
-			p.log.Warn("stale value refused", "metric", name, "namespace", namespace, "selector", selector.String(),
-				"age", age.Round(time.Millisecond), "max_age", p.maxAge)
-			why := fmt.Sprintf("is %s old, more than --max-age=%s", age.Round(time.Second), p.maxAge)
-			if v.Time.IsZero() {
-				why = "rests on a source not sampled yet"
-			}
-			return nil, apierrors.NewServiceUnavailable(fmt.Sprintf("%s for namespace %q selector %q %s", name, namespace, selector.String(), why))
-		}
+		oldest = max(oldest, now.Sub(v.Time))
 		list.Items = append(list.Items, external_metrics.ExternalMetricValue{
 			MetricName:   name,
 			MetricLabels: v.Labels,
@@ -108,6 +100,39 @@ func (p *Provider) GetExternalMetric(ctx context.Context, namespace string, sele
 	p.metrics.request(start, name, outcomeServed)
 	p.metrics.served(name, namespace, selector.String(), values, oldest, now)
 	return list, nil
+}
+
+// Values asks the backend for q and returns its values if every one is
+// there and no older than the maximum age; the external metrics API and
+// KEDA's external scaler (adapter/kedascaler) both serve through it. Its
+// errors say why not, each a case of its own for the caller to map to its
+// protocol: *SelectorError (a selector the backend cannot express: the
+// caller's), ErrUnknownMetric (a metric the backend does not serve),
+// *BackendError (the backend failed: counted and logged here), ErrNoData,
+// *StaleError.
+func (p *Provider) Values(ctx context.Context, q Query) ([]Value, error) {
+	values, err := p.backend.Query(ctx, q)
+	var invalid *SelectorError
+	switch {
+	case errors.As(err, &invalid), errors.Is(err, ErrUnknownMetric):
+		return nil, err
+	case err != nil:
+		p.metrics.backendErrors.WithLabelValues(p.backend.Name()).Inc()
+		p.log.Error("backend failed", "backend", p.backend.Name(), "metric", q.Metric, "namespace", q.Namespace, "selector", q.Selector.String(), "err", err)
+		return nil, &BackendError{Backend: p.backend.Name(), Metric: q.Metric, Err: err}
+	case len(values) == 0:
+		p.log.Warn("no data", "metric", q.Metric, "namespace", q.Namespace, "selector", q.Selector.String())
+		return nil, ErrNoData
+	}
+	now := p.clock()
+	for _, v := range values {
+		if age := now.Sub(v.Time); age > p.maxAge {
+			p.log.Warn("stale value refused", "metric", q.Metric, "namespace", q.Namespace, "selector", q.Selector.String(),
+				"age", age.Round(time.Millisecond), "max_age", p.maxAge)
+			return nil, &StaleError{Metric: q.Metric, Namespace: q.Namespace, Selector: q.Selector.String(), Age: age, MaxAge: p.maxAge, Unsampled: v.Time.IsZero()}
+		}
+	}
+	return values, nil
 }
 
 // quantity writes v with at least three significant digits, in the

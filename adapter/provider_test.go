@@ -66,7 +66,7 @@ func TestProviderNeverServesMadeUpValues(t *testing.T) {
 		{"no data", MemoryPressure, fakeBackend{}, http.StatusNotFound, outcomeNoData, ""},
 		{"backend down", RDMALatency, fakeBackend{err: errors.New("connection refused")}, http.StatusInternalServerError, outcomeBackendError, ""},
 		{"unknown metric", "bitfusion_gpu_util", fakeBackend{}, http.StatusNotFound, outcomeUnknown, ""},
-		{"metric the backend leaves out", PendingRequests, fakeBackend{err: errUnknownMetric}, http.StatusNotFound, outcomeUnknown, ""},
+		{"metric the backend leaves out", PendingRequests, fakeBackend{err: ErrUnknownMetric}, http.StatusNotFound, outcomeUnknown, ""},
 		{"selector the backend cannot express", GPUUtilization, fakeBackend{err: &SelectorError{Selector: "gpus>2", Key: "gpus", Operator: ">", Limit: "has no PromQL label matcher"}},
 			http.StatusBadRequest, outcomeInvalid, ""},
 		{"latency in seconds", RDMALatency, fakeBackend{values: []Value{{Value: 31.2e-6, Time: now}}}, 0, outcomeServed, "31200n"},
