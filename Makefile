@@ -206,7 +206,7 @@ scale: ## gpupool-load at 1,000 GPU servers (8,000 GPUs) and 10,000 leases again
 	$(GO) test -count=1 -run '^$$' -bench ThousandServers -benchtime 1x -timeout 20m ./test/e2e
 
 .PHONY: fuzz
-fuzz: ## fuzz the pool's operation stream, server registration, request and process-report decoding, leases on the wire, quantity parsing and the extender's node names (60s each)
+fuzz: ## fuzz the pool's operation stream, server registration, request and process-report decoding, leases on the wire, quantity parsing, the extender's node names and KEDA triggers' metadata (60s each)
 	$(GO) test ./allocator -run '^$$' -fuzz FuzzPool -fuzztime 60s
 	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzRegisterServer -fuzztime 60s
 	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzAcquireRequest -fuzztime 60s
@@ -214,6 +214,7 @@ fuzz: ## fuzz the pool's operation stream, server registration, request and proc
 	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzParseGPUMemory -fuzztime 60s
 	$(GO) test ./gpuserver -run '^$$' -fuzz FuzzProcessReport -fuzztime 60s
 	$(GO) test ./kube/scheduler -run '^$$' -fuzz FuzzNodeNames -fuzztime 60s
+	$(GO) test ./adapter/kedascaler -run '^$$' -fuzz FuzzParseTrigger -fuzztime 60s
 
 .PHONY: rewrite
 rewrite: ## rewrite the scenario files' expected output (read the diff!)
