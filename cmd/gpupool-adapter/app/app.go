@@ -5,6 +5,7 @@ package app
 import (
 	"cmp"
 	"context"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/gpupool/gpupool/adapter"
+	"github.com/gpupool/gpupool/adapter/kedascaler"
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/httpserver"
 	"github.com/gpupool/gpupool/internal/kubeconfig"
@@ -35,6 +37,12 @@ label selector on the owner pods of the leases:
 A value older than --max-age, or no value, is an error to the HPA (it then
 holds its size), never a zero. Register it as the v1beta1.external.metrics.k8s.io
 APIService; deploy/ has the manifests, docs/adapter.md the details.
+
+With --keda-scaler-listen it also serves KEDA's external scaler API (gRPC
+over TLS, client certificates signed by --keda-client-ca): a ScaledObject
+scales on bitfusion_gpu_utilization, bitfusion_memory_pressure or
+bitfusion_idle_held_share, to zero once its leases have been idle for their
+namespace's whole window, and back while a lease request of its pods waits.
 `
 
 // Run serves the external metrics API and /metrics until ctx ends or one
@@ -43,6 +51,12 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	be, err := newBackend(o, log)
 	if err != nil {
 		return &cli.UsageError{Err: err}
+	}
+	var kedaCAs *x509.CertPool
+	if o.KedaClientCA != "" {
+		if kedaCAs, err = kedascaler.ClientCAs(o.KedaClientCA); err != nil {
+			return &cli.UsageError{Err: fmt.Errorf("--keda-client-ca: %w", err)}
+		}
 	}
 	var kube *rest.Config
 	if o.NoDelegation {
@@ -61,21 +75,45 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	if metrics.Listener, err = httpserver.Listen(o.MetricsListener, o.MetricsListen); err != nil {
 		return fmt.Errorf("listening for /metrics: %w", err)
 	}
-	log.Info("adapter serving", "backend", be.Name(), "max_age", o.MaxAge, "metrics", "http://"+metrics.Listener.Addr().String()+"/metrics",
-		"api", fmt.Sprintf("https://%s:%d/apis/external.metrics.k8s.io/v1beta1", o.Serving.SecureServing.BindAddress, o.Serving.SecureServing.BindPort))
 	// Serve returns once ctx ends and /metrics is drained, without waiting
 	// for its tasks; the API server drains its own requests (the
-	// aggregator's, in flight), and the command waits for that here.
+	// aggregator's, in flight), the KEDA scaler its calls, and the command
+	// waits for them here.
 	apiStopped := make(chan error, 1)
-	err = httpserver.Serve(ctx, []httpserver.Endpoint{metrics}, func(ctx context.Context) error {
+	tasks := []func(context.Context) error{func(ctx context.Context) error {
 		err := srv.GenericAPIServer.PrepareRun().RunWithContext(ctx)
 		if err != nil {
 			err = fmt.Errorf("serving the external metrics API: %w", err)
 		}
 		apiStopped <- err
 		return err
-	})
-	return cmp.Or(err, <-apiStopped)
+	}}
+	kedaStopped := make(chan error, 1)
+	kedaAt := "off"
+	if kedaCAs != nil {
+		ln, err := httpserver.Listen(o.KedaScalerListener, o.KedaScalerListen)
+		if err != nil {
+			_ = metrics.Listener.Close()
+			return fmt.Errorf("listening for KEDA's external scaler: %w", err)
+		}
+		kedaAt = ln.Addr().String()
+		// The API server's certificate, which it reads again when its
+		// files change.
+		tlsConfig := kedascaler.ServerTLS(srv.GenericAPIServer.SecureServingInfo.Cert, kedaCAs)
+		scaler := kedascaler.New(kedascaler.Config{Provider: prov, Registry: reg, Log: log})
+		tasks = append(tasks, func(ctx context.Context) error {
+			err := scaler.Serve(ctx, ln, tlsConfig)
+			kedaStopped <- err
+			return err
+		})
+	} else {
+		kedaStopped <- nil
+	}
+	log.Info("adapter serving", "backend", be.Name(), "max_age", o.MaxAge, "metrics", "http://"+metrics.Listener.Addr().String()+"/metrics",
+		"api", fmt.Sprintf("https://%s:%d/apis/external.metrics.k8s.io/v1beta1", o.Serving.SecureServing.BindAddress, o.Serving.SecureServing.BindPort),
+		"keda_scaler", kedaAt)
+	err = httpserver.Serve(ctx, []httpserver.Endpoint{metrics}, tasks...)
+	return cmp.Or(err, <-apiStopped, <-kedaStopped)
 }
 
 // newBackend is the backend --backend names, from its flags.

@@ -29,6 +29,13 @@ type Options struct {
 	// no flag sets it, a caller that runs the adapter in its own process
 	// does (gpupool-demo), as Serving.SecureServing.Listener for the API.
 	MetricsListener net.Listener
+	// KedaScalerListen serves KEDA's external scaler API there (gRPC over
+	// TLS); empty serves none. KedaClientCA is the CA file of the client
+	// certificates it accepts: KEDA's TriggerAuthentication's.
+	KedaScalerListen, KedaClientCA string
+	// KedaScalerListener, when set, serves it in place of KedaScalerListen,
+	// as MetricsListener does /metrics.
+	KedaScalerListener net.Listener
 
 	Serving *options.CustomMetricsAdapterServerOptions
 }
@@ -55,6 +62,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig of the cluster that delegates authentication and authorization to; empty uses the in-cluster config")
 	fs.BoolVar(&o.NoDelegation, "no-delegation", o.NoDelegation, "serve every request without asking a cluster who may (loopback demos only: INSECURE)")
 	fs.StringVar(&o.MetricsListen, "metrics-listen", o.MetricsListen, "address to serve the adapter's own /metrics on (plain HTTP)")
+	fs.StringVar(&o.KedaScalerListen, "keda-scaler-listen", o.KedaScalerListen,
+		"address to serve KEDA's external scaler API on (gRPC over TLS, with the serving certificate of --tls-cert-file; :9471), for ScaledObjects' external and external-push triggers; empty serves none (needs --backend direct and --keda-client-ca)")
+	fs.StringVar(&o.KedaClientCA, "keda-client-ca", o.KedaClientCA,
+		"PEM file of the CA whose client certificates the KEDA scaler accepts: the one that signed the tlsClientCert of KEDA's TriggerAuthentication; a client without one is refused")
 	o.Serving.AddFlags(fs)
 }
 
@@ -66,7 +77,33 @@ func (o *Options) Validate() error {
 	}
 	switch o.Backend {
 	case "direct", "prometheus":
+	default:
+		return fmt.Errorf("--backend %q is not one of direct, prometheus", o.Backend)
+	}
+	return o.validateKeda()
+}
+
+// validateKeda checks the KEDA scaler's flags.
+func (o *Options) validateKeda() error {
+	listen := o.KedaScalerListen
+	switch {
+	case o.KedaScalerListener != nil:
+		listen = o.KedaScalerListener.Addr().String()
+	case listen == "" && o.KedaClientCA != "":
+		return fmt.Errorf("--keda-client-ca=%s without --keda-scaler-listen: it is the KEDA scaler's, which serves only with an address", o.KedaClientCA)
+	case listen == "":
 		return nil
 	}
-	return fmt.Errorf("--backend %q is not one of direct, prometheus", o.Backend)
+	if _, _, err := net.SplitHostPort(listen); err != nil {
+		return fmt.Errorf("--keda-scaler-listen=%s is not an address such as :9471: %w", listen, err)
+	}
+	if o.KedaClientCA == "" {
+		return fmt.Errorf("--keda-scaler-listen=%s needs --keda-client-ca: the scaler answers only clients with a certificate that CA signed "+
+			"(KEDA's TriggerAuthentication's tlsClientCert), since anyone else could read every namespace's use through it", listen)
+	}
+	if o.Backend != "direct" {
+		return fmt.Errorf("--keda-scaler-listen=%s needs --backend=direct, not %s: the scaler's activity reads the allocator's idle verdicts per lease, which Prometheus does not hold by pod labels",
+			listen, o.Backend)
+	}
+	return nil
 }
