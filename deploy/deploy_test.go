@@ -102,9 +102,10 @@ func podSpec(t *testing.T, o *unstructured.Unstructured) (corev1.PodSpec, bool) 
 	return pod, true
 }
 
-// clusterScoped are the kinds the overlays hold that live in no namespace.
+// clusterScoped are the kinds the overlays and examples hold that live in
+// no namespace.
 var clusterScoped = []string{"Namespace", "ClusterRole", "ClusterRoleBinding", "APIService", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
-	"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+	"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ClusterTriggerAuthentication"}
 
 func TestOverlaysBuild(t *testing.T) {
 	for _, dir := range kustomizations(t) {
