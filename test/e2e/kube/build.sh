@@ -11,9 +11,10 @@
 # line of output is the directory.
 #
 # `build.sh keda` builds KEDA too (keda/, a module pinning it): its
-# operator and metrics server, keda-operator and keda-adapter, and the
-# CRDs of ScaledObject, ScaledJob, TriggerAuthentication and
-# ClusterTriggerAuthentication, about 7 minutes more cold (811 CPU-seconds,
+# operator and metrics server, keda-operator and keda-adapter, and its
+# CRDs (ScaledObject, ScaledJob, TriggerAuthentication,
+# ClusterTriggerAuthentication and the two the operator also watches),
+# about 7 minutes more cold (811 CPU-seconds,
 # docs/measurements/keda-build.md). No test starts KEDA yet, so nothing
 # asks for it: the Makefile passes $(KUBE_EXTRAS), empty, to every call of
 # this script (make kube, CI's early build, make e2e), and the commit that
@@ -91,7 +92,12 @@ if [ -n "$with_keda" ]; then
   keda_module="$root/test/e2e/kube/keda"
   keda=github.com/kedacore/keda/v2
   keda_version="$(awk -v m="$keda" '$1 == "require" && $2 == m {print $3}' "$keda_module/go.mod")"
-  keda_crds=(keda.sh_scaledobjects.yaml keda.sh_scaledjobs.yaml keda.sh_triggerauthentications.yaml keda.sh_clustertriggerauthentications.yaml)
+  # All six of KEDA's CRDs: the operator watches CloudEventSource and
+  # ClusterCloudEventSource too (cmd/operator/main.go sets up their
+  # controllers), and controller-runtime stops its manager when a kind it
+  # watches is not installed (after the cache-sync timeout, 2 minutes).
+  keda_crds=(keda.sh_scaledobjects.yaml keda.sh_scaledjobs.yaml keda.sh_triggerauthentications.yaml keda.sh_clustertriggerauthentications.yaml
+    eventing.keda.sh_cloudeventsources.yaml eventing.keda.sh_clustercloudeventsources.yaml)
   keda_built="$(cat "$dir/keda-version" 2>/dev/null || true)"
   for f in keda-operator keda-adapter "${keda_crds[@]}"; do
     [ -f "$dir/$f" ] || keda_built=
