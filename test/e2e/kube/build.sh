@@ -9,7 +9,27 @@
 # all, and a second run waits for the first (CI starts one early, beside
 # the unit tests). Cold, on 2 cores, this takes about 19 minutes. The last
 # line of output is the directory.
+#
+# `build.sh keda` builds KEDA too (keda/, a module pinning it): its
+# operator and metrics server, keda-operator and keda-adapter, and its
+# CRDs (ScaledObject, ScaledJob, TriggerAuthentication,
+# ClusterTriggerAuthentication and the two the operator also watches),
+# about 7 minutes more cold (811 CPU-seconds,
+# docs/measurements/keda-build.md). No test starts KEDA yet, so nothing
+# asks for it: the Makefile passes $(KUBE_EXTRAS), empty, to every call of
+# this script (make kube, CI's early build, make e2e), and the commit that
+# adds a test of KEDA sets it to keda there, one line.
 set -euo pipefail
+with_keda=
+for extra in "$@"; do
+  case "$extra" in
+    keda) with_keda=1 ;;
+    *)
+      echo "usage: $0 [keda]" >&2
+      exit 2
+      ;;
+  esac
+done
 root="$(cd "$(dirname "$0")/../../.." && pwd)"
 version="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$root/cmd/gpupool-kube-scheduler/go.mod")"
 kwok_version=v0.8.0
@@ -63,5 +83,39 @@ if [ ! -f "$dir/kubeflow.org_tfjobs.yaml" ] || [ ! -f "$dir/training-operator-ro
   cp "$module/manifests/base/crds/kubeflow.org_tfjobs.yaml" "$tmp/"
   cp "$module/manifests/base/rbac/role.yaml" "$tmp/training-operator-role.yaml"
   mv "$tmp/kubeflow.org_tfjobs.yaml" "$tmp/training-operator-role.yaml" "$dir/"
+fi
+
+# KEDA, when asked. keda-version, written last, names the version the
+# files are of: a new pin builds them again, and a run stopped between the
+# renames leaves no keda-version, so the next builds them again too.
+if [ -n "$with_keda" ]; then
+  keda_module="$root/test/e2e/kube/keda"
+  keda=github.com/kedacore/keda/v2
+  keda_version="$(awk -v m="$keda" '$1 == "require" && $2 == m {print $3}' "$keda_module/go.mod")"
+  # All six of KEDA's CRDs: the operator watches CloudEventSource and
+  # ClusterCloudEventSource too (cmd/operator/main.go sets up their
+  # controllers), and controller-runtime stops its manager when a kind it
+  # watches is not installed (after the cache-sync timeout, 2 minutes).
+  keda_crds=(keda.sh_scaledobjects.yaml keda.sh_scaledjobs.yaml keda.sh_triggerauthentications.yaml keda.sh_clustertriggerauthentications.yaml
+    eventing.keda.sh_cloudeventsources.yaml eventing.keda.sh_clustercloudeventsources.yaml)
+  keda_built="$(cat "$dir/keda-version" 2>/dev/null || true)"
+  for f in keda-operator keda-adapter "${keda_crds[@]}"; do
+    [ -f "$dir/$f" ] || keda_built=
+  done
+  if [ "$keda_built" != "$keda_version" ]; then
+    echo "building KEDA $keda_version's operator and metrics server into $dir (cold: about 7 minutes on 2 cores)" >&2
+    # One go build: the two share most of their 3,700 packages.
+    (cd "$keda_module" && go build -ldflags "-s -w -X $keda/version.Version=$keda_version" -o "$tmp/" "$keda/cmd/operator" "$keda/cmd/adapter")
+    mv "$tmp/operator" "$tmp/keda-operator"
+    mv "$tmp/adapter" "$tmp/keda-adapter"
+    module="$(cd "$keda_module" && go list -m -f '{{.Dir}}' "$keda")"
+    for f in "${keda_crds[@]}"; do
+      cp "$module/config/crd/bases/$f" "$tmp/"
+    done
+    echo "$keda_version" >"$tmp/keda-version"
+    for f in keda-operator keda-adapter "${keda_crds[@]}" keda-version; do
+      mv "$tmp/$f" "$dir/$f"
+    done
+  fi
 fi
 echo "$dir"
