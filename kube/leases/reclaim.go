@@ -8,13 +8,11 @@ import (
 	"strings"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpupool/gpupool/kube"
 )
@@ -54,60 +52,52 @@ func (c *Controller) workloadOf(ctx context.Context, pod *corev1.Pod) (workload,
 	switch {
 	case group == "batch" && ref.Kind == "Job":
 		j, err := c.client.BatchV1().Jobs(ns).Get(ctx, ref.Name, metav1.GetOptions{})
-		return checked(ref, j, nil, err)
+		if err != nil {
+			return checked(ref)(nil, nil, err)
+		}
+		return checked(ref)(j, nil, nil)
 	case group == "apps" && ref.Kind == "StatefulSet":
-		s, err := c.client.AppsV1().StatefulSets(ns).Get(ctx, ref.Name, metav1.GetOptions{})
-		if err != nil {
-			return checked(ref, nil, nil, err)
-		}
-		return checked(ref, s, s.Spec.Replicas, nil)
+		return checked(ref)(readScalable(ctx, c.client, ref.Kind, ns, ref.Name))
 	case group == "apps" && ref.Kind == "ReplicaSet":
-		rs, err := c.client.AppsV1().ReplicaSets(ns).Get(ctx, ref.Name, metav1.GetOptions{})
-		if err != nil {
-			return checked(ref, nil, nil, err)
-		}
-		w, err := checked(ref, rs, rs.Spec.Replicas, nil)
+		w, err := checked(ref)(readScalable(ctx, c.client, ref.Kind, ns, ref.Name))
 		if err != nil || w.meta == nil {
 			return w, err
 		}
-		return c.deploymentOf(ctx, rs, w)
+		return c.deploymentOf(ctx, w)
 	}
 	return workload{evicted: fmt.Sprintf("its controller, %s %s, is of a kind the idle policy does not scale: its pod is evicted, as a node drain does", ref.Kind, ref.Name)}, nil
 }
 
-// deploymentOf is the Deployment that controls rs, when there is one, else
-// rs's own workload w: a ReplicaSet of its own is scaled as a Deployment is.
-func (c *Controller) deploymentOf(ctx context.Context, rs *appsv1.ReplicaSet, w workload) (workload, error) {
-	up := metav1.GetControllerOf(rs)
+// deploymentOf is the Deployment that controls w's ReplicaSet, when there
+// is one, else w: a ReplicaSet of its own, or whose Deployment is gone, is
+// scaled as a Deployment is.
+func (c *Controller) deploymentOf(ctx context.Context, w workload) (workload, error) {
+	up := metav1.GetControllerOf(w.meta)
 	if up == nil || up.Kind != "Deployment" {
 		return w, nil
 	}
-	d, err := c.client.AppsV1().Deployments(rs.Namespace).Get(ctx, up.Name, metav1.GetOptions{})
-	if err != nil {
-		dw, err := checked(up, nil, nil, err)
-		if err != nil {
-			return dw, err
-		}
-		return w, nil // its Deployment is gone: the ReplicaSet is what is left
+	d, err := checked(up)(readScalable(ctx, c.client, up.Kind, w.meta.GetNamespace(), up.Name))
+	if err != nil || d.meta == nil {
+		return w, err
 	}
-	if d.UID != up.UID {
-		return w, nil
-	}
-	return workload{kind: "Deployment", name: d.Name, meta: d, replicas: d.Spec.Replicas}, nil
+	return d, nil
 }
 
-// checked is the workload ref names, obj as read (err its read's error):
-// none, for eviction, when no such object is there or it is another one.
-func checked(ref *metav1.OwnerReference, obj metav1.Object, replicas *int32, err error) (workload, error) {
-	switch {
-	case apierrors.IsNotFound(err):
-		return workload{evicted: fmt.Sprintf("its controller reference names %s %s, which does not exist: its pod is evicted", ref.Kind, ref.Name)}, nil
-	case err != nil:
-		return workload{}, fmt.Errorf("reading %s %s: %w", ref.Kind, ref.Name, err)
-	case obj.GetUID() != ref.UID:
-		return workload{evicted: fmt.Sprintf("its controller reference names %s %s with UID %s, not the one of that name: its pod is evicted", ref.Kind, ref.Name, ref.UID)}, nil
+// checked makes the workload ref names of what a read returned (obj,
+// its replicas, the read's error): none, for eviction, when no such
+// object is there or it is another one.
+func checked(ref *metav1.OwnerReference) func(obj metav1.Object, replicas *int32, err error) (workload, error) {
+	return func(obj metav1.Object, replicas *int32, err error) (workload, error) {
+		switch {
+		case apierrors.IsNotFound(err):
+			return workload{evicted: fmt.Sprintf("its controller reference names %s %s, which does not exist: its pod is evicted", ref.Kind, ref.Name)}, nil
+		case err != nil:
+			return workload{}, fmt.Errorf("reading %s %s: %w", ref.Kind, ref.Name, err)
+		case obj.GetUID() != ref.UID:
+			return workload{evicted: fmt.Sprintf("its controller reference names %s %s with UID %s, not the one of that name: its pod is evicted", ref.Kind, ref.Name, ref.UID)}, nil
+		}
+		return workload{kind: ref.Kind, name: ref.Name, meta: obj, replicas: replicas}, nil
 	}
-	return workload{kind: ref.Kind, name: ref.Name, meta: obj, replicas: replicas}, nil
 }
 
 // exemption is where the platform team exempted pod or its workload from
@@ -147,7 +137,7 @@ func (c *Controller) reclaim(ctx context.Context, pod *corev1.Pod, w workload) (
 		if err != nil {
 			return false, err
 		}
-		if _, err := c.client.BatchV1().Jobs(pod.Namespace).Patch(ctx, w.name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		if err := patchWorkload(ctx, c.client, "Job", pod.Namespace, w.name, patch); err != nil {
 			return false, fmt.Errorf("suspending Job %s/%s: %w", pod.Namespace, w.name, err)
 		}
 		c.record.Eventf(pod, corev1.EventTypeWarning, EventIdleReclaimed,
@@ -211,16 +201,7 @@ func (c *Controller) scaleToZero(ctx context.Context, pod *corev1.Pod, w workloa
 	if err != nil {
 		return err
 	}
-	apps := c.client.AppsV1()
-	switch w.kind {
-	case "Deployment":
-		_, err = apps.Deployments(pod.Namespace).Patch(ctx, w.name, types.MergePatchType, patch, metav1.PatchOptions{})
-	case "StatefulSet":
-		_, err = apps.StatefulSets(pod.Namespace).Patch(ctx, w.name, types.MergePatchType, patch, metav1.PatchOptions{})
-	default:
-		_, err = apps.ReplicaSets(pod.Namespace).Patch(ctx, w.name, types.MergePatchType, patch, metav1.PatchOptions{})
-	}
-	if err != nil {
+	if err := patchWorkload(ctx, c.client, w.kind, pod.Namespace, w.name, patch); err != nil {
 		return fmt.Errorf("scaling %s %s/%s to zero: %w", w.kind, pod.Namespace, w.name, err)
 	}
 	c.record.Eventf(pod, corev1.EventTypeWarning, EventIdleReclaimed,

@@ -69,27 +69,7 @@ func resumeJob(ctx context.Context, c kubernetes.Interface, namespace, name stri
 }
 
 func scaleBack(ctx context.Context, c kubernetes.Interface, kind, namespace, name string) (string, error) {
-	var meta metav1.Object
-	var replicas *int32
-	var err error
-	apps := c.AppsV1()
-	switch kind {
-	case "Deployment":
-		d, e := apps.Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
-		if err = e; e == nil {
-			meta, replicas = d, d.Spec.Replicas
-		}
-	case "StatefulSet":
-		s, e := apps.StatefulSets(namespace).Get(ctx, name, metav1.GetOptions{})
-		if err = e; e == nil {
-			meta, replicas = s, s.Spec.Replicas
-		}
-	default:
-		r, e := apps.ReplicaSets(namespace).Get(ctx, name, metav1.GetOptions{})
-		if err = e; e == nil {
-			meta, replicas = r, r.Spec.Replicas
-		}
-	}
+	meta, replicas, err := readScalable(ctx, c, kind, namespace, name)
 	if err != nil {
 		return "", notFound(err, kind, namespace, name)
 	}
@@ -127,16 +107,7 @@ func patch(ctx context.Context, c kubernetes.Interface, kind, namespace, name st
 	if err != nil {
 		return err
 	}
-	switch kind {
-	case "Job":
-		_, err = c.BatchV1().Jobs(namespace).Patch(ctx, name, types.MergePatchType, b, metav1.PatchOptions{})
-	case "Deployment":
-		_, err = c.AppsV1().Deployments(namespace).Patch(ctx, name, types.MergePatchType, b, metav1.PatchOptions{})
-	case "StatefulSet":
-		_, err = c.AppsV1().StatefulSets(namespace).Patch(ctx, name, types.MergePatchType, b, metav1.PatchOptions{})
-	default:
-		_, err = c.AppsV1().ReplicaSets(namespace).Patch(ctx, name, types.MergePatchType, b, metav1.PatchOptions{})
-	}
+	err = patchWorkload(ctx, c, kind, namespace, name, b)
 	if apierrors.IsConflict(err) {
 		return fmt.Errorf("%s %s/%s changed while it was resumed; run it again: %w", kind, namespace, name, err)
 	}
