@@ -54,6 +54,13 @@ func (e *Election) validate() error {
 	if e.RetryPeriod == 0 {
 		e.RetryPeriod = 2 * time.Second
 	}
+	// The Lease records its duration in whole seconds, and the standbys
+	// wait out what it records: 900ms would read as 0s to them, and they
+	// would take over a leader that is merely slow to renew.
+	if e.LeaseDuration < time.Second || e.LeaseDuration%time.Second != 0 {
+		return fmt.Errorf("leases: election lease duration %v: the Lease records whole seconds (standbys would wait %ds); use a whole number of seconds, at least 1s",
+			e.LeaseDuration, int(e.LeaseDuration/time.Second))
+	}
 	if e.LeaseDuration <= e.RenewDeadline || e.RenewDeadline <= e.RetryPeriod || e.RetryPeriod <= 0 {
 		return fmt.Errorf("leases: election timings lease %v > renew deadline %v > retry period %v > 0 do not hold",
 			e.LeaseDuration, e.RenewDeadline, e.RetryPeriod)

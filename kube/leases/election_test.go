@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
@@ -28,14 +29,15 @@ type replica struct {
 }
 
 // startReplica runs a controller elected as identity until stop or the
-// test's end. The timings are short (a dead leader is replaced within a
-// second), the order between them kube-controller-manager's.
+// test's end. The timings are the shortest a Lease records (a dead
+// leader is replaced within a second), the order between them
+// kube-controller-manager's.
 func (e *testEnv) startReplica(identity string) *replica {
 	e.t.Helper()
 	ctrl, err := NewController(Config{Client: e.kube, Allocator: e.alloc.Client(e.t), Unit: kube.UnitPercent, Resync: time.Hour,
 		Recorder: record.NewFakeRecorder(100), Logger: slog.New(slog.NewTextHandler(e.log, nil)), Registry: prometheus.NewRegistry(),
 		Election: &Election{Namespace: "gpupool", Name: DefaultElectionName, Identity: identity,
-			LeaseDuration: 900 * time.Millisecond, RenewDeadline: 600 * time.Millisecond, RetryPeriod: 100 * time.Millisecond}})
+			LeaseDuration: time.Second, RenewDeadline: 600 * time.Millisecond, RetryPeriod: 100 * time.Millisecond}})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -110,11 +112,46 @@ func TestStandbyTakesOverAPodDeletedMeanwhile(t *testing.T) {
 	eventually(t, "b's first resync releases the deleted pod's lease", func() bool { return !e.leaseExists(lease.ID) })
 }
 
+// TestStandbyWaitsOutASlowLeader: a leader whose renewals fail for less
+// than its renew deadline (an apiserver slow under load) keeps leading,
+// and the standby does not take over meanwhile: two leaders would both
+// release leases. The Lease's duration, as the standby reads it, is what
+// holds it back.
+func TestStandbyWaitsOutASlowLeader(t *testing.T) {
+	e := newEnv(t, kube.UnitPercent)
+	var slow atomic.Bool
+	e.kube.PrependReactor("update", "leases", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		lease, ok := action.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease)
+		if slow.Load() && ok && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity == "a" {
+			return true, nil, errors.New("the server was unable to return a response in the time allotted")
+		}
+		return false, nil, nil
+	})
+	a := e.startReplica("a")
+	eventually(t, "a leads", a.leads)
+	b := e.startReplica("b")
+	eventually(t, "b stands by", func() bool { return e.log.count("standing by") > 0 })
+	slow.Store(true)
+	time.Sleep(400 * time.Millisecond) // under the renew deadline, 600ms
+	slow.Store(false)
+	time.Sleep(300 * time.Millisecond) // a renews again; b polls thrice
+	if n := e.log.count("identity=b"); n != 0 || b.leads() {
+		t.Fatalf("the standby took over a leader that renewed late: led %d times, leads now %v", n, b.leads())
+	}
+	if !a.leads() {
+		t.Error("a no longer leads after renewing within its deadline")
+	}
+}
+
 func TestElectionValidates(t *testing.T) {
 	e := newEnv(t, kube.UnitPercent)
 	for name, el := range map[string]Election{
 		"no namespace": {Name: "n", Identity: "a"},
 		"no identity":  {Namespace: "gpupool", Name: "n"},
+		"lease under a second": {Namespace: "gpupool", Name: "n", Identity: "a",
+			LeaseDuration: 900 * time.Millisecond, RenewDeadline: 600 * time.Millisecond, RetryPeriod: 100 * time.Millisecond},
+		"lease in part seconds": {Namespace: "gpupool", Name: "n", Identity: "a",
+			LeaseDuration: 1500 * time.Millisecond, RenewDeadline: time.Second, RetryPeriod: 100 * time.Millisecond},
 		"renew >= lease": {Namespace: "gpupool", Name: "n", Identity: "a",
 			LeaseDuration: time.Second, RenewDeadline: time.Second, RetryPeriod: time.Millisecond},
 	} {
