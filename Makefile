@@ -150,21 +150,17 @@ test: deps verify ## unit, scenario, property and integration tests (real etcd, 
 # ~/.cache/gpupool (or $KUBE_BIN_DIR). Lower case, so that make does not
 # export it to every recipe. KUBE_EXTRAS names what it builds beyond them
 # for every target that calls it, CI's early make kube included: keda
-# (KEDA's operator and metrics server, about 7 minutes more cold) once a
-# test starts KEDA, none before.
-KUBE_EXTRAS ?=
+# (KEDA's operator and metrics server, about 7 minutes more cold), which
+# TestKEDA* start.
+KUBE_EXTRAS ?= keda
 kube_bin_dir = $(shell test/e2e/kube/build.sh $(KUBE_EXTRAS) | tail -n 1)
 
 .PHONY: kube
-kube: ## build the Kubernetes control plane, the kubelet, kube-proxy, CoreDNS and the training operator for the e2e tests once (about 19 minutes cold)
+kube: ## build the Kubernetes control plane, the kubelet, kube-proxy, CoreDNS, the training operator and KEDA for the e2e tests once (about 26 minutes cold)
 	test/e2e/kube/build.sh $(KUBE_EXTRAS)
 
-.PHONY: keda
-keda: ## make kube, and KEDA's operator, metrics server and CRDs beside them, which no test starts yet (about 7 minutes more cold)
-	test/e2e/kube/build.sh keda
-
 .PHONY: e2e
-e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the daemon, the demo, the console in a headless Chromium, the HPA on a real control plane, bursts of 1,000 pods and scheduler faults at 1,213 nodes, pods on a real kubelet
+e2e: deps ## the binaries end to end: gpupool run, crash and etcd failover, the daemon, the demo, the console in a headless Chromium, the HPA and KEDA on a real control plane, bursts of 1,000 pods and scheduler faults at 1,213 nodes, pods on a real kubelet
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -count=1 -timeout 30m ./test/e2e/...
 
 .PHONY: bench

@@ -121,7 +121,9 @@ func (p *Provider) Values(ctx context.Context, q Query) ([]Value, error) {
 		p.log.Error("backend failed", "backend", p.backend.Name(), "metric", q.Metric, "namespace", q.Namespace, "selector", q.Selector.String(), "err", err)
 		return nil, &BackendError{Backend: p.backend.Name(), Metric: q.Metric, Err: err}
 	case len(values) == 0:
-		p.log.Warn("no data", "metric", q.Metric, "namespace", q.Namespace, "selector", q.Selector.String())
+		// Often the steady state, not a fault: a workload KEDA scaled to
+		// zero has no lease, and KEDA asks about it every second.
+		p.log.Debug("no data", "metric", q.Metric, "namespace", q.Namespace, "selector", q.Selector.String())
 		return nil, ErrNoData
 	}
 	now := p.clock()

@@ -67,12 +67,18 @@ type hpaRig struct {
 	serverMu  sync.Mutex
 	server    *exec.Cmd
 	logs      *syncBuffer
+	// scaler is the address of gpupool-adapter's KEDA external scaler;
+	// promURL Prometheus's, for KEDA's prometheus trigger.
+	scaler, promURL string
 }
 
 type rigOptions struct {
 	syncPeriod time.Duration
 	backend    string // direct or prometheus
 	scrape     time.Duration
+	// keda, when set, has KEDA scale tf-training, from zero, with this
+	// trigger (kedaTriggers), instead of gpupool's APIService and an HPA.
+	keda string
 }
 
 func startHPARig(t testing.TB, o rigOptions) *hpaRig {
@@ -99,6 +105,9 @@ func startHPARig(t testing.TB, o rigOptions) *hpaRig {
 	// Tokens on, as deployed: the daemon holds the servers token, each
 	// replica's `gpupool run` ml's, the adapter the admin token.
 	r.config = writePoolConfig(t, map[string]int64{hpaNamespace: noQuota})
+	if o.keda != "" {
+		r.config.setIdlePolicy(t, hpaNamespace, kedaIdlePolicy)
+	}
 	a := startAllocator(t, "--data-dir", t.TempDir(), "--heartbeat-timeout", "5s", "--config", r.config.Path)
 	r.allocURL, r.client = a.URL, newClient(t, a.URL, r.config.Tenant[hpaNamespace])
 	daemonAddr := "127.0.0.1:" + freePort(t)
@@ -114,12 +123,16 @@ func startHPARig(t testing.TB, o rigOptions) *hpaRig {
 		promURL = metricstest.StartPrometheusWith(t, metricstest.PrometheusConfig{Interval: o.scrape, RuleFiles: []string{metricstest.GpupoolRules(t)}},
 			a.URL, "http://"+daemonAddr)
 	}
-	startAPIServiceAdapter(t, cp, r.logs, a.URL, r.config.adminTokenFile(t), promURL, o.scrape)
+	if o.keda == "" {
+		startAPIServiceAdapter(t, cp, r.logs, a.URL, r.config.adminTokenFile(t), promURL, o.scrape)
+	} else {
+		r.startKEDA(t, promURL)
+	}
 
 	if err := cp.AddKwokNode(ctx, gpuNode, map[string]string{"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}); err != nil {
 		t.Fatal(err)
 	}
-	r.createWorkload(t)
+	r.createWorkload(t, o.keda)
 	followCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); r.followReplicas(followCtx) }()
@@ -199,9 +212,22 @@ func startCommand(t testing.TB, logs *syncBuffer, env []string, path string, rea
 func startAPIServiceAdapter(t testing.TB, cp *kube.ControlPlane, logs *syncBuffer, allocatorURL, adminTokenFile, promURL string, scrape time.Duration) {
 	t.Helper()
 	ctx := context.Background()
+	port := startClusterAdapter(t, cp, logs, allocatorURL, adminTokenFile, promURL, scrape)
+	if err := cp.RegisterAPIService(ctx, "external.metrics.k8s.io", "v1beta1", "gpupool", "gpupool-adapter", port); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.WaitAPIServiceAvailable(ctx, "v1beta1.external.metrics.k8s.io"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startClusterAdapter runs gpupool-adapter as deployed in cp, until the test ends, with
+// extra flags, and returns its secure port: its serving certificate is
+// the cluster CA's, for the Service name the aggregator and KEDA check,
+// and its authentication and authorization are delegated to kube-apiserver.
+func startClusterAdapter(t testing.TB, cp *kube.ControlPlane, logs *syncBuffer, allocatorURL, adminTokenFile, promURL string, scrape time.Duration, extra ...string) int32 {
+	t.Helper()
 	dir := t.TempDir()
-	// A serving certificate for the Service name the aggregator checks;
-	// authentication and authorization delegated to kube-apiserver.
 	cert, key, err := cp.ServingCert("gpupool-adapter.gpupool.svc")
 	if err != nil {
 		t.Fatal(err)
@@ -229,14 +255,9 @@ func startAPIServiceAdapter(t testing.TB, cp *kube.ControlPlane, logs *syncBuffe
 	if promURL != "" {
 		args = append(args, "--prometheus-url", promURL)
 	}
-	startBinary(t, logs, "gpupool-adapter", regexp.MustCompile(`Serving securely`), args...)
+	startBinary(t, logs, "gpupool-adapter", regexp.MustCompile(`Serving securely`), append(args, extra...)...)
 	portNum, _ := strconv.Atoi(port)
-	if err := cp.RegisterAPIService(ctx, "external.metrics.k8s.io", "v1beta1", "gpupool", "gpupool-adapter", int32(portNum)); err != nil {
-		t.Fatal(err)
-	}
-	if err := cp.WaitAPIServiceAvailable(ctx, "v1beta1.external.metrics.k8s.io"); err != nil {
-		t.Fatal(err)
-	}
+	return int32(portNum)
 }
 
 func (r *hpaRig) startServer(t testing.TB) {
@@ -267,22 +288,31 @@ func (r *hpaRig) setLoad(t testing.TB, gpus float64) {
 	}
 }
 
-// createWorkload creates the tf-training Deployment (one replica, on the
-// kwok GPU node) and its HPA on bitfusion_gpu_utilization.
-func (r *hpaRig) createWorkload(t testing.TB) {
+// createWorkload creates the tf-training Deployment on the kwok GPU node:
+// one replica and its HPA on bitfusion_gpu_utilization, or none and
+// KEDA's ScaledObject with the trigger keda.
+func (r *hpaRig) createWorkload(t testing.TB, keda string) {
 	t.Helper()
 	ctx := context.Background()
 	c := r.cp.Client
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: hpaNamespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	dep := deployment(hpaApp, 1, corev1.PodSpec{
+	replicas := int32(1)
+	if keda != "" {
+		replicas = 0
+	}
+	dep := deployment(hpaApp, replicas, corev1.PodSpec{
 		NodeName:    gpuNode, // no scheduler runs: kwok's node takes them
 		Tolerations: []corev1.Toleration{{Key: "kwok.x-k8s.io/node", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
 		Containers:  []corev1.Container{{Name: "trainer", Image: "tf-training:fake"}},
 	})
 	if _, err := c.AppsV1().Deployments(hpaNamespace).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
+	}
+	if keda != "" {
+		r.createScaledObject(t, keda)
+		return
 	}
 	if _, err := c.AutoscalingV2().HorizontalPodAutoscalers(hpaNamespace).Create(ctx, tfTrainingHPA(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

@@ -15,10 +15,9 @@
 # CRDs (ScaledObject, ScaledJob, TriggerAuthentication,
 # ClusterTriggerAuthentication and the two the operator also watches),
 # about 7 minutes more cold (811 CPU-seconds,
-# docs/measurements/keda-build.md). No test starts KEDA yet, so nothing
-# asks for it: the Makefile passes $(KUBE_EXTRAS), empty, to every call of
-# this script (make kube, CI's early build, make e2e), and the commit that
-# adds a test of KEDA sets it to keda there, one line.
+# docs/measurements/keda-build.md), for the TestKEDA* tests: the Makefile
+# passes $(KUBE_EXTRAS), keda, to every call of this script (make kube,
+# CI's early build, make e2e).
 set -euo pipefail
 with_keda=
 for extra in "$@"; do

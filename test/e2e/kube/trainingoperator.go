@@ -67,7 +67,7 @@ var TFJobs = schema.GroupVersionResource{Group: "kubeflow.org", Version: "v1", R
 // cluster; its failurePolicy is Fail, as the operator's manifests set it,
 // so TFJobs cannot be created or changed while the operator is down.
 func (c *ControlPlane) StartTrainingOperator(ctx context.Context) error {
-	if err := c.installTFJobCRD(ctx); err != nil {
+	if err := c.installCRD(ctx, tfJobCRDFile); err != nil {
 		return err
 	}
 	if err := c.bindTrainingOperatorRole(ctx); err != nil {
@@ -164,16 +164,16 @@ func tfJob(name, container string) *unstructured.Unstructured {
 	}}
 }
 
-// installTFJobCRD creates the TFJob CRD that the operator's module ships,
-// and waits until the apiserver serves TFJobs.
-func (c *ControlPlane) installTFJobCRD(ctx context.Context) error {
+// installCRD creates the CRD in BinDir's file, which build.sh copied from
+// its project's module, and waits until the apiserver serves it.
+func (c *ControlPlane) installCRD(ctx context.Context, file string) error {
 	var crd map[string]any
-	if err := readYAML(filepath.Join(c.binDir, tfJobCRDFile), &crd); err != nil {
+	if err := readYAML(filepath.Join(c.binDir, file), &crd); err != nil {
 		return err
 	}
 	obj := &unstructured.Unstructured{Object: crd}
 	if _, err := c.dynamic.Resource(customResourceDefinitions).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("creating the TFJob CRD: %w", err)
+		return fmt.Errorf("creating the CRD %s: %w", obj.GetName(), err)
 	}
 	if err := c.waitCondition(ctx, customResourceDefinitions, obj.GetName(), "Established"); err != nil {
 		return fmt.Errorf("CRD %s: %w", obj.GetName(), err)
