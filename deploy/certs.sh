@@ -9,6 +9,8 @@
 #                                         each replica of overlays/etcd
 #   gpupool-adapter.{crt,key}             serving, gpupool-adapter.gpupool.svc
 #   gpupool-webhook.{crt,key}             serving, gpupool-webhook.gpupool.svc
+#   gpupool-keda-client.{crt,key}         client, KEDA's, for the adapter's
+#                                         external scaler (--keda-client-ca)
 #
 # Usage: deploy/certs.sh DIR      (DAYS=365 sets the leaves' lifetime)
 set -euo pipefail
@@ -47,5 +49,7 @@ for service in gpupool-adapter gpupool-webhook; do
     "extendedKeyUsage=serverAuth
 subjectAltName=DNS:$service.gpupool.svc,DNS:$service.gpupool.svc.cluster.local"
 done
+# KEDA presents it to the adapter's external scaler, which trusts this CA.
+issue gpupool-keda-client keda "extendedKeyUsage=clientAuth"
 chmod 644 ./*.crt
 echo "certificates in $PWD" >&2

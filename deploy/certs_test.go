@@ -12,8 +12,9 @@ import (
 
 // TestCertsScript runs certs.sh, the way without cert-manager, and checks
 // what each component does with its files: the servers' certificates are
-// valid for their Service's name and for serving only, all signed by
-// ca.crt; a second run renews the
+// valid for their Service's name and for serving only, KEDA's for the
+// adapter's external scaler as a client only, all signed by ca.crt; a
+// second run renews the
 // leaves and keeps the CA, so that the caBundles stay valid.
 func TestCertsScript(t *testing.T) {
 	if _, err := exec.LookPath("openssl"); err != nil {
@@ -51,8 +52,16 @@ func TestCertsScript(t *testing.T) {
 			t.Errorf("%s's certificate is a client certificate too: it serves only", service)
 		}
 	}
-	if names, _ := filepath.Glob(filepath.Join(dir, "*.crt")); len(names) != 4 {
-		t.Errorf("certs.sh wrote %q: want ca.crt and the allocator's, the adapter's and the webhook's", names)
+	// The scaler checks KEDA's as kedascaler.ServerTLS does: a client
+	// certificate of the CA --keda-client-ca names (ca.crt).
+	if err := verify("gpupool-keda-client", "", x509.ExtKeyUsageClientAuth); err != nil {
+		t.Errorf("KEDA's client certificate: %v", err)
+	}
+	if verify("gpupool-keda-client", "gpupool-adapter.gpupool.svc", x509.ExtKeyUsageServerAuth) == nil {
+		t.Error("KEDA's client certificate serves too")
+	}
+	if names, _ := filepath.Glob(filepath.Join(dir, "*.crt")); len(names) != 5 {
+		t.Errorf("certs.sh wrote %q: want ca.crt, the allocator's, the adapter's and the webhook's, and KEDA's", names)
 	}
 
 	leaf := read(t, dir, "gpupool-webhook.crt")

@@ -36,8 +36,10 @@ func TestSecretsHelp(t *testing.T) {
 	secrets := func(args []string, stdout, stderr io.Writer) int {
 		return cli.Main(app.SecretsCommand(), args, stdout, stderr)
 	}
-	clitest.CheckHelp(t, secrets, "gpupool-tokens", "reader-token", "gpupool-allocator-config", "gpupool-ca", "caBundle")
+	clitest.CheckHelp(t, secrets, "gpupool-tokens", "reader-token", "gpupool-allocator-config", "gpupool-ca", "caBundle", "gpupool-keda-client")
 	clitest.CheckBadFlags(t, secrets, []clitest.Case{
 		{[]string{"--allocator-namespaces", "[1]"}, "--allocator-namespaces"},
+		{[]string{"--keda-namespace", "gpupool"}, "--keda-namespace=gpupool is --namespace"},
+		{[]string{"--keda-wait", "0s"}, "--keda-wait=0s"},
 	})
 }

@@ -1,8 +1,9 @@
 // Package secrets makes, in the cluster, the Secrets the Helm chart's
 // components read: the allocator's tokens and config, and, without
-// cert-manager, a CA of the pool's own and the serving certificates it
-// signs. The chart runs it as a hook Job (`gpupool-scheduler secrets`) before each
-// install, upgrade and rollback, so that no token and no private key is
+// cert-manager, a CA of the pool's own and the certificates it signs; and
+// a copy of KEDA's client certificate in KEDA's namespace. The chart runs
+// it as a hook Job (`gpupool-scheduler secrets`) before each install,
+// upgrade and rollback, so that no token and no private key is
 // ever in the chart's templates, and so in Helm's release Secret
 // (docs/design.md, "The chart's secrets"). What it finds it keeps: a
 // token, the CA, a certificate signed by that CA for the same names that
@@ -45,6 +46,10 @@ const (
 	TokensSecret = "gpupool-tokens"           //nolint:gosec // G101: a Secret's name
 	ConfigSecret = "gpupool-allocator-config" //nolint:gosec // G101: a Secret's name
 	CASecret     = "gpupool-ca"               //nolint:gosec // G101: a Secret's name
+	// KedaClientSecret holds the client certificate KEDA presents to the
+	// adapter's external scaler, and the CA KEDA checks the adapter with:
+	// the keys of deploy/examples/tf-training-keda's ClusterTriggerAuthentication.
+	KedaClientSecret = "gpupool-keda-client" //nolint:gosec // G101: a Secret's name
 )
 
 // Token keys of TokensSecret.
@@ -54,14 +59,17 @@ const (
 	ReaderKey = "reader-token"
 )
 
-// Leaf is a serving certificate the CA signs: its Secret and its names.
+// Leaf is a certificate the CA signs: its Secret and its names, or, for a
+// client certificate, the name it presents.
 type Leaf struct {
 	Secret string
 	DNS    []string
+	Client string
 }
 
-// Leaves are the chart's serving certificates in namespace ns, for the
-// names their callers check (deploy/README.md, "Certificates").
+// Leaves are the chart's certificates in namespace ns: the serving ones,
+// for the names their callers check, and KEDA's client certificate
+// (deploy/README.md, "Certificates").
 func Leaves(ns string) []Leaf {
 	names := func(svc string, more ...string) []string {
 		out := []string{svc + "." + ns + ".svc", svc + "." + ns + ".svc.cluster.local"}
@@ -71,9 +79,10 @@ func Leaves(ns string) []Leaf {
 		return out
 	}
 	return []Leaf{
-		{"gpupool-allocator-tls", names("gpupool-allocator", "*.gpupool-allocator-peers")},
-		{"gpupool-adapter-tls", names("gpupool-adapter")},
-		{"gpupool-webhook-tls", names("gpupool-webhook")},
+		{"gpupool-allocator-tls", names("gpupool-allocator", "*.gpupool-allocator-peers"), ""},
+		{"gpupool-adapter-tls", names("gpupool-adapter"), ""},
+		{"gpupool-webhook-tls", names("gpupool-webhook"), ""},
+		{KedaClientSecret, nil, "keda"},
 	}
 }
 
@@ -88,12 +97,18 @@ type Config struct {
 	AdminToken, ServerToken string
 	// Namespaces is the allocator config's namespaces, a JSON object.
 	Namespaces json.RawMessage
-	// Certs makes the CA and the serving certificates, and sets the CA as
-	// the caBundle of Webhook and APIService where they exist.
+	// Certs makes the CA and the certificates, and sets the CA as the
+	// caBundle of Webhook and APIService where they exist.
 	Certs               bool
 	Webhook, APIService string
-	Now                 func() time.Time
-	Log                 *slog.Logger
+	// KedaNamespace, when set, gets a copy of KedaClientSecret: KEDA reads
+	// a ClusterTriggerAuthentication's Secrets in its own namespace only.
+	// Without Certs, cert-manager issues the original, after the install
+	// creates its Certificate: the copy waits for it up to KedaWait.
+	KedaNamespace string
+	KedaWait      time.Duration
+	Now           func() time.Time
+	Log           *slog.Logger
 }
 
 // renewBefore is how long before its end a certificate is made again.
@@ -115,7 +130,7 @@ func Ensure(ctx context.Context, c Config) error {
 		return err
 	}
 	if !c.Certs {
-		return nil
+		return c.kedaCopy(ctx)
 	}
 	ca, err := c.ca(ctx)
 	if err != nil {
@@ -125,6 +140,9 @@ func Ensure(ctx context.Context, c Config) error {
 		if err := c.leaf(ctx, ca, l); err != nil {
 			return err
 		}
+	}
+	if err := c.kedaCopy(ctx); err != nil {
+		return err
 	}
 	return c.caBundles(ctx, ca.certPEM)
 }
@@ -181,23 +199,28 @@ const keepKey, keepValue = "helm.sh/resource-policy", "keep"
 // write creates or updates Secret name with what data makes of its data
 // (nil when there is none), and returns what it holds.
 func (c Config) write(ctx context.Context, name string, typ corev1.SecretType, data func(old map[string][]byte) map[string][]byte) (map[string][]byte, error) {
-	secrets := c.Client.CoreV1().Secrets(c.Namespace)
+	return c.writeIn(ctx, c.Namespace, name, typ, data)
+}
+
+// writeIn is write in namespace ns.
+func (c Config) writeIn(ctx context.Context, ns, name string, typ corev1.SecretType, data func(old map[string][]byte) map[string][]byte) (map[string][]byte, error) {
+	secrets := c.Client.CoreV1().Secrets(ns)
 	old, err := secrets.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.Namespace,
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
 			Labels: map[string]string{"app.kubernetes.io/part-of": "gpupool"}, Annotations: map[string]string{keepKey: keepValue}}, Type: typ, Data: data(nil)}
 		if _, err := secrets.Create(ctx, s, metav1.CreateOptions{}); err != nil {
-			return nil, fmt.Errorf("creating Secret %s/%s: %w", c.Namespace, name, err)
+			return nil, fmt.Errorf("creating Secret %s/%s: %w", ns, name, err)
 		}
-		c.Log.Info("created", "secret", name, "keys", slices.Sorted(maps.Keys(s.Data)))
+		c.Log.Info("created", "secret", name, "namespace", ns, "keys", slices.Sorted(maps.Keys(s.Data)))
 		return s.Data, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading Secret %s/%s: %w", c.Namespace, name, err)
+		return nil, fmt.Errorf("reading Secret %s/%s: %w", ns, name, err)
 	}
 	now := data(old.Data)
 	if maps.EqualFunc(now, old.Data, bytes.Equal) && old.Annotations[keepKey] == keepValue {
-		c.Log.Info("kept", "secret", name)
+		c.Log.Info("kept", "secret", name, "namespace", ns)
 		return now, nil
 	}
 	var changed []string
@@ -212,9 +235,9 @@ func (c Config) write(ctx context.Context, name string, typ corev1.SecretType, d
 	}
 	old.Annotations[keepKey] = keepValue
 	if _, err := secrets.Update(ctx, old, metav1.UpdateOptions{}); err != nil {
-		return nil, fmt.Errorf("updating Secret %s/%s: %w", c.Namespace, name, err)
+		return nil, fmt.Errorf("updating Secret %s/%s: %w", ns, name, err)
 	}
-	c.Log.Info("updated", "secret", name, "keys", slices.Sorted(slices.Values(changed)))
+	c.Log.Info("updated", "secret", name, "namespace", ns, "keys", slices.Sorted(slices.Values(changed)))
 	return now, nil
 }
 
@@ -278,8 +301,8 @@ func (c Config) newAuthority() *authority {
 	return &authority{cert: cert, key: key, certPEM: pemOf("CERTIFICATE", der), keyPEM: keyPEM(key)}
 }
 
-// leaf keeps l's certificate while ca signed it for l's names and it has
-// more than renewBefore to run, else makes one.
+// leaf keeps l's certificate while ca signed it for l's names and use and
+// it has more than renewBefore to run, else makes one.
 func (c Config) leaf(ctx context.Context, ca *authority, l Leaf) error {
 	_, err := c.write(ctx, l.Secret, corev1.SecretTypeTLS, func(old map[string][]byte) map[string][]byte {
 		if c.keeps(ca, l, old) {
@@ -287,9 +310,12 @@ func (c Config) leaf(ctx context.Context, ca *authority, l Leaf) error {
 		}
 		key := newKey()
 		tmpl := &x509.Certificate{
-			SerialNumber: serial(), Subject: pkix.Name{CommonName: l.DNS[0]}, DNSNames: l.DNS,
+			SerialNumber: serial(), Subject: pkix.Name{CommonName: l.Client}, DNSNames: l.DNS,
 			NotBefore: c.Now().Add(-time.Hour), NotAfter: c.Now().AddDate(1, 0, 0),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{l.usage()},
+		}
+		if l.Client == "" {
+			tmpl.Subject.CommonName = l.DNS[0]
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 		if err != nil {
@@ -309,10 +335,65 @@ func (c Config) keeps(ca *authority, l Leaf, old map[string][]byte) bool {
 		return false
 	}
 	cert, err := x509.ParseCertificate(b.Bytes)
-	if err != nil || cert.CheckSignatureFrom(ca.cert) != nil || !slices.Equal(cert.DNSNames, l.DNS) {
+	if err != nil || cert.CheckSignatureFrom(ca.cert) != nil || !slices.Equal(cert.DNSNames, l.DNS) || !slices.Equal(cert.ExtKeyUsage, []x509.ExtKeyUsage{l.usage()}) {
 		return false
 	}
 	return cert.NotAfter.Sub(c.Now()) > renewBefore
+}
+
+func (l Leaf) usage() x509.ExtKeyUsage {
+	if l.Client != "" {
+		return x509.ExtKeyUsageClientAuth
+	}
+	return x509.ExtKeyUsageServerAuth
+}
+
+// certificates is cert-manager's Certificate resource.
+var certificates = schema.GroupVersionResource{Group: "cert-manager.io", Version: "v1", Resource: "certificates"}
+
+// kedaCopy writes KedaClientSecret's keys into c.KedaNamespace. Without
+// Certs, the original is cert-manager's: before the install that creates
+// its Certificate there is none to copy, after it the copy waits up to
+// KedaWait for cert-manager to issue it.
+func (c Config) kedaCopy(ctx context.Context) error {
+	if c.KedaNamespace == "" {
+		return nil
+	}
+	secrets := c.Client.CoreV1().Secrets(c.Namespace)
+	src, err := secrets.Get(ctx, KedaClientSecret, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) && !c.Certs && c.Dynamic != nil {
+		_, cerr := c.Dynamic.Resource(certificates).Namespace(c.Namespace).Get(ctx, KedaClientSecret, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(cerr):
+			c.Log.Info("no Certificate yet: KEDA's client certificate is copied once cert-manager issues it", "certificate", KedaClientSecret)
+			return nil
+		case cerr != nil:
+			return fmt.Errorf("reading Certificate %s/%s: %w", c.Namespace, KedaClientSecret, cerr)
+		}
+		wait, cancel := context.WithTimeout(ctx, c.KedaWait)
+		defer cancel()
+		for apierrors.IsNotFound(err) {
+			select {
+			case <-wait.Done():
+				return fmt.Errorf("cert-manager issued no Secret %s/%s within %s: is it running? (kubectl -n %s describe certificate %s)",
+					c.Namespace, KedaClientSecret, c.KedaWait, c.Namespace, KedaClientSecret)
+			case <-time.After(time.Second):
+			}
+			src, err = secrets.Get(ctx, KedaClientSecret, metav1.GetOptions{})
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("reading Secret %s/%s: %w", c.Namespace, KedaClientSecret, err)
+	}
+	keys := []string{"ca.crt", corev1.TLSCertKey, corev1.TLSPrivateKeyKey}
+	_, err = c.writeIn(ctx, c.KedaNamespace, KedaClientSecret, corev1.SecretTypeTLS, func(map[string][]byte) map[string][]byte {
+		out := map[string][]byte{}
+		for _, k := range keys {
+			out[k] = src.Data[k]
+		}
+		return out
+	})
+	return err
 }
 
 // apiServices is the APIService resource.

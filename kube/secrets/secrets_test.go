@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,7 +59,7 @@ func TestEnsureMakesThenKeeps(t *testing.T) {
 		"metadata": map[string]any{"name": "v1beta1.external.metrics.k8s.io"}, "spec": map[string]any{"group": "external.metrics.k8s.io"}}}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{apiServices: "APIServiceList"}, api)
 	cfg := Config{Client: c, Dynamic: dyn, Namespace: "gpupool", Certs: true, Webhook: "gpupool", APIService: "v1beta1.external.metrics.k8s.io",
-		Namespaces: []byte(`{"ml":{"hard":{"requests.bitfusion.io/gpu":400},"tokens":["ml-0123456789abcdef"]}}`)}
+		KedaNamespace: "keda", Namespaces: []byte(`{"ml":{"hard":{"requests.bitfusion.io/gpu":400},"tokens":["ml-0123456789abcdef"]}}`)}
 	if err := Ensure(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -111,9 +112,19 @@ func TestEnsureMakesThenKeeps(t *testing.T) {
 				t.Errorf("%s for %s: %v", l.Secret, name, err)
 			}
 		}
+		// KEDA's, as the scaler checks it (kedascaler.ServerTLS): a client
+		// certificate of the CA the adapter's --keda-client-ca mounts.
+		_, err = cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+		if (err == nil) != (l.Secret == KedaClientSecret) {
+			t.Errorf("%s as a client certificate: %v, want it accepted for %s alone", l.Secret, err, KedaClientSecret)
+		}
 		if !bytes.Contains(s["tls.key"], []byte("PRIVATE KEY")) {
 			t.Errorf("%s: no key", l.Secret)
 		}
+	}
+	keda, err := c.CoreV1().Secrets("keda").Get(ctx, KedaClientSecret, metav1.GetOptions{})
+	if err != nil || !maps.EqualFunc(keda.Data, first[KedaClientSecret], bytes.Equal) {
+		t.Errorf("KEDA's namespace holds %v (%v), want a copy of gpupool's %s", keda, err, KedaClientSecret)
 	}
 	w, _ := c.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "gpupool", metav1.GetOptions{})
 	for _, h := range w.Webhooks {
@@ -175,5 +186,43 @@ func TestEnsureTakesTheValuesTokens(t *testing.T) {
 	}
 	if err := Ensure(ctx, Config{Client: c, Namespace: "gpupool", Namespaces: []byte(`[1]`)}); err == nil {
 		t.Error("namespaces that are no object were taken")
+	}
+}
+
+// TestEnsureCopiesCertManagersKedaClient: with cert-manager, the Job copies
+// the Secret cert-manager issues into KEDA's namespace: before the install
+// creates the Certificate there is nothing to wait for; after, it waits for
+// the Secret, and fails, naming the Certificate, when none comes.
+func TestEnsureCopiesCertManagersKedaClient(t *testing.T) {
+	ctx := context.Background()
+	cert := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "cert-manager.io/v1", "kind": "Certificate",
+		"metadata": map[string]any{"name": KedaClientSecret, "namespace": "gpupool"}}}
+	lists := map[schema.GroupVersionResource]string{certificates: "CertificateList"}
+
+	c := fake.NewClientset()
+	cfg := Config{Client: c, Dynamic: dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), lists),
+		Namespace: "gpupool", KedaNamespace: "keda", KedaWait: time.Second}
+	if err := Ensure(ctx, cfg); err != nil {
+		t.Fatalf("before the install, no Certificate: %v, want nothing copied and no error", err)
+	}
+
+	cfg.Dynamic = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), lists, cert)
+	if err := Ensure(ctx, cfg); err == nil || !strings.Contains(err.Error(), "describe certificate "+KedaClientSecret) {
+		t.Errorf("a Certificate that issues nothing: %v, want an error naming it", err)
+	}
+
+	issued := map[string][]byte{"ca.crt": []byte("CA"), "tls.crt": []byte("CERT"), "tls.key": []byte("KEY")}
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		_, _ = c.CoreV1().Secrets("gpupool").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: KedaClientSecret, Namespace: "gpupool"},
+			Data: issued}, metav1.CreateOptions{})
+	}()
+	cfg.KedaWait = 10 * time.Second
+	if err := Ensure(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	keda, err := c.CoreV1().Secrets("keda").Get(ctx, KedaClientSecret, metav1.GetOptions{})
+	if err != nil || !maps.EqualFunc(keda.Data, issued, bytes.Equal) {
+		t.Errorf("KEDA's namespace holds %v (%v), want cert-manager's keys", keda, err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -28,15 +29,18 @@ finds: gpupool-tokens (admin-token, server-token, reader-token: random, or
 GPUPOOL_ADMIN_TOKEN and GPUPOOL_SERVER_TOKEN when set), and
 gpupool-allocator-config (config.yaml: those tokens and --allocator-namespaces).
 With --certs, gpupool-ca (a CA of ten years) and gpupool-allocator-tls,
-gpupool-adapter-tls and gpupool-webhook-tls (a year, made again a month
-before they end), and the CA as the caBundle of --webhook and --apiservice
-where they exist. Then it exits.
+gpupool-adapter-tls, gpupool-webhook-tls and KEDA's client certificate
+gpupool-keda-client (a year, made again a month before they end), and the
+CA as the caBundle of --webhook and --apiservice where they exist. With
+--keda-namespace, a copy of gpupool-keda-client there, where KEDA reads it
+(without --certs, once cert-manager has issued it). Then it exits.
 `
 
 // secretsOptions are the flags of `gpupool-scheduler secrets`.
 type secretsOptions struct {
-	kubeconfig, namespace, namespaces, webhook, apiService string
-	certs                                                  bool
+	kubeconfig, namespace, namespaces, webhook, apiService, kedaNamespace string
+	certs                                                                 bool
+	kedaWait                                                              time.Duration
 }
 
 func (o *secretsOptions) AddFlags(fs *flag.FlagSet) {
@@ -46,6 +50,8 @@ func (o *secretsOptions) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.certs, "certs", false, "make the CA and the serving certificates, and set the caBundles")
 	fs.StringVar(&o.webhook, "webhook", "gpupool", "the MutatingWebhookConfiguration whose caBundle is the CA, with --certs")
 	fs.StringVar(&o.apiService, "apiservice", "v1beta1.external.metrics.k8s.io", "the APIService whose caBundle is the CA, with --certs")
+	fs.StringVar(&o.kedaNamespace, "keda-namespace", "", "KEDA's namespace, which gets a copy of gpupool-keda-client; empty: none")
+	fs.DurationVar(&o.kedaWait, "keda-wait", 2*time.Minute, "without --certs, how long to wait for cert-manager to issue gpupool-keda-client once its Certificate exists")
 }
 
 func (o *secretsOptions) Validate() error {
@@ -55,6 +61,12 @@ func (o *secretsOptions) Validate() error {
 	}
 	if o.namespace == "" {
 		return errors.New("--namespace: empty")
+	}
+	if o.kedaNamespace == o.namespace {
+		return fmt.Errorf("--keda-namespace=%s is --namespace: the copy would be the original", o.kedaNamespace)
+	}
+	if o.kedaWait <= 0 {
+		return fmt.Errorf("--keda-wait=%s must be above 0", o.kedaWait)
 	}
 	return nil
 }
@@ -83,6 +95,7 @@ func SecretsCommand() cli.Service {
 		}
 		return secrets.Ensure(ctx, secrets.Config{Client: client, Dynamic: dyn, Namespace: o.namespace,
 			AdminToken: os.Getenv("GPUPOOL_ADMIN_TOKEN"), ServerToken: os.Getenv("GPUPOOL_SERVER_TOKEN"),
-			Namespaces: json.RawMessage(o.namespaces), Certs: o.certs, Webhook: o.webhook, APIService: o.apiService, Log: log})
+			Namespaces: json.RawMessage(o.namespaces), Certs: o.certs, Webhook: o.webhook, APIService: o.apiService,
+			KedaNamespace: o.kedaNamespace, KedaWait: o.kedaWait, Log: log})
 	}}
 }

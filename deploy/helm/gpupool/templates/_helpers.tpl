@@ -110,6 +110,18 @@ not registered as v1beta1.external.metrics.k8s.io (adapter.apiService: false)
 {{- end }}
 {{- end }}
 
+{{- /* KEDA's namespace, where the hook Job copies KEDA's client certificate:
+adapter.kedaNamespace while it exists. Helm's lookup sees the release's own
+namespace in any cluster: without it (helm template) there is no cluster to
+ask, and it renders as though KEDA's were there. */ -}}
+{{- define "gpupool.kedaNamespace" -}}
+{{- $ns := .Values.adapter.kedaNamespace }}
+{{- if eq $ns "gpupool" }}
+{{- fail "adapter.kedaNamespace gpupool: KEDA's client certificate is made there already; name KEDA's own namespace, or leave it empty" }}
+{{- end }}
+{{- if and $ns (or (lookup "v1" "Namespace" "" $ns) (not (lookup "v1" "Namespace" "" .Release.Namespace))) }}{{ $ns }}{{ end }}
+{{- end }}
+
 {{- define "gpupool.certManager" -}}
 {{- $mode := toString .Values.certs.certManager }}
 {{- if or (eq $mode "true") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) }}true{{ end }}
