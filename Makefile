@@ -184,7 +184,7 @@ bench-pool: deps ## the benchmarks without a cluster: placement decisions/s per 
 # move: CI runs it beside make e2e. The rest of bench-cluster measures CPU
 # and milliseconds, and runs alone.
 .PHONY: bench-cluster
-bench-cluster: bench-hpa bench-idle bench-scale ## the benchmarks on a control plane: bench-hpa's, bench-idle's, then bench-scale's
+bench-cluster: bench-hpa bench-idle bench-keda bench-scale ## the benchmarks on a control plane: bench-hpa's, bench-idle's, bench-keda's, then bench-scale's
 
 .PHONY: bench-hpa
 bench-hpa: deps ## the HPA's reaction time to a step in GPU load, through the adapter's direct backend and through Prometheus (about 7 minutes, most of it waiting on their clocks)
@@ -193,6 +193,10 @@ bench-hpa: deps ## the HPA's reaction time to a step in GPU load, through the ad
 .PHONY: bench-idle
 bench-idle: deps ## idle GPUs reclaimed: 200 workloads' use timelines on kwok nodes, the idle policy reporting beside reclaiming: idle-held GPU-hours, GPUs back, false reclaims, resumes, the allocator's CPU (about 9 minutes)
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench IdleReclaim -benchtime 1x -timeout 20m ./test/e2e
+
+.PHONY: bench-keda
+bench-keda: deps ## the real KEDA on gpupool's external scaler (polled, pushing) beside its prometheus trigger through Prometheus: load step to replicas, demand to the first GPU, idle to zero, GetMetrics at 200/s (about 20 minutes, most of it waiting on their clocks)
+	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench KEDA -benchtime 1x -timeout 40m ./test/e2e
 
 .PHONY: bench-scale
 bench-scale: deps ## adapter latency through kube-apiserver, kwok at 1,213 nodes, the OpenB workload placed through Kubernetes at 100 pods/s beside the stock kube-scheduler

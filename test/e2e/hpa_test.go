@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"os"
@@ -67,9 +68,12 @@ type hpaRig struct {
 	serverMu  sync.Mutex
 	server    *exec.Cmd
 	logs      *syncBuffer
-	// scaler is the address of gpupool-adapter's KEDA external scaler;
-	// promURL Prometheus's, for KEDA's prometheus trigger.
+	// scaler is the address of gpupool-adapter's KEDA external scaler,
+	// adapter its process, kedaCert the client certificate KEDA presents
+	// it; promURL is Prometheus's, for KEDA's prometheus trigger.
 	scaler, promURL string
+	adapter         *exec.Cmd
+	kedaCert        tls.Certificate
 }
 
 type rigOptions struct {
@@ -77,8 +81,10 @@ type rigOptions struct {
 	backend    string // direct or prometheus
 	scrape     time.Duration
 	// keda, when set, has KEDA scale tf-training, from zero, with this
-	// trigger (kedaTriggers), instead of gpupool's APIService and an HPA.
-	keda string
+	// trigger (hpaRig.kedaTrigger), instead of gpupool's APIService and an
+	// HPA, polling every kedaPolling (KEDA's default, 30 s, when 0).
+	keda        string
+	kedaPolling time.Duration
 }
 
 func startHPARig(t testing.TB, o rigOptions) *hpaRig {
@@ -132,7 +138,7 @@ func startHPARig(t testing.TB, o rigOptions) *hpaRig {
 	if err := cp.AddKwokNode(ctx, gpuNode, map[string]string{"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}); err != nil {
 		t.Fatal(err)
 	}
-	r.createWorkload(t, o.keda)
+	r.createWorkload(t, o)
 	followCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); r.followReplicas(followCtx) }()
@@ -212,7 +218,7 @@ func startCommand(t testing.TB, logs *syncBuffer, env []string, path string, rea
 func startAPIServiceAdapter(t testing.TB, cp *kube.ControlPlane, logs *syncBuffer, allocatorURL, adminTokenFile, promURL string, scrape time.Duration) {
 	t.Helper()
 	ctx := context.Background()
-	port := startClusterAdapter(t, cp, logs, allocatorURL, adminTokenFile, promURL, scrape)
+	port, _ := startClusterAdapter(t, cp, logs, allocatorURL, adminTokenFile, promURL, scrape)
 	if err := cp.RegisterAPIService(ctx, "external.metrics.k8s.io", "v1beta1", "gpupool", "gpupool-adapter", port); err != nil {
 		t.Fatal(err)
 	}
@@ -222,10 +228,10 @@ func startAPIServiceAdapter(t testing.TB, cp *kube.ControlPlane, logs *syncBuffe
 }
 
 // startClusterAdapter runs gpupool-adapter as deployed in cp, until the test ends, with
-// extra flags, and returns its secure port: its serving certificate is
+// extra flags, and returns its secure port and its process: its serving certificate is
 // the cluster CA's, for the Service name the aggregator and KEDA check,
 // and its authentication and authorization are delegated to kube-apiserver.
-func startClusterAdapter(t testing.TB, cp *kube.ControlPlane, logs *syncBuffer, allocatorURL, adminTokenFile, promURL string, scrape time.Duration, extra ...string) int32 {
+func startClusterAdapter(t testing.TB, cp *kube.ControlPlane, logs *syncBuffer, allocatorURL, adminTokenFile, promURL string, scrape time.Duration, extra ...string) (int32, *exec.Cmd) {
 	t.Helper()
 	dir := t.TempDir()
 	cert, key, err := cp.ServingCert("gpupool-adapter.gpupool.svc")
@@ -255,9 +261,9 @@ func startClusterAdapter(t testing.TB, cp *kube.ControlPlane, logs *syncBuffer, 
 	if promURL != "" {
 		args = append(args, "--prometheus-url", promURL)
 	}
-	startBinary(t, logs, "gpupool-adapter", regexp.MustCompile(`Serving securely`), append(args, extra...)...)
+	cmd := startBinary(t, logs, "gpupool-adapter", regexp.MustCompile(`Serving securely`), append(args, extra...)...)
 	portNum, _ := strconv.Atoi(port)
-	return int32(portNum)
+	return int32(portNum), cmd
 }
 
 func (r *hpaRig) startServer(t testing.TB) {
@@ -290,8 +296,8 @@ func (r *hpaRig) setLoad(t testing.TB, gpus float64) {
 
 // createWorkload creates the tf-training Deployment on the kwok GPU node:
 // one replica and its HPA on bitfusion_gpu_utilization, or none and
-// KEDA's ScaledObject with the trigger keda.
-func (r *hpaRig) createWorkload(t testing.TB, keda string) {
+// KEDA's ScaledObject with the trigger o.keda.
+func (r *hpaRig) createWorkload(t testing.TB, o rigOptions) {
 	t.Helper()
 	ctx := context.Background()
 	c := r.cp.Client
@@ -299,7 +305,7 @@ func (r *hpaRig) createWorkload(t testing.TB, keda string) {
 		t.Fatal(err)
 	}
 	replicas := int32(1)
-	if keda != "" {
+	if o.keda != "" {
 		replicas = 0
 	}
 	dep := deployment(hpaApp, replicas, corev1.PodSpec{
@@ -310,8 +316,8 @@ func (r *hpaRig) createWorkload(t testing.TB, keda string) {
 	if _, err := c.AppsV1().Deployments(hpaNamespace).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if keda != "" {
-		r.createScaledObject(t, keda)
+	if o.keda != "" {
+		r.createScaledObject(t, o.keda, o.kedaPolling)
 		return
 	}
 	if _, err := c.AutoscalingV2().HorizontalPodAutoscalers(hpaNamespace).Create(ctx, tfTrainingHPA(), metav1.CreateOptions{}); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -48,12 +49,13 @@ func (r *hpaRig) startKEDA(t testing.TB, promURL string) {
 	dir := t.TempDir()
 	kedaCA := testcert.NewCA(t, "KEDA client CA")
 	r.scaler, r.promURL = "127.0.0.1:"+freePort(t), promURL
-	startClusterAdapter(t, r.cp, r.logs, r.allocURL, r.config.adminTokenFile(t), "", 0,
+	_, r.adapter = startClusterAdapter(t, r.cp, r.logs, r.allocURL, r.config.adminTokenFile(t), "", 0,
 		"--keda-scaler-listen", r.scaler, "--keda-client-ca", kedaCA.WriteFile(t, dir))
 	if err := r.cp.StartKEDA(ctx); err != nil {
 		t.Fatal(err)
 	}
-	certFile, keyFile := testcert.WritePair(t, dir, kedaCA.Issue(t, "keda-operator", x509.ExtKeyUsageClientAuth))
+	r.kedaCert = kedaCA.Issue(t, "keda-operator", x509.ExtKeyUsageClientAuth)
+	certFile, keyFile := testcert.WritePair(t, dir, r.kedaCert)
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "gpupool-keda-client", Namespace: kube.KEDANamespace},
 		Data: map[string][]byte{"ca.crt": r.cp.CA, "tls.crt": readFile(t, certFile), "tls.key": readFile(t, keyFile)}}
 	if _, err := r.cp.Client.CoreV1().Secrets(kube.KEDANamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
@@ -94,38 +96,53 @@ func (r *hpaRig) dynamic(t testing.TB) dynamic.Interface {
 
 // createScaledObject creates tf-training's ScaledObject with trigger as
 // deploy/examples/tf-training-keda writes it, from zero to six replicas,
-// polled every 2 s; its HPA reacts as tfTrainingHPA does, at once both
-// ways, so that the tests need not wait out stabilization.
-func (r *hpaRig) createScaledObject(t testing.TB, trigger string) {
+// polled every polling (KEDA's default when 0); its HPA reacts as
+// tfTrainingHPA does, at once both ways, so that the tests need not wait
+// out stabilization.
+func (r *hpaRig) createScaledObject(t testing.TB, trigger string, polling time.Duration) {
 	t.Helper()
 	behavior, err := runtime.DefaultUnstructuredConverter.ToUnstructured(tfTrainingHPA().Spec.Behavior)
 	if err != nil {
 		t.Fatal(err)
 	}
+	spec := map[string]any{
+		"scaleTargetRef":  map[string]any{"apiVersion": "apps/v1", "kind": "Deployment", "name": hpaApp},
+		"minReplicaCount": int64(0),
+		"maxReplicaCount": int64(6),
+		"cooldownPeriod":  int64(kedaCooldown),
+		"advanced":        map[string]any{"horizontalPodAutoscalerConfig": map[string]any{"behavior": behavior}},
+		"triggers":        []any{r.kedaTrigger(t, trigger)},
+	}
+	if polling > 0 {
+		spec["pollingInterval"] = int64(polling / time.Second)
+	}
 	so := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
 		"metadata": map[string]any{"name": hpaApp, "namespace": hpaNamespace},
-		"spec": map[string]any{
-			"scaleTargetRef":  map[string]any{"apiVersion": "apps/v1", "kind": "Deployment", "name": hpaApp},
-			"minReplicaCount": int64(0),
-			"maxReplicaCount": int64(6),
-			"pollingInterval": int64(2),
-			"cooldownPeriod":  int64(kedaCooldown),
-			"advanced":        map[string]any{"horizontalPodAutoscalerConfig": map[string]any{"behavior": behavior}},
-			"triggers":        []any{r.kedaTrigger(t, trigger)},
-		},
+		"spec":     spec,
 	}}
 	if _, err := r.dynamic(t).Resource(kube.ScaledObjects).Namespace(hpaNamespace).Create(context.Background(), so, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// kedaTrigger is tf-training's trigger of type typ: gpupool's external
-// scaler (external or external-push) on bitfusion_gpu_utilization, at the
-// HPA's target.
+// kedaTrigger is tf-training's trigger of type typ on
+// bitfusion_gpu_utilization, at the HPA's target: gpupool's external
+// scaler (external or external-push), or KEDA's prometheus trigger on the
+// PromQL the adapter's Prometheus backend runs for it (adapter/prometheus.yaml),
+// what docs/adapter.md offered a cluster with KEDA before the scaler,
+// active above 10% as ml's idle policy counts use.
 func (r *hpaRig) kedaTrigger(t testing.TB, typ string) map[string]any {
 	t.Helper()
 	switch typ {
+	case "prometheus":
+		leases := fmt.Sprintf(`{namespace=%q,label_app=%q}`, hpaNamespace, hpaApp)
+		return map[string]any{
+			"type": typ, "metricType": string(autoscalingv2.ValueMetricType),
+			"metadata": map[string]any{"serverAddress": r.promURL,
+				"query":     "sum(lease:bitfusion_lease_busy_gpus" + leases + ") / sum(lease:bitfusion_lease_held_gpus" + leases + ")",
+				"threshold": kedaTarget(), "activationThreshold": "0.1"},
+		}
 	case "external", "external-push":
 		return map[string]any{
 			"type": typ, "metricType": string(autoscalingv2.ValueMetricType),
@@ -199,7 +216,7 @@ func (r *hpaRig) replicaLeases(t testing.TB) []api.Lease {
 // for namespace ml's window; its pods' leases are granted and released
 // through the pool as any others.
 func TestKEDAScalesToZeroAndBack(t *testing.T) {
-	r := startHPARig(t, rigOptions{syncPeriod: 2 * time.Second, backend: "direct", keda: "external-push"})
+	r := startHPARig(t, rigOptions{syncPeriod: 2 * time.Second, backend: "direct", keda: "external-push", kedaPolling: 2 * time.Second})
 	ctx := context.Background()
 
 	// No lease, no request: inactive, so KEDA leaves it at zero.
