@@ -34,7 +34,8 @@ type kedaRun struct {
 // offered a cluster with KEDA before the scaler. Each path: twice, from
 // zero, a notebook of tf-training's team uses a GPU (demand), measured to
 // the replica KEDA asks and to its lease granted; four load steps (0.25 ->
-// 1.5 -> 0.3 -> 1.5 -> 0.3 GPUs), measured to the replica change; the
+// 1.5 -> 0.3 -> 1.5 -> 0.3 GPUs, at four phases of the HPA's sync),
+// measured to the first replica change; the
 // work stops, measured to zero replicas. On the external-push rig it also
 // sends GetMetrics 200 times a second for 10 s, as KEDA's client, and
 // reads the adapter's CPU and RSS over it.
@@ -55,7 +56,11 @@ func BenchmarkKEDA(b *testing.B) {
 			for range b.N {
 				r.waitDeployment(b, 0, 3*time.Minute)
 				r.measureActivation(b, run)
-				for _, load := range []float64{1.5, 0.3, 1.5, 0.3} {
+				for i, load := range []float64{1.5, 0.3, 1.5, 0.3} {
+					// At four phases of the HPA's sync period, as
+					// BenchmarkHPAReaction: when the load moves within it
+					// is chance.
+					time.Sleep(time.Duration(i) * 3750 * time.Millisecond)
 					from := r.replicas(b)
 					r.setLoad(b, load)
 					start := time.Now()
