@@ -177,6 +177,12 @@ func (p *testPool) dial(t *testing.T, cert *tls.Certificate) externalscaler.Exte
 	if cert != nil {
 		cfg.Certificates = []tls.Certificate{*cert}
 	}
+	return p.dialConfig(t, cfg)
+}
+
+// dialConfig connects over TLS with cfg.
+func (p *testPool) dialConfig(t *testing.T, cfg *tls.Config) externalscaler.ExternalScalerClient {
+	t.Helper()
 	conn, err := grpc.NewClient(p.addr, grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin":{}}]}`),
 		grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	if err != nil {

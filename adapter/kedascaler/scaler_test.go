@@ -2,6 +2,7 @@ package kedascaler
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"math"
@@ -11,7 +12,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/adapter"
@@ -307,26 +310,53 @@ func TestBadInputIsRefused(t *testing.T) {
 	}
 }
 
-// TestClientWithoutCertificateIsRefused: the handshake of a client that
-// presents no certificate, or one that the client CA did not sign, fails,
-// and the scaler answers nothing.
+// TestClientWithoutCertificateIsRefused: a client with no certificate the
+// client CA signed, or in cleartext (a trigger without authenticationRef),
+// gets Unauthenticated on every call, naming the parameters to set; one
+// that sends another CA's certificate anyway fails the handshake; none is
+// answered.
 func TestClientWithoutCertificateIsRefused(t *testing.T) {
 	p := newTestPool(t)
 	mallory := testcert.NewCA(t, "mallory CA").Issue(t, "keda-operator", x509.ExtKeyUsageClientAuth)
-	for name, client := range map[string]externalscaler.ExternalScalerClient{
-		"no certificate":        p.dial(t, nil),
-		"another CA's":          p.dial(t, &mallory),
-		"the serving CA's, too": p.dial(t, ptr(p.serverCA.Issue(t, "keda-operator", x509.ExtKeyUsageClientAuth))),
-	} {
-		_, err := client.IsActive(t.Context(), tfTraining(nil))
-		// The client sees the server's alert (certificate required, bad
-		// certificate) or, when it was still writing, the connection cut.
-		if s, _ := status.FromError(err); s.Code() != codes.Unavailable {
-			t.Errorf("%s: %v, want Unavailable", name, err)
-		}
+	insistent := p.dialConfig(t, &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: p.serverCA.Pool(),
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &mallory, nil }})
+	_, err := insistent.IsActive(t.Context(), tfTraining(nil))
+	// The client sees the server's alert (bad certificate) or, when it was
+	// still writing, the connection cut.
+	if s, _ := status.FromError(err); s.Code() != codes.Unavailable {
+		t.Errorf("another CA's certificate, sent: %v, want Unavailable", err)
 	}
-	if n := testutil.CollectAndCount(p.scaler.requests); n != 0 {
-		t.Errorf("%d calls answered", n)
+	const noCert = "no client certificate signed by the CA of gpupool-adapter's --keda-client-ca: the trigger's authenticationRef must give tlsClientCert and tlsClientKey"
+	cleartext, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cleartext.Close() })
+	for name, tc := range map[string]struct {
+		client externalscaler.ExternalScalerClient
+		want   string
+	}{
+		"no certificate":        {p.dial(t, nil), noCert},
+		"another CA's":          {p.dial(t, &mallory), noCert},
+		"the serving CA's, too": {p.dial(t, ptr(p.serverCA.Issue(t, "keda-operator", x509.ExtKeyUsageClientAuth))), noCert},
+		"cleartext":             {externalscaler.NewExternalScalerClient(cleartext), "cleartext: the scaler takes TLS only; the trigger's authenticationRef must give caCert"},
+	} {
+		_, err := tc.client.IsActive(t.Context(), tfTraining(nil))
+		wantStatus(t, name+": IsActive", err, codes.Unauthenticated, tc.want)
+		_, err = tc.client.GetMetrics(t.Context(), metricsOf(tfTraining(nil)))
+		wantStatus(t, name+": GetMetrics", err, codes.Unauthenticated, tc.want)
+		stream, err := tc.client.StreamIsActive(t.Context(), tfTraining(nil))
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		wantStatus(t, name+": StreamIsActive", err, codes.Unauthenticated, tc.want)
+	}
+	answered := 0
+	for _, m := range []string{"IsActive", "GetMetrics", "StreamIsActive"} {
+		answered += int(testutil.ToFloat64(p.scaler.requests.WithLabelValues(m, codes.OK.String())))
+	}
+	if answered != 0 {
+		t.Errorf("%d calls answered", answered)
 	}
 	if isActive(t, p.kedaClient(t), tfTraining(nil)) {
 		t.Error("KEDA's client: active with no lease")

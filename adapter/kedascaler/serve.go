@@ -12,7 +12,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/gpupool/gpupool/adapter/externalscaler"
 	"github.com/gpupool/gpupool/internal/httpserver"
@@ -31,12 +34,51 @@ type CertKeyContent interface {
 
 // ServerTLS is the scaler's TLS: it serves cert's current certificate and
 // asks every client for a certificate that one of clientCAs signed,
-// refusing the handshake of a client without one. KEDA presents the
-// TriggerAuthentication's tlsClientCert and tlsClientKey, and checks the
-// serving certificate against its caCert.
+// refusing the handshake of a client whose certificate they did not sign.
+// KEDA presents the TriggerAuthentication's tlsClientCert and
+// tlsClientKey, and checks the serving certificate against its caCert. A
+// client with no certificate completes the handshake, so that each of its
+// calls can be refused with the parameters it lacks (requireClientCert);
+// so does Go's client with a certificate of another CA, which it does not
+// send to a server that names the CAs it accepts.
 func ServerTLS(cert CertKeyContent, clientCAs *x509.CertPool) *tls.Config {
 	c := &servingCert{src: cert}
-	return &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: c.get, ClientCAs: clientCAs, ClientAuth: tls.RequireAndVerifyClientCert}
+	return &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: c.get, ClientCAs: clientCAs, ClientAuth: tls.VerifyClientCertIfGiven}
+}
+
+// What a client without KEDA's certificate is told: the parameters of its
+// trigger's authenticationRef.
+const (
+	errNoClientCert = "no client certificate signed by the CA of gpupool-adapter's --keda-client-ca: the trigger's " +
+		"authenticationRef must give tlsClientCert and tlsClientKey, such a certificate (and caCert, the CA of its serving certificate)"
+	errCleartext = "cleartext: the scaler takes TLS only; the trigger's authenticationRef must give caCert (the CA of " +
+		"gpupool-adapter's serving certificate), tlsClientCert and tlsClientKey (signed by the CA of its --keda-client-ca)"
+)
+
+// requireClientCert refuses a call whose client presented no
+// certificate: ServerTLS verified any it did present.
+func requireClientCert(ctx context.Context) error {
+	p, ok := peer.FromContext(ctx)
+	if ok {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(info.State.VerifiedChains) > 0 {
+			return nil
+		}
+	}
+	return status.Error(codes.Unauthenticated, errNoClientCert)
+}
+
+func unaryClientCert(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := requireClientCert(ctx); err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func streamClientCert(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := requireClientCert(ss.Context()); err != nil {
+		return err
+	}
+	return handler(srv, ss)
 }
 
 // servingCert parses its source's certificate when it changes.
@@ -80,22 +122,39 @@ func ClientCAs(file string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// NewServer is a gRPC server serving s over tlsConfig, counting its calls.
+// NewServer is a gRPC server serving s over tlsConfig to clients with a
+// certificate, counting its calls.
 func (s *Scaler) NewServer(tlsConfig *tls.Config) *grpc.Server {
 	srv := grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(tlsConfig)),
 		grpc.MaxRecvMsgSize(maxMessageBytes),
-		grpc.ChainUnaryInterceptor(s.countUnary),
-		grpc.ChainStreamInterceptor(s.countStream),
+		grpc.ChainUnaryInterceptor(s.countUnary, unaryClientCert),
+		grpc.ChainStreamInterceptor(s.countStream, streamClientCert),
 	)
 	externalscaler.RegisterExternalScalerServer(srv, s)
 	return srv
 }
 
+// newCleartextServer answers every call errCleartext, counted by method.
+func (s *Scaler) newCleartextServer() *grpc.Server {
+	return grpc.NewServer(
+		grpc.MaxRecvMsgSize(maxMessageBytes),
+		grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+			return status.Error(codes.Unauthenticated, errCleartext)
+		}),
+		grpc.ChainStreamInterceptor(s.countStream),
+	)
+}
+
 // Serve serves s on ln over tlsConfig until ctx ends (nil) or serving
 // fails; then it ends the streams and lets the calls in flight finish for
-// up to httpserver.DrainTimeout, and returns once they have.
+// up to httpserver.DrainTimeout, and returns once they have. A client
+// that dials ln in cleartext is answered errCleartext.
 func (s *Scaler) Serve(ctx context.Context, ln net.Listener, tlsConfig *tls.Config) error {
+	tlsLn, cleartextLn := splitTLS(ln)
+	cleartext := s.newCleartextServer()
+	go func() { _ = cleartext.Serve(cleartextLn) }()
+	defer cleartext.Stop()
 	srv := s.NewServer(tlsConfig)
 	served := make(chan struct{})
 	drained := make(chan struct{})
@@ -115,7 +174,7 @@ func (s *Scaler) Serve(ctx context.Context, ln net.Listener, tlsConfig *tls.Conf
 			<-graceful
 		}
 	}()
-	err := srv.Serve(ln)
+	err := srv.Serve(tlsLn)
 	close(served)
 	<-drained
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,7 +12,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpupool/gpupool/adapter/externalscaler"
@@ -161,7 +164,8 @@ func (r *hpaRig) loadGetMetrics(b *testing.B, rate int, d time.Duration) {
 	var (
 		mu        sync.Mutex
 		latencies []time.Duration
-		failed    int
+		failed    = map[codes.Code]int{}
+		first     = map[codes.Code]string{} // the first error of each code
 		wg        sync.WaitGroup
 	)
 	tick := time.NewTicker(time.Second / time.Duration(rate))
@@ -174,7 +178,10 @@ func (r *hpaRig) loadGetMetrics(b *testing.B, rate int, d time.Duration) {
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
-				failed++
+				code := status.Code(err)
+				if failed[code]++; failed[code] == 1 {
+					first[code] = fmt.Sprintf("%v at %v", err, start.Sub(at0).Round(time.Millisecond))
+				}
 				return
 			}
 			latencies = append(latencies, took)
@@ -183,8 +190,8 @@ func (r *hpaRig) loadGetMetrics(b *testing.B, rate int, d time.Duration) {
 	tick.Stop()
 	wg.Wait()
 	cores := (processCPU(b, r.adapter.Process.Pid) - cpu0).Seconds() / time.Since(at0).Seconds()
-	if failed > 0 {
-		b.Errorf("%d of %d GetMetrics calls failed", failed, failed+len(latencies))
+	for code, n := range failed {
+		b.Errorf("%d of %d GetMetrics calls failed %v, the first: %s", n, rate*int(d/time.Second), code, first[code])
 	}
 	b.ReportMetric(float64(quantileOf(latencies, 0.5).Microseconds())/1000, "getmetrics-p50-ms")
 	b.ReportMetric(float64(quantileOf(latencies, 0.99).Microseconds())/1000, "getmetrics-p99-ms")

@@ -269,24 +269,45 @@ func TestKEDAScalesToZeroAndBack(t *testing.T) {
 }
 
 // checkBadTriggerNamed: a ScaledObject whose trigger names a metric the
-// scaler does not serve is not scaled, and the scaler's error naming the
-// field and the value reaches KEDA's log, where its Event
-// (ScaledObjectCheckFailed, "no metric specs returned") sends the reader.
+// scaler does not serve, or that has no authenticationRef (KEDA then dials
+// in cleartext), is not scaled, and the scaler's error saying what to
+// change reaches KEDA's log, where its Event (ScaledObjectCheckFailed, "no
+// metric specs returned") sends the reader.
 func (r *hpaRig) checkBadTriggerNamed(t *testing.T) {
 	t.Helper()
+	for _, tc := range []struct {
+		name   string
+		change func(trigger map[string]any)
+		want   string
+	}{
+		{"typo", func(trigger map[string]any) {
+			trigger["metadata"].(map[string]any)["metric"] = "bitfusion_gpu_utilisation"
+		},
+			`code = InvalidArgument desc = scalerMetadata.metric \"bitfusion_gpu_utilisation\" is not one of bitfusion_gpu_utilization`},
+		{"noauth", func(trigger map[string]any) { delete(trigger, "authenticationRef") },
+			`code = Unauthenticated desc = cleartext: the scaler takes TLS only; the trigger's authenticationRef must give caCert`},
+	} {
+		trigger := r.kedaTrigger(t, "external-push")
+		tc.change(trigger)
+		r.checkKEDALogs(t, tc.name, trigger, tc.want)
+	}
+}
+
+// checkKEDALogs creates a ScaledObject named name of trigger, on a
+// Deployment of its own, waits until KEDA's log has an error of it
+// containing want, and deletes it.
+func (r *hpaRig) checkKEDALogs(t *testing.T, name string, trigger map[string]any, want string) {
+	t.Helper()
 	ctx := context.Background()
-	c := r.cp.Client
-	dep := deployment("typo", 0, corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "typo:fake"}}})
-	if _, err := c.AppsV1().Deployments(hpaNamespace).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+	dep := deployment(name, 0, corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: name + ":fake"}}})
+	if _, err := r.cp.Client.AppsV1().Deployments(hpaNamespace).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	trigger := r.kedaTrigger(t, "external-push")
-	trigger["metadata"].(map[string]any)["metric"] = "bitfusion_gpu_utilisation"
 	so := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
-		"metadata": map[string]any{"name": "typo", "namespace": hpaNamespace},
+		"metadata": map[string]any{"name": name, "namespace": hpaNamespace},
 		"spec": map[string]any{
-			"scaleTargetRef":  map[string]any{"apiVersion": "apps/v1", "kind": "Deployment", "name": "typo"},
+			"scaleTargetRef":  map[string]any{"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
 			"minReplicaCount": int64(0), "pollingInterval": int64(2),
 			"triggers": []any{trigger},
 		},
@@ -295,15 +316,16 @@ func (r *hpaRig) checkBadTriggerNamed(t *testing.T) {
 	if _, err := scaledObjects.Create(ctx, so, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	const want = `code = InvalidArgument desc = scalerMetadata.metric \"bitfusion_gpu_utilisation\" is not one of bitfusion_gpu_utilization`
+	ofIt := fmt.Sprintf(`"name":%q`, name)
 	var logged string
 	defer func() {
-		if logged == "" {
-			log, _ := r.cp.Log("keda-operator")
-			for line := range strings.Lines(string(log)) {
-				if strings.Contains(line, `"name":"typo"`) && strings.Contains(line, `"level":"error"`) {
-					t.Log(line)
-				}
+		if logged != "" {
+			return
+		}
+		log, _ := r.cp.Log("keda-operator")
+		for line := range strings.Lines(string(log)) {
+			if strings.Contains(line, ofIt) && strings.Contains(line, `"level":"error"`) {
+				t.Log(line)
 			}
 		}
 	}()
@@ -313,7 +335,7 @@ func (r *hpaRig) checkBadTriggerNamed(t *testing.T) {
 			t.Fatal(err)
 		}
 		for line := range strings.Lines(string(log)) {
-			if strings.Contains(line, want) {
+			if strings.Contains(line, ofIt) && strings.Contains(line, want) {
 				logged = line
 				return true
 			}
@@ -322,8 +344,8 @@ func (r *hpaRig) checkBadTriggerNamed(t *testing.T) {
 	})
 	var entry struct{ Error string }
 	_ = json.Unmarshal([]byte(logged), &entry)
-	t.Logf("a misspelt metric, in KEDA's log: %s", entry.Error)
-	if err := scaledObjects.Delete(ctx, "typo", metav1.DeleteOptions{}); err != nil {
+	t.Logf("ScaledObject %s, in KEDA's log: %s", name, entry.Error)
+	if err := scaledObjects.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
