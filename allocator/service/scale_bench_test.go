@@ -23,7 +23,7 @@ import (
 )
 
 // thousandServers is an allocator with 1,000 servers of 8 GPUs holding
-// leases of 10%: 10,000 of them is the pool docs/design.md measures with
+// leases of 10%: 10,000 of them is the pool docs/measurements/thousand-servers.md measures with
 // gpupool-load.
 func thousandServers(b *testing.B, leases int) (*testAllocator, []string) {
 	b.Helper()

@@ -112,7 +112,7 @@ func TestLoadToolCountsWhatTheAllocatorHolds(t *testing.T) {
 // BenchmarkThousandServers runs gpupool-load with 1,000 servers of 8 GPUs
 // and 10,000 leases of 10% against the allocator on bolt with tokens on and
 // the adapter on the direct backend, reading the simulated daemons, and
-// reports the summary's figures (`make scale`; docs/design.md has them).
+// reports the summary's figures (`make scale`; docs/measurements/thousand-servers.md has them).
 // GPUPOOL_SCALE_DURATION sets the run's length (150s by default).
 func BenchmarkThousandServers(b *testing.B) {
 	duration := "150s"

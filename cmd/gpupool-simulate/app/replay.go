@@ -39,7 +39,7 @@ per second on one core. Progress goes to stderr, results to stdout.
 Pods that change class between fractional, whole and multi-GPU take the CPU,
 memory and GPU ask of a pod of their new class drawn from the list (from the
 embedded traces when it has fewer than 30 of that class) and keep their names
-and constraints. docs/design.md says how each step draws.
+and constraints. simulate.Derive's documentation says how each step draws.
 `
 
 // ReplayOptions are gpupool-simulate's flags.
