@@ -142,16 +142,11 @@ func (d *Direct) readPool(ctx context.Context) (*poolView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the pool from the allocator: %w", err)
 	}
-	leases, err := d.allocator.Leases(ctx, client.LeaseFilter{})
-	if err != nil {
-		return nil, fmt.Errorf("listing leases from the allocator: %w", err)
-	}
-	v := &poolView{at: at, pool: pool, leases: allocapi.CoreLeases(leases), usage: map[string]*api.Usage{}, idle: map[string]*allocapi.LeaseIdle{}}
-	for _, l := range leases {
-		if l.Idle != nil {
-			v.idle[l.ID] = l.Idle
-		}
-	}
+	v := &poolView{at: at, pool: pool, usage: map[string]*api.Usage{}, idle: map[string]*allocapi.LeaseIdle{}}
+	// The daemons' readings before the leases: a lease released between
+	// the two reads is then missing from both, or read and not listed, and
+	// never listed without its reading, which would make its workload's
+	// answer no data. One granted between them is new, and left out.
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for _, s := range pool.Servers {
@@ -171,6 +166,16 @@ func (d *Direct) readPool(ctx context.Context) (*poolView, error) {
 		})
 	}
 	wg.Wait()
+	leases, err := d.allocator.Leases(ctx, client.LeaseFilter{})
+	if err != nil {
+		return nil, fmt.Errorf("listing leases from the allocator: %w", err)
+	}
+	v.leases = allocapi.CoreLeases(leases)
+	for _, l := range leases {
+		if l.Idle != nil {
+			v.idle[l.ID] = l.Idle
+		}
+	}
 	v.readings = map[api.LeaseGPU]*api.LeaseUsage{}
 	for _, u := range v.usage {
 		if u.SampledAt.IsZero() {
