@@ -202,8 +202,9 @@ func (v *poolView) selected(q Query) []allocator.Lease {
 
 // leaseRatio is GPUUtilization (SM use over share) or MemoryPressure
 // (memory used over granted) summed over the selected leases' GPUs. A lease
-// its daemon does not report yet is left out while new; one whose reading
-// is gone (daemon down) or unknown makes the answer no data.
+// its daemon does not report yet, or reports unmeasured, is left out while
+// new; one whose reading is gone (daemon down) or unknown makes the answer
+// no data.
 func (v *poolView) leaseRatio(q Query, now time.Time) []Value {
 	var num, den float64
 	var oldest dating
@@ -214,16 +215,16 @@ func (v *poolView) leaseRatio(q Query, now time.Time) []Value {
 		}
 		for _, lg := range l.GPUs {
 			r := v.readings[api.LeaseGPU{Lease: l.ID, GPU: lg.Index}]
-			if r == nil {
+			// A daemon follows a new lease a heartbeat before a round
+			// has measured its processes: unknown until then, as when
+			// unreported.
+			if r == nil || q.Metric == GPUUtilization && r.SMUtilization == nil {
 				if now.Sub(l.GrantedAt) < newLeaseGrace {
 					continue
 				}
 				return nil
 			}
 			if q.Metric == GPUUtilization {
-				if r.SMUtilization == nil {
-					return nil
-				}
 				num += *r.SMUtilization
 				den += allocator.Share(r.Milli).GPUs()
 			} else {

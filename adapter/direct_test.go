@@ -3,6 +3,7 @@ package adapter
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -220,7 +221,8 @@ func TestDirectBackend(t *testing.T) {
 }
 
 // TestDirectBackendLeavesNewLeasesOut: a lease the daemon has not reported
-// yet is left out of the answer while it is new, not counted as idle.
+// yet, or reports before it has measured it, is left out of the answer
+// while it is new, not counted as idle, and does not make it no data.
 func TestDirectBackendLeavesNewLeasesOut(t *testing.T) {
 	p := newTestPool(t, 1)
 	p.acquire(t, "tf-0", "tf-training", 6, 50)
@@ -236,15 +238,30 @@ func TestDirectBackendLeavesNewLeasesOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, g := range unreported.GPUs { // as reported before the second lease
-		delete(v.readings, api.LeaseGPU{Lease: unreported.ID, GPU: g.Index})
-	}
 	sel := labels.SelectorFromSet(labels.Set{"app": "tf-training"})
-	if got := v.leaseRatio(Query{Metric: GPUUtilization, Namespace: "ml", Selector: sel}, time.Now()); len(got) != 1 || !near(got[0].Value, 0.6) {
-		t.Errorf("with a new unreported lease = %+v, want 0.6 from the reported one", got)
-	}
-	if got := v.leaseRatio(Query{Metric: GPUUtilization, Namespace: "ml", Selector: sel}, time.Now().Add(time.Minute)); len(got) != 0 {
-		t.Errorf("with a lease unreported for a minute = %+v, want no data", got)
+	q := Query{Metric: GPUUtilization, Namespace: "ml", Selector: sel}
+	for name, reported := range map[string]func(*api.LeaseUsage) bool{
+		"unreported": func(*api.LeaseUsage) bool { return false },
+		// Followed by the daemon a heartbeat before a round measures it.
+		"unmeasured": func(r *api.LeaseUsage) bool { r.SMUtilization = nil; return true },
+	} {
+		view := *v
+		view.readings = maps.Clone(v.readings)
+		for _, g := range unreported.GPUs { // as reported before the second lease
+			key := api.LeaseGPU{Lease: unreported.ID, GPU: g.Index}
+			r := api.LeaseUsage{Lease: unreported.ID, Namespace: "ml", GPU: g.Index, Milli: int32(allocator.WholeGPU / 2)}
+			if reported(&r) {
+				view.readings[key] = &r
+			} else {
+				delete(view.readings, key)
+			}
+		}
+		if got := view.leaseRatio(q, time.Now()); len(got) != 1 || !near(got[0].Value, 0.6) {
+			t.Errorf("with a new %s lease = %+v, want 0.6 from the measured one", name, got)
+		}
+		if got := view.leaseRatio(q, time.Now().Add(time.Minute)); len(got) != 0 {
+			t.Errorf("with a lease %s for a minute = %+v, want no data", name, got)
+		}
 	}
 }
 
