@@ -160,6 +160,10 @@ func (r *hpaRig) loadGetMetrics(b *testing.B, rate int, d time.Duration) {
 	ref := &externalscaler.ScaledObjectRef{Name: hpaApp, Namespace: hpaNamespace, ScalerMetadata: map[string]string{
 		"scalerAddress": r.scaler, "metric": "bitfusion_gpu_utilization", "selector": "app=" + hpaApp, "target": kedaTarget()}}
 	req := &externalscaler.GetMetricsRequest{ScaledObjectRef: ref, MetricName: "bitfusion_gpu_utilization"}
+	// In the steady state: a replica's lease just granted has no measured
+	// use for a round, and while it is the workload's only lease the
+	// answer is, rightly, NotFound (no data).
+	waitForUpTo(b, time.Minute, func() bool { _, err := scaler.GetMetrics(context.Background(), req); return err == nil })
 	cpu0, at0 := processCPU(b, r.adapter.Process.Pid), time.Now()
 	var (
 		mu        sync.Mutex
