@@ -155,7 +155,7 @@ func (r *hpaRig) loadGetMetrics(b *testing.B, rate int, d time.Duration) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	scaler := externalscaler.NewExternalScalerClient(conn)
 	ref := &externalscaler.ScaledObjectRef{Name: hpaApp, Namespace: hpaNamespace, ScalerMetadata: map[string]string{
 		"scalerAddress": r.scaler, "metric": "bitfusion_gpu_utilization", "selector": "app=" + hpaApp, "target": kedaTarget()}}
