@@ -1,6 +1,7 @@
-// Command gpupool-scheduler places pods through the GPU pool: it serves
-// kube-scheduler's extender and runs the controller that ends each pod's
-// lease with the pod (app). `gpupool-scheduler secrets` makes the Helm
+// Command gpupool-scheduler runs the controller that ends each pod's lease
+// with the pod and makes the namespaces' ResourceQuotas the allocator's
+// quotas, leader-elected, and, with --listen, serves kube-scheduler's
+// extender over the pool's placement (app). `gpupool-scheduler secrets` makes the Helm
 // chart's Secrets in the cluster, then exits (app.SecretsCommand);
 // `gpupool-scheduler resume`, which `gpupool resume` runs, undoes what an
 // idle policy reclaimed (app.ResumeMain).

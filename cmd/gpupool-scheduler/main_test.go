@@ -9,11 +9,13 @@ import (
 	"github.com/gpupool/gpupool/internal/cli/clitest"
 )
 
-// TestHelp: --help says how kube-scheduler must call the extender and how
-// it is served.
+// TestHelp: --help says what runs (the lease controller, the quotas,
+// leader election), the subcommands, and, for the extender with --listen,
+// how kube-scheduler must call it and how it is served.
 func TestHelp(t *testing.T) {
-	clitest.CheckHelp(t, run, "filterVerb", "bindVerb bind", "nodeCacheCapable true", "ignoredByScheduler: true",
-		"percentageOfNodesToScore 100", "loopback", "-client-ca-file", "lease controller", "-unit", "-resync")
+	clitest.CheckHelp(t, run, "lease controller", "ResourceQuotas", "-leader-elect", "secrets", "resume", "only with --listen",
+		"filterVerb", "bindVerb bind", "nodeCacheCapable true", "ignoredByScheduler: true",
+		"percentageOfNodesToScore 100", "loopback", "-client-ca-file", "-unit", "-resync")
 }
 
 // TestBadFlags: a bad command line ends with cli.ExitUsage and says why.

@@ -86,7 +86,7 @@ func BenchmarkFilter1213Nodes(b *testing.B) {
 		a := servicetest.Start(b, nil)
 		a.Register(b, servers)
 		bodies, pods := filterBodies(b, servers, b.N)
-		benchmarkFilter(b, newExtenderOn(b, a.Client(b), pods...), bodies)
+		benchmarkFilter(b, newPlacerOn(b, a.Client(b), pods...), bodies)
 	})
 	b.Run("extender", func(b *testing.B) {
 		lease := mustJSON(b, api.Lease{ID: "lease-000001", Namespace: "team-a", Server: servers[0].Name,
@@ -102,13 +102,13 @@ func BenchmarkFilter1213Nodes(b *testing.B) {
 			b.Fatal(err)
 		}
 		bodies, pods := filterBodies(b, servers, b.N)
-		benchmarkFilter(b, newExtenderOn(b, alloc, pods...), bodies)
+		benchmarkFilter(b, newPlacerOn(b, alloc, pods...), bodies)
 	})
 }
 
 // benchmarkFilter posts the bodies to the extender over HTTP, one after
 // the other, as kube-scheduler's one scheduling loop does.
-func benchmarkFilter(b *testing.B, te *testExtender, bodies [][]byte) {
+func benchmarkFilter(b *testing.B, te *testPlacer, bodies [][]byte) {
 	srv := httptest.NewServer(te.handler)
 	b.Cleanup(srv.Close)
 	b.ReportAllocs()

@@ -8,8 +8,10 @@ import (
 	"github.com/gpupool/gpupool/internal/metricdef"
 )
 
-// The extender's table: it builds its series from these rows, and
-// docs/metrics.md's extender section is checked against them.
+// The placer's table: it builds its series from these rows, and
+// docs/metrics.md's extender section is checked against them. The names
+// keep "extender", which dashboards and alerts query, though the plugin
+// counts its calls in them too.
 var (
 	requestsTotal = metricdef.Counter("bitfusion_extender_requests_total", "requests", metricdef.Labels{"verb", "result"},
 		"kube-scheduler's calls answered, by verb (filter, bind) and result (placed, unschedulable, bound, error).")
@@ -22,7 +24,7 @@ var (
 		"Pods holding a lease from a filter whose bind has not come yet.")
 )
 
-// MetricFamilies is the table of the extender's metrics.
+// MetricFamilies is the table of the placer's metrics.
 var MetricFamilies = []*metricdef.Family{requestsTotal, requestDuration, unboundReleasedTotal, unboundWaiting}
 
 // result is how a call ended, as bitfusion_extender_requests_total counts it.
@@ -43,7 +45,8 @@ const (
 )
 
 // The verbs, as kube-scheduler's extender configuration names them
-// (filterVerb, bindVerb) and the paths the extender serves.
+// (filterVerb, bindVerb) and the paths the extender serves; the plugin's
+// acquisitions count as filters.
 const (
 	verbFilter = "filter"
 	verbBind   = "bind"

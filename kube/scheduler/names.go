@@ -9,7 +9,6 @@ import (
 	"sync"
 	"unicode/utf8"
 
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/gpupool/gpupool/allocator"
@@ -26,14 +25,8 @@ import (
 // nodeCacheCapable: false sends instead of names, are skipped unread: the
 // filter refuses the call for want of names.
 type filterArgs struct {
-	Pod       *podRef
+	Pod       *PodRef
 	NodeNames nodeNames
-}
-
-// podRef names a pod.
-type podRef struct {
-	Namespace, Name string
-	UID             types.UID
 }
 
 // UnmarshalJSON reads the call, which must be valid JSON (decode checks).
@@ -62,7 +55,7 @@ func (a *filterArgs) readPod(s *jsonscan.Scanner) error {
 		a.Pod = nil
 		return nil
 	}
-	a.Pod = &podRef{}
+	a.Pod = &PodRef{}
 	ok, err := s.Object(func(key string) error {
 		if !strings.EqualFold(key, "metadata") {
 			s.Skip()

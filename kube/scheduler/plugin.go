@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -19,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
-	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/gpupool/gpupool/allocator/api"
@@ -31,10 +29,11 @@ import (
 // KubeSchedulerConfiguration profile.
 const PluginName = "GPUPool"
 
-// Plugin places pods through the pool from inside kube-scheduler, in the
-// one scheduling loop, without the extender's HTTP hop, and with what the
-// extender protocol lacks: Unreserve, queueing hints, and a PreFilter that
-// narrows the nodes.
+// Plugin is the Placer's front end inside kube-scheduler: it places pods
+// through the pool in the one scheduling loop, without the extender's HTTP
+// hop, and with what the extender protocol lacks: Unreserve, queueing
+// hints, and a PreFilter that narrows the nodes. It logs through the
+// logger kube-scheduler gives each call (klog.FromContext).
 //
 // A pod's first cycle asks the allocator first, among all its servers,
 // and hands kube-scheduler the lease's server as the only node to filter
@@ -46,7 +45,7 @@ const PluginName = "GPUPool"
 // node filtered, the lease acquired among the feasible ones (PreScore, or
 // Reserve when one node is feasible), its server scored first.
 type Plugin struct {
-	core *Extender
+	placer *Placer
 	// longWay are the pods whose lease from PreFilter was on a node
 	// kube-scheduler's filters refused, with when.
 	longWay longWay
@@ -62,10 +61,9 @@ var (
 	_ fwk.EnqueueExtensions = (*Plugin)(nil)
 )
 
-// NewPlugin returns the plugin over core, which holds the allocator's
-// client and reads pods.
-func NewPlugin(core *Extender) *Plugin {
-	return &Plugin{core: core, longWay: longWay{since: map[types.UID]time.Time{}}}
+// NewPlugin returns the plugin over placer.
+func NewPlugin(placer *Placer) *Plugin {
+	return &Plugin{placer: placer, longWay: longWay{since: map[types.UID]time.Time{}}}
 }
 
 // Name is PluginName.
@@ -111,32 +109,20 @@ func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
 
 // acquire takes the pod's lease among nodes (nil: any server) and keeps
 // it in the cycle; a refusal is Unschedulable with the pool's reason.
+// A lease whose cycle fails where no Unreserve follows ends unless a bind
+// comes (Placer.Place).
 func (p *Plugin) acquire(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []string) (api.Lease, *fwk.Status) {
-	start := time.Now()
-	unlock := p.core.calls.lock(pod.UID, false)
-	lease, err := p.core.place(ctx, pod, nodes)
-	unlock()
-	res := resultPlaced
-	var st *fwk.Status
+	lease, err := p.placer.Place(ctx, pod, nodes)
 	switch {
 	case err == nil:
 		state.Write(cycleKey, &cycleLease{lease: lease})
+		return lease, nil
 	case errors.As(err, new(*refusal)):
 		// Unresolvable: preemption frees only what kube-scheduler's own
 		// filters count, never a GPU share.
-		res, st = resultUnschedulable, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
-	default:
-		res, st = resultError, fwk.AsStatus(err)
+		return lease, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}
-	if err == nil || res == resultError {
-		// A lease whose cycle fails where no Unreserve follows ends
-		// unless a bind comes; so does one granted with its answer lost.
-		p.core.watchBind(pod)
-	}
-	p.core.metrics.answered(verbFilter, res, start)
-	p.core.log.Debug("filter", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID, "nodes", len(nodes), "result", res,
-		"server", lease.Server, "lease", lease.ID, "err", errText(err), "took", time.Since(start))
-	return lease, st
+	return lease, fwk.AsStatus(err)
 }
 
 // PostFilter runs when no node passed kube-scheduler's filters: a lease
@@ -145,23 +131,9 @@ func (p *Plugin) acquire(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
 	if c := leaseOf(state); c != nil && c.refused == "" {
 		p.longWay.add(pod.UID)
-		p.release(ctx, pod, "released the lease of a pod whose node kube-scheduler's filters refused: it is placed among the feasible nodes next")
+		p.placer.Release(ctx, pod, "released the lease of a pod whose node kube-scheduler's filters refused: it is placed among the feasible nodes next")
 	}
 	return nil, fwk.NewStatus(fwk.Unschedulable)
-}
-
-// release releases the pod's leases unless it is bound or being bound.
-func (p *Plugin) release(ctx context.Context, pod *v1.Pod, why string) {
-	unlock := p.core.calls.lock(pod.UID, false)
-	defer unlock()
-	if err := p.core.notBound(ctx, pod); err != nil {
-		klog.FromContext(ctx).V(2).Info("the pod keeps its lease", "pod", klog.KObj(pod), "why", err)
-		return
-	}
-	if _, err := p.core.releaseLeases(ctx, pod, why); err != nil {
-		// Its wait for a bind (watchBind) releases it later.
-		p.core.log.Warn("releasing a lease", "pod", pod.Namespace+"/"+pod.Name, "err", err)
-	}
 }
 
 // PreScore, on the long way, acquires the pod's lease among the feasible
@@ -218,27 +190,22 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 	// lease under them. Should kube-scheduler die meanwhile, the lease
 	// controller's resync releases the lease of a pod still unbound long
 	// after its grant.
-	p.core.unbound.stop(pod.UID)
+	p.placer.Reserve(pod.UID)
 	return nil
 }
 
-// Unreserve releases the cycle's lease: the cycle failed after Reserve.
-// The wait for a bind that Reserve stopped starts again first: should
-// this release fail, the wait's end releases the lease.
+// Unreserve releases the cycle's lease: the cycle failed after Reserve
+// (Placer.Unreserve).
 func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ string) {
 	if c := leaseOf(state); c != nil && c.refused == "" {
-		p.core.watchBind(pod)
-		p.release(ctx, pod, "released the lease of a pod whose scheduling cycle failed")
+		p.placer.Unreserve(ctx, pod, "released the lease of a pod whose scheduling cycle failed")
 	}
 }
 
-// Bind binds the pod with its lease, as the extender's bind does.
+// Bind binds the pod with its lease (Placer.Bind).
 func (p *Plugin) Bind(ctx context.Context, _ fwk.CycleState, pod *v1.Pod, node string) *fwk.Status {
-	start := time.Now()
-	answer, res := p.core.bind(ctx, &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: node})
-	p.core.metrics.answered(verbBind, res, start)
-	if res != resultBound {
-		return fwk.AsStatus(errors.New(answer.Error))
+	if err := p.placer.Bind(ctx, PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}, node); err != nil {
+		return fwk.AsStatus(err)
 	}
 	p.longWay.remove(pod.UID)
 	return nil
@@ -380,9 +347,6 @@ type PluginArgs struct {
 	// UnboundLeaseTimeout: how long a lease waits for its bind where no
 	// Unreserve comes (DefaultUnboundLeaseTimeout when 0).
 	UnboundLeaseTimeout metav1.Duration `json:"unboundLeaseTimeout,omitempty"`
-	// LogLevel of the plugin's own lines on stderr, as slog names them;
-	// debug logs every acquisition and bind.
-	LogLevel string `json:"logLevel,omitempty"`
 }
 
 // NewPluginFromArgs is the plugin's factory for kube-scheduler's registry
@@ -399,14 +363,7 @@ func NewPluginFromArgs(_ context.Context, obj runtime.Object, h fwk.Handle) (fwk
 	// The acquisition holds the one scheduling loop: fail over between
 	// replicas once, and give up within 3 s.
 	alloc.Retries, alloc.Timeout = 2*len(strings.Split(args.Allocator, ",")), 3*time.Second
-	var level slog.Level
-	if args.LogLevel != "" {
-		if err := level.UnmarshalText([]byte(args.LogLevel)); err != nil {
-			return nil, fmt.Errorf("%s args: logLevel: %w", PluginName, err)
-		}
-	}
-	core := New(Config{Allocator: alloc, Kube: h.ClientSet(), Pods: h.SharedInformerFactory().Core().V1().Pods().Lister(),
-		UnboundLeaseTimeout: args.UnboundLeaseTimeout.Duration, Registry: legacyregistry.Registerer(),
-		Logger: slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))})
-	return NewPlugin(core), nil
+	placer := New(Config{Allocator: alloc, Kube: h.ClientSet(), Pods: h.SharedInformerFactory().Core().V1().Pods().Lister(),
+		UnboundLeaseTimeout: args.UnboundLeaseTimeout.Duration, Registry: legacyregistry.Registerer()})
+	return NewPlugin(placer), nil
 }

@@ -53,10 +53,10 @@ func nodeInfos(names ...string) []fwk.NodeInfo {
 	return infos
 }
 
-func newTestPlugin(t *testing.T, gpusPerServer int, pods ...runtime.Object) (*Plugin, *testExtender) {
+func newTestPlugin(t *testing.T, gpusPerServer int, pods ...runtime.Object) (*Plugin, *testPlacer) {
 	t.Helper()
-	te := newTestExtender(t, []api.Server{servicetest.Server("gpu-0", gpusPerServer), servicetest.Server("gpu-1", gpusPerServer)}, nil, pods...)
-	return NewPlugin(te.Extender), te
+	te := newTestPlacer(t, []api.Server{servicetest.Server("gpu-0", gpusPerServer), servicetest.Server("gpu-1", gpusPerServer)}, nil, pods...)
+	return NewPlugin(te.Placer), te
 }
 
 // podLeases are the allocator's leases for pod.

@@ -13,9 +13,10 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 )
 
-// livePods reads pods as kube-apiserver has them. The extender acts on
-// those, never on the pod a caller describes: whoever reaches /filter could
-// otherwise describe a bound pod as unbound, or a pod that does not exist.
+// livePods reads pods as kube-apiserver has them. The placer acts on
+// those, never on the pod a caller describes: whoever reaches the
+// extender's /filter could otherwise describe a bound pod as unbound, or a
+// pod that does not exist.
 type livePods struct {
 	// cache answers most reads; nil reads the API every time.
 	cache corelisters.PodLister
@@ -30,7 +31,7 @@ type errNoSuchPod struct {
 }
 
 func (e *errNoSuchPod) Error() string {
-	return fmt.Sprintf("gpupool extender: no pod %s/%s with UID %s in the cluster", e.namespace, e.name, e.uid)
+	return fmt.Sprintf("gpupool scheduler: no pod %s/%s with UID %s in the cluster", e.namespace, e.name, e.uid)
 }
 
 // pod is the pod with that UID. The cache may not show a pod created an
@@ -47,7 +48,7 @@ func (p *livePods) pod(ctx context.Context, namespace, name string, uid types.UI
 	case apierrors.IsNotFound(err) || err == nil && pod.UID != uid:
 		return nil, &errNoSuchPod{namespace, name, uid}
 	case err != nil:
-		return nil, fmt.Errorf("gpupool extender: reading pod %s/%s: %w", namespace, name, err)
+		return nil, fmt.Errorf("gpupool scheduler: reading pod %s/%s: %w", namespace, name, err)
 	}
 	return pod, nil
 }

@@ -25,7 +25,7 @@ import (
 
 // bound binds pod to node through the extender, and makes the cluster's
 // copy say so, as kube-apiserver does on a Binding.
-func (te *testExtender) bound(t *testing.T, pod *v1.Pod, node string) api.Lease {
+func (te *testPlacer) bound(t *testing.T, pod *v1.Pod, node string) api.Lease {
 	t.Helper()
 	placedOn(t, te.callFilter(t, pod, node), node)
 	if res := te.callBind(t, pod, node); res.Error != "" {
@@ -46,7 +46,7 @@ func (te *testExtender) bound(t *testing.T, pod *v1.Pod, node string) api.Lease 
 
 // filterAsCaller posts a filter call describing pod, without making it
 // kube-apiserver's copy.
-func (te *testExtender) filterAsCaller(t *testing.T, pod *v1.Pod, nodes ...string) extenderv1.ExtenderFilterResult {
+func (te *testPlacer) filterAsCaller(t *testing.T, pod *v1.Pod, nodes ...string) extenderv1.ExtenderFilterResult {
 	t.Helper()
 	var res extenderv1.ExtenderFilterResult
 	te.call(t, verbFilter, mustJSON(t, extenderv1.ExtenderArgs{Pod: pod, NodeNames: &nodes}), &res)
@@ -56,7 +56,7 @@ func (te *testExtender) filterAsCaller(t *testing.T, pod *v1.Pod, nodes ...strin
 // TestFilterNeverMovesABoundPodsLease: a filter for a bound pod's UID
 // listing another node leaves its lease where the pod runs.
 func TestFilterNeverMovesABoundPodsLease(t *testing.T) {
-	te := newTestExtender(t, []api.Server{servicetest.Server("gpu-0", 1), servicetest.Server("gpu-1", 1)}, nil)
+	te := newTestPlacer(t, []api.Server{servicetest.Server("gpu-0", 1), servicetest.Server("gpu-1", 1)}, nil)
 	pod := testPod("trainer-0", half)
 	lease := te.bound(t, pod, "gpu-0")
 
@@ -73,7 +73,7 @@ func TestFilterNeverMovesABoundPodsLease(t *testing.T) {
 // pod with a smaller request, or a pod that does not exist, changes no
 // lease and takes none.
 func TestFilterReadsTheRequestFromTheCluster(t *testing.T) {
-	te := newTestExtender(t, []api.Server{servicetest.Server("gpu-0", 1), servicetest.Server("gpu-1", 1)}, nil)
+	te := newTestPlacer(t, []api.Server{servicetest.Server("gpu-0", 1), servicetest.Server("gpu-1", 1)}, nil)
 	pod := testPod("trainer-0", kube.Request{GPUAmount: 1, GPUPercent: 10})
 	lease := te.bound(t, pod, "gpu-0")
 
@@ -100,7 +100,7 @@ func TestFilterReadsTheRequestFromTheCluster(t *testing.T) {
 // may still land; that filter must not release the lease being bound, and
 // the pod ends bound with the lease the allocator holds for it.
 func TestFilterLeavesALeaseABindIsWriting(t *testing.T) {
-	te := newTestExtender(t, []api.Server{servicetest.Server("gpu-0", 1), servicetest.Server("gpu-1", 1)}, nil)
+	te := newTestPlacer(t, []api.Server{servicetest.Server("gpu-0", 1), servicetest.Server("gpu-1", 1)}, nil)
 	pod := testPod("trainer-0", half)
 	placedOn(t, te.callFilter(t, pod, "gpu-0"), "gpu-0")
 	lease := te.leases(t, pod)[0]
@@ -142,7 +142,7 @@ func TestFilterLeavesALeaseABindIsWriting(t *testing.T) {
 
 // TestFilterAmongNoNodesPlacesNowhere: no feasible node is no lease.
 func TestFilterAmongNoNodesPlacesNowhere(t *testing.T) {
-	te := newTestExtender(t, []api.Server{servicetest.Server("gpu-0", 1)}, nil)
+	te := newTestPlacer(t, []api.Server{servicetest.Server("gpu-0", 1)}, nil)
 	pod := testPod("trainer-0", half)
 	res := te.callFilter(t, pod, []string{}...)
 	if res.Error != "" || res.NodeNames == nil || len(*res.NodeNames) != 0 {
@@ -158,7 +158,7 @@ func TestFilterAmongNoNodesPlacesNowhere(t *testing.T) {
 func TestFilterAmongManyNodes(t *testing.T) {
 	for _, n := range []int{6000, 10_000, 100_000} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			te := newTestExtender(t, []api.Server{servicetest.Server("gpu-0", 1)}, nil)
+			te := newTestPlacer(t, []api.Server{servicetest.Server("gpu-0", 1)}, nil)
 			nodes := make([]string, n)
 			for i := range nodes {
 				nodes[i] = fmt.Sprintf("node-%06d.example.internal", i)
@@ -173,7 +173,7 @@ func TestFilterAmongManyNodes(t *testing.T) {
 // naming it (shortened) and the rule, and is not kept: the names seen stay
 // bounded by what nodes can be called.
 func TestNodeNamesRefusesWhatIsNoNodeName(t *testing.T) {
-	te := newTestExtender(t, []api.Server{servicetest.Server("gpu-0", 1)}, nil)
+	te := newTestPlacer(t, []api.Server{servicetest.Server("gpu-0", 1)}, nil)
 	pod := testPod("trainer-0", half)
 	te.inCluster(t, pod)
 	for _, name := range []string{strings.Repeat("a", 3_500_000), strings.Repeat("a", 254), "GPU-0", "gpu_0", ""} {
@@ -187,7 +187,7 @@ func TestNodeNamesRefusesWhatIsNoNodeName(t *testing.T) {
 			t.Errorf("a filter naming %.20q (%d bytes) answered %.300q, want it refused as no node name", name, len(name), res.Error)
 		}
 	}
-	if n := len(te.names.names); n != 1 {
+	if n := len(te.ext.names.names); n != 1 {
 		t.Errorf("the extender keeps %d names, want gpu-0 alone", n)
 	}
 	if held := te.leases(t, pod); len(held) > 0 {

@@ -7,19 +7,22 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 )
 
 // DefaultUnboundLeaseTimeout is how long a lease taken in filter waits
 // for its pod's bind by default: kube-scheduler binds within its extender
-// httpTimeout (5 s) of the filter unless the cycle failed.
+// httpTimeout (5 s) of the filter, or reserves the node in the plugin's
+// cycle, unless the cycle failed.
 const DefaultUnboundLeaseTimeout = 30 * time.Second
 
 // unboundLeases ends the leases that filters took for pods that were not
 // bound within the timeout. The extender protocol has no Unreserve: when
 // kube-scheduler's cycle fails after the filter (a bind it gave up on, a
 // filter answer it stopped waiting for, a pod it found unschedulable on
-// its retry) nothing tells the extender, and the lease would hold GPUs for
-// a pod that may never run.
+// its retry) nothing tells the placer, and the lease would hold GPUs for
+// a pod that may never run. The plugin's cycle stops the wait at Reserve;
+// a cycle that fails before Reserve leaves its lease to the wait.
 type unboundLeases struct {
 	timeout time.Duration
 	mu      sync.Mutex
@@ -72,21 +75,37 @@ func (u *unboundLeases) waiting() int {
 	return len(u.waits)
 }
 
-// watchBind releases pod's leases if it is not bound within the timeout.
-func (e *Extender) watchBind(pod *v1.Pod) {
-	e.unbound.watch(pod.UID, func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+// Reserve stops the pod's wait for its bind: kube-scheduler reserved its
+// node, after which Unreserve or Bind ends its lease, however long Permit
+// and PreBind hold the pod.
+func (p *Placer) Reserve(uid types.UID) { p.unbound.stop(uid) }
+
+// Unreserve releases the pod's lease, unless it is bound or being bound:
+// kube-scheduler's cycle failed after Reserve. The wait for a bind starts
+// again first: should this release fail, the wait's end releases the
+// lease.
+func (p *Placer) Unreserve(ctx context.Context, pod *v1.Pod, why string) {
+	p.watchBind(ctx, pod)
+	p.Release(ctx, pod, why)
+}
+
+// watchBind releases pod's leases if it is not bound within the timeout,
+// logging through ctx's logger.
+func (p *Placer) watchBind(ctx context.Context, pod *v1.Pod) {
+	log := klog.FromContext(ctx)
+	p.unbound.watch(pod.UID, func() {
+		ctx, cancel := context.WithTimeout(klog.NewContext(context.Background(), log), 30*time.Second)
 		defer cancel()
-		unlock := e.calls.lock(pod.UID, false)
+		unlock := p.calls.lock(pod.UID, false)
 		defer unlock()
-		if err := e.notBound(ctx, pod); err != nil {
-			e.log.Debug("a pod past its wait for a bind keeps its lease", "pod", pod.Namespace+"/"+pod.Name, "why", err)
+		if err := p.notBound(ctx, pod); err != nil {
+			log.V(4).Info("a pod past its wait for a bind keeps its lease", "pod", pod.Namespace+"/"+pod.Name, "why", err)
 			return
 		}
-		n, err := e.releaseLeases(ctx, pod, "released the lease of a pod not bound in time after its filter: its scheduling cycle failed")
-		e.metrics.unboundReleased.Add(float64(n))
+		n, err := p.releaseLeases(ctx, pod, "released the lease of a pod not bound in time after its filter: its scheduling cycle failed")
+		p.metrics.unboundReleased.Add(float64(n))
 		if err != nil {
-			e.log.Warn("releasing the leases of a pod not bound in time", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+			log.Error(err, "releasing the leases of a pod not bound in time", "pod", pod.Namespace+"/"+pod.Name)
 		}
 	})
 }

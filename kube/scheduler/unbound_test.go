@@ -15,7 +15,7 @@ import (
 // released; a bound pod's stays, and so does the lease of a pod whose
 // filter came again within the timeout, until that wait ends too.
 func TestLeaseWithoutABindEnds(t *testing.T) {
-	te := newTestExtender(t, []api.Server{servicetest.Server("gpu-0", 2)}, nil)
+	te := newTestPlacer(t, []api.Server{servicetest.Server("gpu-0", 2)}, nil)
 	te.unbound.timeout = 300 * time.Millisecond
 	forgotten, bound := testPod("forgotten", half), testPod("bound", half)
 	placedOn(t, te.callFilter(t, forgotten, "gpu-0"), "gpu-0")

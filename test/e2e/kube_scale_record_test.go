@@ -26,9 +26,10 @@ import (
 	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
 )
 
-// extenderCall is one of gpupool-scheduler's records of a kube-scheduler
-// call (its debug log, as JSON): a filter with the allocator's answer, or
-// a bind.
+// extenderCall is one of the placer's records of a kube-scheduler call
+// (at -v=4, as JSON: slog's in gpupool-scheduler's log for the extender,
+// klog's in kube-scheduler's for the plugin): a filter with the
+// allocator's answer, or a bind.
 type extenderCall struct {
 	Msg    string `json:"msg"`
 	Pod    string `json:"pod"`
@@ -39,9 +40,25 @@ type extenderCall struct {
 	Node   string `json:"node"`
 	Lease  string `json:"lease"`
 	Err    string `json:"err"`
-	Took   int64  `json:"took"` // nanoseconds, as slog's JSON writes a duration
-	// Time is when the call ended: when it was logged.
+	Took   took   `json:"took"`
+	// Time is when the call ended: when it was logged (slog's time).
 	Time time.Time `json:"time"`
+	// TS is klog's time: milliseconds since the epoch.
+	TS float64 `json:"ts"`
+}
+
+// took is a duration as slog's JSON writes it (nanoseconds) or klog's (a
+// string, "1.5ms").
+type took time.Duration
+
+func (d *took) UnmarshalJSON(b []byte) error {
+	var s string
+	if json.Unmarshal(b, &s) != nil {
+		return json.Unmarshal(b, (*int64)(d))
+	}
+	v, err := time.ParseDuration(s)
+	*d = took(v)
+	return err
 }
 
 func (c *extenderCall) start() time.Time { return c.Time.Add(-time.Duration(c.Took)) }
@@ -61,6 +78,9 @@ func extenderCalls(logs, prefix string) (calls []extenderCall, released int) {
 		var c extenderCall
 		if json.Unmarshal([]byte(line), &c) != nil {
 			continue
+		}
+		if c.Time.IsZero() && c.TS != 0 {
+			c.Time = time.UnixMicro(int64(c.TS * 1000))
 		}
 		switch c.Msg {
 		case verbFilterRecord, verbBindRecord:

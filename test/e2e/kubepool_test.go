@@ -163,7 +163,7 @@ func startKubePool(t testing.TB, ctx context.Context, o kubePoolOptions) *kubePo
 	if o.Extender {
 		p.extender = "127.0.0.1:" + freePort(t)
 	} else {
-		p.pluginArgs = map[string]any{"tokenFile": p.config.adminTokenFile(t), "unboundLeaseTimeout": pluginUnboundLeaseTimeout(o.SchedulerArgs), "logLevel": "debug"}
+		p.pluginArgs = map[string]any{"tokenFile": p.config.adminTokenFile(t), "unboundLeaseTimeout": pluginUnboundLeaseTimeout(o.SchedulerArgs)}
 	}
 	p.extenderTimeout = o.ExtenderTimeout
 	p.startScheduler(t)
@@ -185,7 +185,10 @@ func (p *kubePool) startKubeScheduler(t testing.TB, ctx context.Context) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		o = e2ekube.SchedulerOptions{Plugin: &e2ekube.SchedulerPlugin{Binary: gpupoolKubeScheduler(t), Args: raw}}
+		// The plugin's record of each call is at -v=4, read as JSON
+		// (extenderCalls).
+		o = e2ekube.SchedulerOptions{Plugin: &e2ekube.SchedulerPlugin{Binary: gpupoolKubeScheduler(t), Args: raw,
+			Flags: []string{"--logging-format=json", "-v=4"}}}
 	}
 	if err := p.CP.StartScheduler(ctx, o); err != nil {
 		t.Fatal(err)

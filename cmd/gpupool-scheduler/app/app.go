@@ -1,5 +1,6 @@
-// Package app runs gpupool-scheduler from its Options: kube-scheduler's
-// extender (kube/scheduler) and the lease controller (kube/leases).
+// Package app runs gpupool-scheduler from its Options: the lease
+// controller and quota reconciliation (kube/leases), leader-elected, and,
+// with --listen, kube-scheduler's extender (kube/scheduler.Extender).
 package app
 
 import (
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpupool/gpupool/internal/cli"
@@ -25,50 +27,61 @@ import (
 
 // Usage is what --help says above the flags.
 const Usage = `Usage: gpupool-scheduler [flags]
+       gpupool-scheduler secrets [flags]
+       gpupool-scheduler resume [flags]
 
-Places pods through the GPU pool as a kube-scheduler extender. kube-scheduler
-(the upstream one, as a second profile or scheduler named gpupool-scheduler)
-filters the nodes itself, then calls POST /filter with the feasible node
-names: the extender reads the pod as kube-apiserver has it (never as the
-call describes it), acquires its lease from the allocator among those nodes,
-with the pod as its owner and its UID as the idempotency key, and answers the
-lease's server as the only node. POST /bind binds the pod with that lease,
-the annotations gpupool.io/lease and gpupool.io/gpus written with the node
-in one Binding. The calls for one pod are taken one at a time, and the lease
-of a pod that is bound, or being bound, is never moved. A pod the pool
-cannot place stays Pending with kube-scheduler's FailedScheduling event
-saying why. The extender protocol has no Unreserve: a lease a filter took
-whose pod is not bound within --unbound-lease-timeout (its scheduling cycle
-failed after the filter) is released. --log-level debug logs every call with
-the allocator's answer.
+Runs the controllers that keep the GPU pool's leases and quotas in step
+with the cluster, beside the kube-scheduler that places the pool's pods
+(gpupool-kube-scheduler, whose GPUPool plugin takes each pod's lease from
+the allocator and binds the pod with it).
 
-kube-scheduler's extender configuration: urlPrefix this address, filterVerb
-filter, bindVerb bind, nodeCacheCapable true, managedResources
-[{name: bitfusion.io/gpu, ignoredByScheduler: true}], and
-percentageOfNodesToScore 100 (else the extender sees a sample of the nodes).
-
-It also runs the lease controller: a pod's lease, which has no TTL, ends
-when the pod is deleted, succeeds or fails, or its node is deleted; a resync
-at start and every --resync releases leases whose pod is gone, or still
-unbound --resync-unbound-lease-timeout after their grant (a scheduling cycle
-that died with kube-scheduler), and acquires again those of bound pods that
-lost theirs; the namespaces' ResourceQuotas on
+The lease controller: a pod's lease, which has no TTL, ends when the pod
+is deleted, succeeds or fails, or its node is deleted; a resync at start
+and every --resync releases leases whose pod is gone, or still unbound
+--resync-unbound-lease-timeout after their grant (a scheduling cycle that
+died with kube-scheduler), and acquires again those of bound pods that
+lost theirs. Quota reconciliation: the namespaces' ResourceQuotas on
 requests.bitfusion.io/gpu (in --unit) are the allocator's quotas.
 
-Serving: on a loopback address (a container beside kube-scheduler in its
-pod) the extender speaks plain HTTP; anywhere else it needs
---tls-cert-file, --tls-private-key-file and --client-ca-file, and answers
-only a client certificate that CA signed (kube-scheduler's tlsConfig
-certFile/keyFile): whoever can call /bind binds pods and whoever can call
-/filter takes GPUs. The serving certificate is read again when it is
-renewed; the client CA is read at start. With --listen empty it serves no
-extender and runs the lease controller alone: gpupool-kube-scheduler, whose
-GPUPool plugin acquires and binds in kube-scheduler itself, places the pods
-(the manifests run it so).
+Leader election: with --leader-elect (the default) the replicas elect one
+through the coordination.k8s.io Lease gpupool-lease-controller in
+--leader-elect-namespace, and only it reconciles; the others stand by and
+take over within 15 s of its loss. /metrics and /healthz are served on
+--metrics-listen by every replica.
+
+Subcommands: "gpupool-scheduler secrets" makes the Helm chart's Secrets
+(tokens, the allocator's configuration, the CA) in the cluster and exits;
+"gpupool-scheduler resume", which "gpupool resume" runs, undoes what an
+idle policy reclaimed. Each takes --help.
+
+The extender, only with --listen: for an upstream kube-scheduler without
+the plugin, it also serves kube-scheduler's HTTP extender over the same
+placement. kube-scheduler filters the nodes itself, then calls POST
+/filter with the feasible node names: the pod is read as kube-apiserver
+has it (never as the call describes it), its lease acquired from the
+allocator among those nodes, with the pod as its owner and its UID as the
+idempotency key, and the lease's server answered as the only node. POST
+/bind binds the pod with that lease, the annotations gpupool.io/lease and
+gpupool.io/gpus written with the node in one Binding. A pod the pool
+cannot place stays Pending with kube-scheduler's FailedScheduling event
+saying why. The extender protocol has no Unreserve: a lease a filter took
+whose pod is not bound within --unbound-lease-timeout is released.
+--log-level debug logs every call with the allocator's answer.
+kube-scheduler's extender configuration: urlPrefix this address,
+filterVerb filter, bindVerb bind, nodeCacheCapable true, managedResources
+[{name: bitfusion.io/gpu, ignoredByScheduler: true}], and
+percentageOfNodesToScore 100 (else the extender sees a sample of the
+nodes). On a loopback address (a container beside kube-scheduler in its
+pod) it speaks plain HTTP; anywhere else it needs --tls-cert-file,
+--tls-private-key-file and --client-ca-file, and answers only a client
+certificate that CA signed (kube-scheduler's tlsConfig certFile/keyFile):
+whoever can call /bind binds pods and whoever can call /filter takes GPUs.
+The serving certificate is read again when it is renewed; the client CA
+is read at start. The manifests run no extender.
 `
 
-// Run serves the extender and /metrics, and runs the lease controller,
-// until ctx ends or one of them fails.
+// Run runs the lease controller and serves /metrics, and the extender
+// with --listen, until ctx ends or one of them fails.
 func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	tlsConfig, err := servingTLS(o, log)
 	if err != nil {
@@ -117,8 +130,11 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		log.Info("no extender (--listen empty): the lease controller and /metrics only", "metrics", "http://"+metrics.Listener.Addr().String()+"/metrics",
 			"allocator", o.Allocator, "unit", o.Unit)
 	} else {
-		ext := scheduler.New(scheduler.Config{Allocator: alloc, Kube: kubeClient, Pods: controller.Pods(),
-			UnboundLeaseTimeout: o.UnboundLeaseTimeout, Registry: reg, Logger: log})
+		placer := scheduler.New(scheduler.Config{Allocator: alloc, Kube: kubeClient, Pods: controller.Pods(),
+			UnboundLeaseTimeout: o.UnboundLeaseTimeout, Registry: reg})
+		// The placer logs through logr: V(4), its record of each call, is
+		// slog's debug.
+		ext := scheduler.NewExtender(placer, logr.FromSlogHandler(log.Handler()))
 		extender := httpserver.Endpoint{Name: "the extender", Server: httpserver.New(ext.Handler(), httpserver.Default)}
 		extender.Server.TLSConfig = tlsConfig
 		if extender.Listener, err = net.Listen("tcp", o.Listen); err != nil {

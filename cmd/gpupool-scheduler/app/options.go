@@ -45,7 +45,7 @@ type Options struct {
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	return &Options{
-		Listen: "127.0.0.1:8474", MetricsListen: "127.0.0.1:9474", Allocator: "http://127.0.0.1:8470",
+		MetricsListen: "127.0.0.1:9474", Allocator: "http://127.0.0.1:8470",
 		UnitName: string(kube.UnitPercent), GPUMemory: admission.DefaultGPUMemory, Resync: leases.DefaultResync, UnboundLeaseTimeout: scheduler.DefaultUnboundLeaseTimeout,
 		ResyncUnboundLeaseTimeout: leases.DefaultUnboundLeaseTimeout, KubeAPIQPS: 200, KubeAPIBurst: 400, LeaderElect: true, LeaderElectNamespace: "gpupool",
 	}
@@ -53,23 +53,23 @@ func NewOptions() *Options {
 
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
-	fs.StringVar(&o.Listen, "listen", o.Listen, "address of the extender (POST /filter, POST /bind): plain HTTP on a loopback address only, else TLS with client certificates; empty: no extender, the lease controller alone (gpupool-kube-scheduler's plugin places the pods)")
+	fs.StringVar(&o.Listen, "listen", o.Listen, "address of kube-scheduler's extender (POST /filter, POST /bind), such as 127.0.0.1:8474: plain HTTP on a loopback address only, else TLS with client certificates; empty (the default, as deployed): no extender, the lease controller alone (gpupool-kube-scheduler's plugin places the pods)")
 	fs.StringVar(&o.CertFile, "tls-cert-file", o.CertFile, "serving certificate (PEM) of the extender; read again when it changes")
 	fs.StringVar(&o.KeyFile, "tls-private-key-file", o.KeyFile, "private key (PEM) of --tls-cert-file")
 	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "CA (PEM) that signs kube-scheduler's client certificate; required off loopback")
 	fs.StringVar(&o.MetricsListen, "metrics-listen", o.MetricsListen, "address of /metrics and /healthz (plain HTTP)")
 	fs.StringVar(&o.Allocator, "allocator", o.Allocator, "allocator address(es), comma-separated")
 	cli.AllocatorCAFlagVar(fs, &o.AllocatorCAFile)
-	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding an allocator admin token: the extender acquires leases in every namespace")
+	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding an allocator admin token: the lease controller releases and acquires leases, and sets quotas, in every namespace, as the extender acquires")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig of the cluster; empty uses the in-cluster config")
 	fs.StringVar(&o.UnitName, "unit", o.UnitName, "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 is one GPU, as BFK), gpus, or memory:<size> (a slice of GPU memory, memory:8Gi); the unit the ResourceQuotas' requests.bitfusion.io/gpu are read in")
 	fs.StringVar(&o.GPUMemory, "gpu-memory", o.GPUMemory, "one GPU's memory, the webhook's --gpu-memory: in a unit of memory, how much of a GPU a quota's memory is")
 	fs.DurationVar(&o.Resync, "resync", o.Resync, "how often every lease is compared with its pod and every quota with its ResourceQuotas (and once at start)")
 	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "requests per second to kube-apiserver (a bind reads the pod and creates its binding)")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "burst of requests to kube-apiserver above --kube-api-qps")
-	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "reconcile leases and quotas in one replica at a time, the holder of the coordination.k8s.io Lease "+leases.DefaultElectionName+" (the others serve the extender and stand by, taking over within 15 s of the leader's loss); false only where one replica runs")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "reconcile leases and quotas in one replica at a time, the holder of the coordination.k8s.io Lease "+leases.DefaultElectionName+" (the others stand by, serving the extender with --listen, and take over within 15 s of the leader's loss); false only where one replica runs")
 	fs.StringVar(&o.LeaderElectNamespace, "leader-elect-namespace", o.LeaderElectNamespace, "namespace of the election's Lease, gpupool-scheduler's own")
-	fs.DurationVar(&o.UnboundLeaseTimeout, "unbound-lease-timeout", o.UnboundLeaseTimeout, "how long a lease the extender's filter took waits for its pod's bind: then, the pod still unbound, it is released (kube-scheduler's cycle failed after the filter, which the extender protocol does not report); the resync at start releases such leases too, the extender's waits lost with the restart")
+	fs.DurationVar(&o.UnboundLeaseTimeout, "unbound-lease-timeout", o.UnboundLeaseTimeout, "with --listen, how long a lease the extender's filter took waits for its pod's bind: then, the pod still unbound, it is released (kube-scheduler's cycle failed after the filter, which the extender protocol does not report); the resync at start releases such leases too, the extender's waits lost with the restart")
 	fs.DurationVar(&o.ResyncUnboundLeaseTimeout, "resync-unbound-lease-timeout", o.ResyncUnboundLeaseTimeout, "every resync releases a lease whose pod is still unbound this long after its grant: its scheduling cycle died with kube-scheduler (the plugin's wait for the bind is in memory); longer than any bind takes, a PreBind provisioning a volume (up to 10 minutes) included")
 }
 

@@ -55,6 +55,8 @@ type SchedulerOptions struct {
 type SchedulerPlugin struct {
 	Binary string
 	Args   []byte
+	// Flags are more of kube-scheduler's flags (its logging's, say).
+	Flags []string
 }
 
 // StartScheduler starts kube-scheduler, with two profiles, default-scheduler
@@ -93,18 +95,20 @@ func (c *ControlPlane) StartScheduler(ctx context.Context, o SchedulerOptions) e
 		return f.err
 	}
 	binary := filepath.Join(c.binDir, "kube-scheduler")
+	args := []string{
+		"--config=" + configFile,
+		"--authentication-kubeconfig=" + kubeconfig,
+		"--authorization-kubeconfig=" + kubeconfig,
+		"--bind-address=127.0.0.1",
+		"--secure-port=" + port,
+		"--tls-cert-file=" + cert,
+		"--tls-private-key-file=" + key,
+	}
 	if o.Plugin != nil {
 		binary = o.Plugin.Binary
+		args = append(args, o.Plugin.Flags...)
 	}
-	scheduler, err := c.start("kube-scheduler", binary, nil,
-		"--config="+configFile,
-		"--authentication-kubeconfig="+kubeconfig,
-		"--authorization-kubeconfig="+kubeconfig,
-		"--bind-address=127.0.0.1",
-		"--secure-port="+port,
-		"--tls-cert-file="+cert,
-		"--tls-private-key-file="+key,
-	)
+	scheduler, err := c.start("kube-scheduler", binary, nil, args...)
 	if err != nil {
 		return err
 	}
