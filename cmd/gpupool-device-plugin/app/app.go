@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/kubeconfig"
 	"github.com/gpupool/gpupool/kube/deviceplugin"
@@ -52,7 +53,7 @@ says what the node needs.
 
 // Run serves the device plugin until ctx ends or it fails.
 func Run(ctx context.Context, o *Options, log *slog.Logger) error {
-	alloc, err := cli.AllocatorClient(o.Allocator, o.AllocatorCAFile, "--token-file", o.TokenFile)
+	alloc, err := client.NewFromFlags(client.Flags{Allocator: o.Allocator, CAFile: o.AllocatorCAFile, TokenFile: o.TokenFile, TokenFlag: "--token-file"})
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/httpserver"
 	"github.com/gpupool/gpupool/internal/kubeconfig"
@@ -74,7 +75,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}
-	alloc, err := cli.AllocatorClient(o.Allocator, o.AllocatorCAFile, "--token-file", o.TokenFile)
+	alloc, err := client.NewFromFlags(client.Flags{Allocator: o.Allocator, CAFile: o.AllocatorCAFile, TokenFile: o.TokenFile, TokenFlag: "--token-file"})
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}
@@ -140,7 +141,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 // servingTLS is the extender's TLS (servingMode), or nil for plain HTTP.
 // The serving certificate is read again when it is renewed.
 func servingTLS(o *Options, log *slog.Logger) (*tls.Config, error) {
-	if on, err := servingMode(o.Listen, o.CertFile, o.KeyFile, o.ClientCAFile); !on || err != nil {
+	if on, err := servingMode(o.Listen, o.TLSServingFlags, o.ClientCAFile); !on || err != nil {
 		return nil, err
 	}
 	pair, err := httpserver.LoadKeyPair(o.CertFile, o.KeyFile, log)
