@@ -4,11 +4,8 @@ package app
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
-
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/cli"
@@ -61,14 +58,9 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	// while it checks a lease: give up within seconds, and the pod fails
 	// with the allocator named.
 	alloc.Timeout = 5 * time.Second
-	kubeConfig, err := kubeconfig.Load(o.Kubeconfig)
+	kubeClient, err := kubeconfig.Client(o.Kubeconfig, "gpupool-device-plugin", nil)
 	if err != nil {
-		return &cli.UsageError{Err: fmt.Errorf("no cluster (--kubeconfig, or run in a pod): %w", err)}
-	}
-	kubeConfig.UserAgent = "gpupool-device-plugin"
-	kubeClient, err := kubernetes.NewForConfig(kubeConfig)
-	if err != nil {
-		return &cli.UsageError{Err: fmt.Errorf("--kubeconfig: %w", err)}
+		return &cli.UsageError{Err: err}
 	}
 	plugin, err := deviceplugin.New(deviceplugin.Config{
 		Node: o.Node, Unit: o.Unit, MaxDevices: o.MaxDevices, Allocator: alloc, Kube: kubeClient, Dir: o.PluginDir, PodResources: o.PodResourcesSocket,

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/cli"
@@ -83,14 +83,11 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	// one scheduling loop waits with it: fail over between replicas once
 	// and answer within that, so the pod's event says why.
 	alloc.Retries, alloc.Timeout = 2*len(strings.Split(o.Allocator, ",")), 3*time.Second
-	kubeConfig, err := kubeconfig.Load(o.Kubeconfig)
+	kubeClient, err := kubeconfig.Client(o.Kubeconfig, "gpupool-scheduler", func(c *rest.Config) {
+		c.QPS, c.Burst = float32(o.KubeAPIQPS), o.KubeAPIBurst
+	})
 	if err != nil {
-		return &cli.UsageError{Err: fmt.Errorf("no cluster (--kubeconfig, or run in a pod): %w", err)}
-	}
-	kubeConfig.QPS, kubeConfig.Burst, kubeConfig.UserAgent = float32(o.KubeAPIQPS), o.KubeAPIBurst, "gpupool-scheduler"
-	kubeClient, err := kubernetes.NewForConfig(kubeConfig)
-	if err != nil {
-		return &cli.UsageError{Err: fmt.Errorf("--kubeconfig: %w", err)}
+		return &cli.UsageError{Err: err}
 	}
 
 	reg := metricdef.NewProcessRegistry()
