@@ -126,7 +126,7 @@ func newBackend(o *Options, log *slog.Logger) (adapter.Backend, error) {
 		}
 		return p, nil
 	}
-	c, err := client.NewFromFlags(client.Flags{Allocator: o.Allocator, CAFile: o.AllocatorCAFile, TokenFile: o.AllocatorTokenFile, TokenFlag: "--allocator-token-file"})
+	c, err := client.NewFromFlags(client.Flags{Allocator: o.Allocator, CAFile: o.AllocatorCAFile, TokenFile: o.AllocatorTokenFile, TokenFlag: "--allocator-token-file"}) //nolint:gosec // a flag's name, not a credential
 	if err != nil {
 		return nil, err
 	}

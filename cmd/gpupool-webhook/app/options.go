@@ -36,7 +36,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 
 // Validate checks the options and parses the unit and the GPU memory.
 func (o *Options) Validate() error {
-	if err := o.TLSServingFlags.Require("kube-apiserver calls webhooks over HTTPS only"); err != nil {
+	if err := o.Require("kube-apiserver calls webhooks over HTTPS only"); err != nil {
 		return err
 	}
 	if err := o.UnitFlags.Validate(); err != nil {
