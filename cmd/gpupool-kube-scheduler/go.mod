@@ -210,3 +210,15 @@ replace (
 	k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.37.2
 	k8s.io/streaming => k8s.io/streaming v0.37.2
 )
+
+// The rest of the Kubernetes release this module pins, which the end-to-end
+// tests start (test/e2e/kube/build.sh builds them from here): one
+// dependency graph for them and for gpupool-kube-scheduler, so that each
+// package of it is compiled once.
+tool (
+	k8s.io/kubernetes/cmd/kube-apiserver
+	k8s.io/kubernetes/cmd/kube-controller-manager
+	k8s.io/kubernetes/cmd/kube-proxy
+	k8s.io/kubernetes/cmd/kube-scheduler
+	k8s.io/kubernetes/cmd/kubelet
+)

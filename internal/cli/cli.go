@@ -188,3 +188,37 @@ func EnvOr(key, def string) string {
 	}
 	return def
 }
+
+// TLSServingFlags are --tls-cert-file and --tls-private-key-file: the
+// serving certificate of a command that serves HTTPS and its key, both
+// PEM, which it reads again when they change (as when cert-manager renews
+// them).
+type TLSServingFlags struct {
+	CertFile, KeyFile string
+}
+
+// AddFlags registers --tls-cert-file and --tls-private-key-file on fs;
+// certUsage is --tls-cert-file's help, which says whose certificate it is.
+func (t *TLSServingFlags) AddFlags(fs *flag.FlagSet, certUsage string) {
+	fs.StringVar(&t.CertFile, "tls-cert-file", t.CertFile, certUsage)
+	fs.StringVar(&t.KeyFile, "tls-private-key-file", t.KeyFile, "private key (PEM) of --tls-cert-file")
+}
+
+// Validate refuses a certificate without its key, or a key without its
+// certificate; neither is serving over plain HTTP, which the command
+// decides.
+func (t *TLSServingFlags) Validate() error {
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return errors.New("--tls-cert-file and --tls-private-key-file go together")
+	}
+	return nil
+}
+
+// Require refuses flags that give no certificate or no key: why is what
+// makes them required.
+func (t *TLSServingFlags) Require(why string) error {
+	if t.CertFile == "" || t.KeyFile == "" {
+		return errors.New("--tls-cert-file and --tls-private-key-file are required: " + why)
+	}
+	return nil
+}

@@ -196,3 +196,25 @@ func TestEnvOr(t *testing.T) {
 		t.Errorf("empty: %q, want the default", got)
 	}
 }
+
+// TestTLSServingFlags: the certificate and its key go together, and a
+// command that must serve TLS says why it needs both.
+func TestTLSServingFlags(t *testing.T) {
+	for _, tc := range []struct {
+		cert, key          string
+		validate, required string // the errors; "<nil>" for none
+	}{
+		{"", "", "<nil>", "--tls-cert-file and --tls-private-key-file are required: HTTPS only"},
+		{"c.pem", "", "--tls-cert-file and --tls-private-key-file go together", "--tls-cert-file and --tls-private-key-file are required: HTTPS only"},
+		{"", "k.pem", "--tls-cert-file and --tls-private-key-file go together", "--tls-cert-file and --tls-private-key-file are required: HTTPS only"},
+		{"c.pem", "k.pem", "<nil>", "<nil>"},
+	} {
+		f := TLSServingFlags{CertFile: tc.cert, KeyFile: tc.key}
+		if got := fmt.Sprint(f.Validate()); got != tc.validate {
+			t.Errorf("%q %q: Validate %s; want %s", tc.cert, tc.key, got, tc.validate)
+		}
+		if got := fmt.Sprint(f.Require("HTTPS only")); got != tc.required {
+			t.Errorf("%q %q: Require %s; want %s", tc.cert, tc.key, got, tc.required)
+		}
+	}
+}

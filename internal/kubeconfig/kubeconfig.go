@@ -2,6 +2,9 @@
 package kubeconfig
 
 import (
+	"fmt"
+
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -27,6 +30,26 @@ func Load(path string) (*rest.Config, error) {
 	cfg.ContentType = protobuf
 	cfg.AcceptContentTypes = protobuf + ",application/json"
 	return cfg, nil
+}
+
+// Client is the clientset of a service's --kubeconfig (Load's cluster),
+// calling itself userAgent; tune, when not nil, sets more of the config
+// first (the rate of requests). Each error is the command line's and names
+// --kubeconfig.
+func Client(path, userAgent string, tune func(*rest.Config)) (*kubernetes.Clientset, error) {
+	cfg, err := Load(path)
+	if err != nil {
+		return nil, fmt.Errorf("no cluster (--kubeconfig, or run in a pod): %w", err)
+	}
+	cfg.UserAgent = userAgent
+	if tune != nil {
+		tune(cfg)
+	}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig: %w", err)
+	}
+	return c, nil
 }
 
 const protobuf = "application/vnd.kubernetes.protobuf"

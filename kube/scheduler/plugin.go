@@ -21,6 +21,7 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/kube"
 )
@@ -356,7 +357,7 @@ func NewPluginFromArgs(_ context.Context, obj runtime.Object, h fwk.Handle) (fwk
 	if err != nil {
 		return nil, err
 	}
-	alloc, err := cli.AllocatorClient(args.Allocator, args.AllocatorCAFile, "tokenFile", args.TokenFile)
+	alloc, err := client.NewFromFlags(client.Flags{Allocator: args.Allocator, CAFile: args.AllocatorCAFile, TokenFile: args.TokenFile, TokenFlag: "tokenFile"})
 	if err != nil {
 		return nil, fmt.Errorf("%s args: %w", PluginName, err)
 	}

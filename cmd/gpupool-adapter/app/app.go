@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpupool/gpupool/adapter"
 	"github.com/gpupool/gpupool/adapter/kedascaler"
+	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/httpserver"
 	"github.com/gpupool/gpupool/internal/kubeconfig"
@@ -125,7 +126,7 @@ func newBackend(o *Options, log *slog.Logger) (adapter.Backend, error) {
 		}
 		return p, nil
 	}
-	c, err := cli.AllocatorClient(o.Allocator, o.AllocatorCAFile, "--allocator-token-file", o.AllocatorTokenFile)
+	c, err := client.NewFromFlags(client.Flags{Allocator: o.Allocator, CAFile: o.AllocatorCAFile, TokenFile: o.AllocatorTokenFile, TokenFlag: "--allocator-token-file"}) //nolint:gosec // a flag's name, not a credential
 	if err != nil {
 		return nil, err
 	}

@@ -10,12 +10,14 @@ import (
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/service"
+	"github.com/gpupool/gpupool/internal/cli"
 )
 
 // Options are gpupool-allocator's flags.
 type Options struct {
-	Listen, CertFile, KeyFile string
-	InsecureHTTP              bool
+	Listen string
+	cli.TLSServingFlags
+	InsecureHTTP bool
 	// Store is bolt (in DataDir) or etcd (at EtcdEndpoints, comma-separated).
 	Store, DataDir                     string
 	EtcdEndpoints, EtcdPrefix          string
@@ -50,8 +52,7 @@ func NewOptions() *Options {
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Listen, "listen", o.Listen, "address to serve the API and /metrics on; off loopback it needs --tls-cert-file (or --insecure-http)")
-	fs.StringVar(&o.CertFile, "tls-cert-file", o.CertFile, "serving certificate (PEM) for HTTPS; read again when it changes, as when cert-manager renews it")
-	fs.StringVar(&o.KeyFile, "tls-private-key-file", o.KeyFile, "the certificate's private key (PEM)")
+	o.TLSServingFlags.AddFlags(fs, "serving certificate (PEM) for HTTPS; read again when it changes, as when cert-manager renews it")
 	fs.BoolVar(&o.InsecureHTTP, "insecure-http", o.InsecureHTTP, "serve plain HTTP on a --listen address off loopback: every client's bearer token then crosses the network in clear text")
 	fs.StringVar(&o.Store, "store", o.Store, "where state lives: bolt (embedded, one file in --data-dir) or etcd (replicas with leader election)")
 	fs.StringVar(&o.DataDir, "data-dir", o.DataDir, "directory of the embedded store (one bbolt file)")
@@ -74,6 +75,9 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 // start: on etcd, a replica would campaign and step down forever.
 func (o *Options) Validate() error {
 	if err := validStore(o.Store); err != nil {
+		return err
+	}
+	if err := o.TLSServingFlags.Validate(); err != nil {
 		return err
 	}
 	switch {

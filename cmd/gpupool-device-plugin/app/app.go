@@ -4,12 +4,10 @@ package app
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
+	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/kubeconfig"
 	"github.com/gpupool/gpupool/kube/deviceplugin"
@@ -52,7 +50,7 @@ says what the node needs.
 
 // Run serves the device plugin until ctx ends or it fails.
 func Run(ctx context.Context, o *Options, log *slog.Logger) error {
-	alloc, err := cli.AllocatorClient(o.Allocator, o.AllocatorCAFile, "--token-file", o.TokenFile)
+	alloc, err := client.NewFromFlags(client.Flags{Allocator: o.Allocator, CAFile: o.AllocatorCAFile, TokenFile: o.TokenFile, TokenFlag: "--token-file"})
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}
@@ -60,14 +58,9 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	// while it checks a lease: give up within seconds, and the pod fails
 	// with the allocator named.
 	alloc.Timeout = 5 * time.Second
-	kubeConfig, err := kubeconfig.Load(o.Kubeconfig)
+	kubeClient, err := kubeconfig.Client(o.Kubeconfig, "gpupool-device-plugin", nil)
 	if err != nil {
-		return &cli.UsageError{Err: fmt.Errorf("no cluster (--kubeconfig, or run in a pod): %w", err)}
-	}
-	kubeConfig.UserAgent = "gpupool-device-plugin"
-	kubeClient, err := kubernetes.NewForConfig(kubeConfig)
-	if err != nil {
-		return &cli.UsageError{Err: fmt.Errorf("--kubeconfig: %w", err)}
+		return &cli.UsageError{Err: err}
 	}
 	plugin, err := deviceplugin.New(deviceplugin.Config{
 		Node: o.Node, Unit: o.Unit, MaxDevices: o.MaxDevices, Allocator: alloc, Kube: kubeClient, Dir: o.PluginDir, PodResources: o.PodResourcesSocket,

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/admission"
 	"github.com/gpupool/gpupool/kube/deviceplugin"
 )
 
@@ -18,23 +19,21 @@ type Options struct {
 	Node string
 	// Allocator is one address or several, comma-separated.
 	Allocator, AllocatorCAFile, TokenFile string
-	UnitName                              string
 	Kubeconfig                            string
 	PluginDir, PodResourcesSocket         string
 	Poll                                  time.Duration
 	MPSPipeDir, MPSShmDir                 string
 	SimulatedDeviceDir                    string
 	MaxDevices                            int
-
-	// Unit is UnitName, parsed by Validate.
-	Unit kube.Unit
+	// UnitFlags are --unit alone: the plugin counts no GPU memory.
+	admission.UnitFlags
 }
 
 // NewOptions returns the defaults; the node's name is NODE_NAME's, which
 // the DaemonSet sets from the downward API.
 func NewOptions() *Options {
 	return &Options{
-		Node: os.Getenv("NODE_NAME"), Allocator: "http://127.0.0.1:8470", UnitName: string(kube.UnitPercent),
+		Node: os.Getenv("NODE_NAME"), Allocator: "http://127.0.0.1:8470", UnitFlags: admission.UnitFlags{UnitName: string(kube.UnitPercent)},
 		PluginDir: "/var/lib/kubelet/device-plugins", PodResourcesSocket: "/var/lib/kubelet/pod-resources/kubelet.sock",
 		Poll: 10 * time.Second,
 	}
@@ -46,7 +45,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Allocator, "allocator", o.Allocator, "allocator address(es), comma-separated")
 	cli.AllocatorCAFlagVar(fs, &o.AllocatorCAFile)
 	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the allocator's servers token (a per-server token of this node will do): it reads this node's server and the leases on it")
-	fs.StringVar(&o.UnitName, "unit", o.UnitName, "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 devices per GPU), gpus (one per GPU) or memory:<size> (as many as whole slices of a GPU's memory)")
+	o.AddUnitFlag(fs, "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 devices per GPU), gpus (one per GPU) or memory:<size> (as many as whole slices of a GPU's memory)")
 	fs.IntVar(&o.MaxDevices, "max-devices", o.MaxDevices, "the most bitfusion.io/gpu this node offers (BFK's allocatable): the devices of its GPUs beyond it are not offered; 0 offers all")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig of the cluster; empty uses the in-cluster config")
 	fs.StringVar(&o.PluginDir, "plugin-dir", o.PluginDir, "the kubelet's device-plugin directory: its kubelet.sock, and the plugin's "+deviceplugin.Socket)
@@ -68,10 +67,5 @@ func (o *Options) Validate() error {
 	if o.MaxDevices < 0 {
 		return fmt.Errorf("--max-devices %d: must be 0 (all) or more", o.MaxDevices)
 	}
-	unit, err := kube.ParseUnit(o.UnitName)
-	if err != nil {
-		return fmt.Errorf("--unit: %w", err)
-	}
-	o.Unit = unit
-	return nil
+	return o.ValidateUnit()
 }

@@ -15,8 +15,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
+	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/httpserver"
 	"github.com/gpupool/gpupool/internal/kubeconfig"
@@ -87,7 +88,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}
-	alloc, err := cli.AllocatorClient(o.Allocator, o.AllocatorCAFile, "--token-file", o.TokenFile)
+	alloc, err := client.NewFromFlags(client.Flags{Allocator: o.Allocator, CAFile: o.AllocatorCAFile, TokenFile: o.TokenFile, TokenFlag: "--token-file"})
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}
@@ -95,14 +96,11 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	// one scheduling loop waits with it: fail over between replicas once
 	// and answer within that, so the pod's event says why.
 	alloc.Retries, alloc.Timeout = 2*len(strings.Split(o.Allocator, ",")), 3*time.Second
-	kubeConfig, err := kubeconfig.Load(o.Kubeconfig)
+	kubeClient, err := kubeconfig.Client(o.Kubeconfig, "gpupool-scheduler", func(c *rest.Config) {
+		c.QPS, c.Burst = float32(o.KubeAPIQPS), o.KubeAPIBurst
+	})
 	if err != nil {
-		return &cli.UsageError{Err: fmt.Errorf("no cluster (--kubeconfig, or run in a pod): %w", err)}
-	}
-	kubeConfig.QPS, kubeConfig.Burst, kubeConfig.UserAgent = float32(o.KubeAPIQPS), o.KubeAPIBurst, "gpupool-scheduler"
-	kubeClient, err := kubernetes.NewForConfig(kubeConfig)
-	if err != nil {
-		return &cli.UsageError{Err: fmt.Errorf("--kubeconfig: %w", err)}
+		return &cli.UsageError{Err: err}
 	}
 
 	reg := metricdef.NewProcessRegistry()
@@ -156,7 +154,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 // servingTLS is the extender's TLS (servingMode), or nil for plain HTTP.
 // The serving certificate is read again when it is renewed.
 func servingTLS(o *Options, log *slog.Logger) (*tls.Config, error) {
-	if on, err := servingMode(o.Listen, o.CertFile, o.KeyFile, o.ClientCAFile); !on || err != nil {
+	if on, err := servingMode(o.Listen, o.TLSServingFlags, o.ClientCAFile); !on || err != nil {
 		return nil, err
 	}
 	pair, err := httpserver.LoadKeyPair(o.CertFile, o.KeyFile, log)

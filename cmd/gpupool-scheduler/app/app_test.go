@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/testcert"
 )
 
@@ -44,7 +45,7 @@ func TestPlainHTTPOnLoopbackOnly(t *testing.T) {
 		{listen: "0.0.0.0:8474", cert: pki.serverCert, key: pki.serverKey, ca: pki.serverKey, err: "holds no PEM certificate"},
 		{listen: "8474", err: `--listen "8474": address 8474: missing port in address`},
 	} {
-		cfg, err := servingTLS(&Options{Listen: tc.listen, CertFile: tc.cert, KeyFile: tc.key, ClientCAFile: tc.ca}, quiet)
+		cfg, err := servingTLS(&Options{Listen: tc.listen, TLSServingFlags: cli.TLSServingFlags{CertFile: tc.cert, KeyFile: tc.key}, ClientCAFile: tc.ca}, quiet)
 		name := strings.Join([]string{tc.listen, filepath.Base(tc.cert), filepath.Base(tc.key), filepath.Base(tc.ca)}, " ")
 		switch {
 		case tc.err != "":
@@ -64,7 +65,7 @@ func TestPlainHTTPOnLoopbackOnly(t *testing.T) {
 // without a certificate from it never reaches /bind.
 func TestOnlyKubeSchedulersCertificateIsAnswered(t *testing.T) {
 	pki := newTestPKI(t)
-	cfg, err := servingTLS(&Options{Listen: "0.0.0.0:0", CertFile: pki.serverCert, KeyFile: pki.serverKey, ClientCAFile: pki.caCert}, slog.New(slog.DiscardHandler))
+	cfg, err := servingTLS(&Options{Listen: "0.0.0.0:0", TLSServingFlags: cli.TLSServingFlags{CertFile: pki.serverCert, KeyFile: pki.serverKey}, ClientCAFile: pki.caCert}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

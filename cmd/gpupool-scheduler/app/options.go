@@ -11,7 +11,6 @@ import (
 
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/httpserver"
-	"github.com/gpupool/gpupool/kube"
 	"github.com/gpupool/gpupool/kube/admission"
 	"github.com/gpupool/gpupool/kube/leases"
 	"github.com/gpupool/gpupool/kube/scheduler"
@@ -19,15 +18,18 @@ import (
 
 // Options are gpupool-scheduler's flags.
 type Options struct {
-	Listen, CertFile, KeyFile, ClientCAFile string
-	MetricsListen                           string
+	Listen string
+	// TLSServingFlags are the extender's serving certificate.
+	cli.TLSServingFlags
+	ClientCAFile  string
+	MetricsListen string
 	// Allocator is one address or several, comma-separated.
 	Allocator, AllocatorCAFile, TokenFile string
 	Kubeconfig                            string
-	UnitName, GPUMemory                   string
-	Resync, UnboundLeaseTimeout           time.Duration
-	KubeAPIQPS                            float64
-	KubeAPIBurst                          int
+	admission.UnitFlags
+	Resync, UnboundLeaseTimeout time.Duration
+	KubeAPIQPS                  float64
+	KubeAPIBurst                int
 	// ResyncUnboundLeaseTimeout is the lease controller's
 	// leases.Config.UnboundLeaseTimeout.
 	ResyncUnboundLeaseTimeout time.Duration
@@ -35,18 +37,13 @@ type Options struct {
 	// Lease leases.DefaultElectionName in LeaderElectNamespace only.
 	LeaderElect          bool
 	LeaderElectNamespace string
-
-	// Unit and GPUMemoryBytes are UnitName and GPUMemory, parsed by
-	// Validate.
-	Unit           kube.Unit
-	GPUMemoryBytes int64
 }
 
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	return &Options{
 		MetricsListen: "127.0.0.1:9474", Allocator: "http://127.0.0.1:8470",
-		UnitName: string(kube.UnitPercent), GPUMemory: admission.DefaultGPUMemory, Resync: leases.DefaultResync, UnboundLeaseTimeout: scheduler.DefaultUnboundLeaseTimeout,
+		UnitFlags: admission.NewUnitFlags(), Resync: leases.DefaultResync, UnboundLeaseTimeout: scheduler.DefaultUnboundLeaseTimeout,
 		ResyncUnboundLeaseTimeout: leases.DefaultUnboundLeaseTimeout, KubeAPIQPS: 200, KubeAPIBurst: 400, LeaderElect: true, LeaderElectNamespace: "gpupool",
 	}
 }
@@ -54,16 +51,15 @@ func NewOptions() *Options {
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Listen, "listen", o.Listen, "address of kube-scheduler's extender (POST /filter, POST /bind), such as 127.0.0.1:8474: plain HTTP on a loopback address only, else TLS with client certificates; empty (the default, as deployed): no extender, the lease controller alone (gpupool-kube-scheduler's plugin places the pods)")
-	fs.StringVar(&o.CertFile, "tls-cert-file", o.CertFile, "serving certificate (PEM) of the extender; read again when it changes")
-	fs.StringVar(&o.KeyFile, "tls-private-key-file", o.KeyFile, "private key (PEM) of --tls-cert-file")
+	o.TLSServingFlags.AddFlags(fs, "serving certificate (PEM) of the extender; read again when it changes")
 	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "CA (PEM) that signs kube-scheduler's client certificate; required off loopback")
 	fs.StringVar(&o.MetricsListen, "metrics-listen", o.MetricsListen, "address of /metrics and /healthz (plain HTTP)")
 	fs.StringVar(&o.Allocator, "allocator", o.Allocator, "allocator address(es), comma-separated")
 	cli.AllocatorCAFlagVar(fs, &o.AllocatorCAFile)
 	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding an allocator admin token: the lease controller releases and acquires leases, and sets quotas, in every namespace, as the extender acquires")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig of the cluster; empty uses the in-cluster config")
-	fs.StringVar(&o.UnitName, "unit", o.UnitName, "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 is one GPU, as BFK), gpus, or memory:<size> (a slice of GPU memory, memory:8Gi); the unit the ResourceQuotas' requests.bitfusion.io/gpu are read in")
-	fs.StringVar(&o.GPUMemory, "gpu-memory", o.GPUMemory, "one GPU's memory, the webhook's --gpu-memory: in a unit of memory, how much of a GPU a quota's memory is")
+	o.UnitFlags.AddFlags(fs, "what one bitfusion.io/gpu stands for, the webhook's --unit: percent (100 is one GPU, as BFK), gpus, or memory:<size> (a slice of GPU memory, memory:8Gi); the unit the ResourceQuotas' requests.bitfusion.io/gpu are read in",
+		"one GPU's memory, the webhook's --gpu-memory: in a unit of memory, how much of a GPU a quota's memory is")
 	fs.DurationVar(&o.Resync, "resync", o.Resync, "how often every lease is compared with its pod and every quota with its ResourceQuotas (and once at start)")
 	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "requests per second to kube-apiserver (a bind reads the pod and creates its binding)")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "burst of requests to kube-apiserver above --kube-api-qps")
@@ -75,16 +71,10 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 
 // Validate checks the options and parses the unit.
 func (o *Options) Validate() error {
-	unit, err := kube.ParseUnit(o.UnitName)
-	if err != nil {
-		return fmt.Errorf("--unit: %w", err)
+	if err := o.UnitFlags.Validate(); err != nil {
+		return err
 	}
-	memory, err := admission.ParseGPUMemory(o.GPUMemory)
-	if err != nil {
-		return fmt.Errorf("--gpu-memory: %w", err)
-	}
-	o.Unit, o.GPUMemoryBytes = unit, memory
-	if _, err := servingMode(o.Listen, o.CertFile, o.KeyFile, o.ClientCAFile); err != nil {
+	if _, err := servingMode(o.Listen, o.TLSServingFlags, o.ClientCAFile); err != nil {
 		return err
 	}
 	for name, d := range map[string]time.Duration{"--resync": o.Resync, "--unbound-lease-timeout": o.UnboundLeaseTimeout, "--resync-unbound-lease-timeout": o.ResyncUnboundLeaseTimeout} {
@@ -109,9 +99,10 @@ func (o *Options) Validate() error {
 // (true): plain HTTP on a loopback address only, since anyone who reaches
 // /bind binds pods and anyone who reaches /filter takes GPUs; off
 // loopback, TLS with client certificates from clientCAFile.
-func servingMode(listen, certFile, keyFile, clientCAFile string) (tls bool, err error) {
+func servingMode(listen string, serving cli.TLSServingFlags, clientCAFile string) (tls bool, err error) {
+	certFile := serving.CertFile
 	if listen == "" {
-		if certFile != "" || keyFile != "" || clientCAFile != "" {
+		if certFile != "" || serving.KeyFile != "" || clientCAFile != "" {
 			return false, errors.New("--tls-cert-file, --tls-private-key-file and --client-ca-file are the extender's: they need --listen")
 		}
 		return false, nil
@@ -120,9 +111,10 @@ func servingMode(listen, certFile, keyFile, clientCAFile string) (tls bool, err 
 	if err != nil {
 		return false, err
 	}
+	if err := serving.Validate(); err != nil {
+		return false, err
+	}
 	switch {
-	case (certFile == "") != (keyFile == ""):
-		return false, errors.New("--tls-cert-file and --tls-private-key-file go together")
 	case certFile == "" && clientCAFile != "":
 		return false, errors.New("--client-ca-file needs --tls-cert-file and --tls-private-key-file")
 	case certFile == "" && loopback:

@@ -5,7 +5,7 @@ module github.com/gpupool/gpupool/test/e2e/kube/keda
 
 go 1.26.0
 
-require github.com/kedacore/keda/v2 v2.21.0
+require github.com/kedacore/keda/v2 v2.21.0 // indirect
 
 require (
 	cel.dev/expr v0.25.3 // indirect
@@ -337,3 +337,15 @@ require (
 replace github.com/nexus-rpc/nexus-proto-annotations v0.1.0 => github.com/nexus-rpc/nexus-proto-annotations v0.1.1-0.20260629224316-835bd8d49cb4
 
 exclude github.com/go-chi/chi/v5 v5.2.3
+
+// The two KEDA binaries the end-to-end tests would start, which
+// test/e2e/kube/build.sh builds from here in one go build (they share most
+// of their packages): the operator, which turns a ScaledObject into an
+// HPA, and the metrics API server (KEDA calls it the adapter), which serves
+// external.metrics.k8s.io to that HPA. Not the admission webhooks
+// (cmd/webhooks): they only validate ScaledObjects and ScaledJobs as they
+// are written, and the operator works without them.
+tool (
+	github.com/kedacore/keda/v2/cmd/adapter
+	github.com/kedacore/keda/v2/cmd/operator
+)

@@ -1,4 +1,4 @@
-package cli
+package client
 
 import (
 	"fmt"
@@ -7,9 +7,9 @@ import (
 	"testing"
 )
 
-// TestAllocatorClient: a client is made from the flags' values, and each
+// TestNewFromFlags: a client is made from the flags' values, and each
 // value that does not do is refused naming its flag.
-func TestAllocatorClient(t *testing.T) {
+func TestNewFromFlags(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tokenFile, []byte("admin-token\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -25,9 +25,12 @@ func TestAllocatorClient(t *testing.T) {
 		{" ", "", tokenFile, "--allocator: no allocator address given"},
 		{"https://127.0.0.1:8470", tokenFile, tokenFile, "--allocator-ca-file: the allocator's CA: " + tokenFile + " holds no PEM certificate"},
 	} {
-		c, err := AllocatorClient(tc.addresses, tc.caFile, "--admin-token-file", tc.tokenFile)
+		c, err := NewFromFlags(Flags{Allocator: tc.addresses, CAFile: tc.caFile, TokenFile: tc.tokenFile, TokenFlag: "--admin-token-file"})
 		if got := fmt.Sprint(err); got != tc.want || (err == nil) != (c != nil) {
 			t.Errorf("%q %q %q: client %v, error %s; want %s", tc.addresses, tc.caFile, tc.tokenFile, c != nil, got, tc.want)
+		}
+		if c != nil && tc.tokenFile != "" && c.token != "admin-token" {
+			t.Errorf("%q: token %q; want the file's, its newline trimmed", tc.addresses, c.token)
 		}
 	}
 }
