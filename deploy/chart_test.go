@@ -20,10 +20,11 @@ import (
 // `helm template` does; test/e2e installs it with the helm CLI.
 
 // renderChart renders deploy/helm/gpupool with vals, released in the
-// namespace default, on a cluster that serves the extra API versions.
+// namespace gpupool (the manifests'), on a cluster that serves the extra
+// API versions.
 func renderChart(t *testing.T, vals map[string]any, apis ...string) ([]*unstructured.Unstructured, error) {
 	t.Helper()
-	return renderChartIn(t, "default", vals, apis...)
+	return renderChartIn(t, "gpupool", vals, apis...)
 }
 
 func renderChartIn(t *testing.T, namespace string, vals map[string]any, apis ...string) ([]*unstructured.Unstructured, error) {
@@ -160,7 +161,8 @@ func TestChartIsTheOverlays(t *testing.T) {
 	} {
 		t.Run(tc.overlay, func(t *testing.T) {
 			chart := byID(t, mustRenderChart(t, tc.vals, tc.apis...), chartMade)
-			kustomized := byID(t, build(t, tc.overlay), func(id string) bool { return chartMade(id) || example(id) })
+			// The namespace is helm's (-n gpupool --create-namespace).
+			kustomized := byID(t, build(t, tc.overlay), func(id string) bool { return chartMade(id) || example(id) || id == "Namespace//gpupool" })
 			for id, want := range kustomized {
 				have, ok := chart[id]
 				if !ok {
@@ -368,18 +370,52 @@ func TestChartRendersNoSecret(t *testing.T) {
 	}
 }
 
-// TestChartInItsOwnNamespace: released with `-n gpupool
-// --create-namespace`, the chart leaves the namespace to helm, which made
-// it, and would refuse to adopt one it did not.
-func TestChartInItsOwnNamespace(t *testing.T) {
-	for ns, want := range map[string]bool{"default": true, "gpupool": false} {
-		objs, err := renderChartIn(t, ns, nil)
+// TestChartInstallsWhereItIsTold: released in gpu-system, every object
+// the chart makes is there (but the copy of KEDA's client certificate's
+// role, in KEDA's namespace, and the bindings to kube-system's
+// authentication reader), and nothing names the manifests' namespace
+// gpupool: not a subject, a Service's DNS name, a flag, a service account
+// in a policy's expression. The namespace itself is helm's
+// (--create-namespace), never the chart's.
+func TestChartInstallsWhereItIsTold(t *testing.T) {
+	const ns = "gpu-system"
+	gpupoolNamespace := regexp.MustCompile(`"namespace":"gpupool"|namespace: gpupool\b|\.gpupool\.svc|serviceaccount:gpupool:|=gpupool/|"gpupool/gpupool-|"kube-system","gpupool"|Namespace=gpupool`)
+	for _, tc := range []struct {
+		vals map[string]any
+		apis []string
+	}{
+		{vals: nil},
+		{vals: seedValues},
+		{vals: map[string]any{"controller": map[string]any{"replicas": 3}, "scheduler": map[string]any{"enabled": true}, "adapter": map[string]any{"apiService": true}},
+			apis: []string{"cert-manager.io/v1", "monitoring.coreos.com/v1"}},
+	} {
+		objs, err := renderChartIn(t, ns, tc.vals, tc.apis...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		has := slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == "Namespace" })
-		if has != want {
-			t.Errorf("released in %s: the chart makes the Namespace gpupool: %v, want %v", ns, has, want)
+		var text strings.Builder
+		for _, o := range objs {
+			if o.GetKind() == "Namespace" {
+				t.Errorf("values %v: the chart makes the Namespace %s", tc.vals, o.GetName())
+			}
+			// Roles in KEDA's namespace (the copy of its client certificate)
+			// and kube-system's (reading the cluster's authentication).
+			if got := o.GetNamespace(); got != "" && got != ns && !((got == "keda" || got == "kube-system") && strings.HasPrefix(o.GetKind(), "Role")) {
+				t.Errorf("values %v: %s %s in namespace %s, want %s", tc.vals, o.GetKind(), o.GetName(), got, ns)
+			}
+			b, err := o.MarshalJSON()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m := gpupoolNamespace.FindString(string(b)); m != "" {
+				t.Errorf("values %v: %s %s names the namespace gpupool (%s)", tc.vals, o.GetKind(), o.GetName(), m)
+			}
+			text.Write(b)
+		}
+		for _, want := range []string{`"--namespace=gpu-system"`, ".gpu-system.svc"} {
+			if !strings.Contains(text.String(), want) {
+				t.Errorf("values %v: nothing says %s", tc.vals, want)
+			}
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -60,25 +59,35 @@ var chartPieces = []chartPiece{
 
 // chartOnly are the objects of the manifests the chart makes its own way
 // (templates/secrets.yaml): kustomize generates them from placeholders.
-var chartOnly = []string{"Secret/gpupool-allocator-config", "Secret/gpupool-tokens"}
+// The Namespace is helm's: the chart installs into the release's
+// (`helm install -n gpu-system --create-namespace`).
+var chartOnly = []string{"Secret/gpupool-allocator-config", "Secret/gpupool-tokens", "Namespace/gpupool"}
 
-// objectConds are conditions on single objects, within their piece's.
-var objectConds = map[string]string{
-	// `helm install -n gpupool --create-namespace` makes it, without the
-	// chart's ownership: the chart makes it only when installed elsewhere,
-	// and only when it is not there (a hook is created, never adopted).
-	"Namespace/gpupool": `and (ne .Release.Namespace "gpupool") (not (lookup "v1" "Namespace" "" "gpupool"))`,
+// releaseNamespace is the release's namespace, where the manifests say
+// gpupool: each pattern matches one way they name it, its first group
+// what stays before the name.
+const releaseNamespace = "{{ .Release.Namespace }}"
+
+var namespaced = []*regexp.Regexp{
+	regexp.MustCompile(`(?m)^(\s*(?:- )?namespace: )gpupool$`),               // metadata, subjects, service references
+	regexp.MustCompile(`(\.)gpupool\.svc\b`),                                 // Service DNS names: certificates, endpoints, flags
+	regexp.MustCompile(`(system:serviceaccount:)gpupool:`),                    // service accounts in CEL expressions
+	regexp.MustCompile(`(resourceNamespace: )gpupool$`),                       // kube-scheduler's leader election
+	regexp.MustCompile(`(--leader-elect-namespace=)gpupool\b`),                // gpupool-scheduler's
+	regexp.MustCompile(`(cert-manager.io/inject-ca-from: )gpupool/`),          // a Certificate, namespace/name
+	regexp.MustCompile(`(?m)(^\s*- kube-system\n\s*- )gpupool$`),             // the webhook's namespaceSelector
 }
 
-// hookAnnotations make objects Helm hooks. The namespace is one: the
-// Job that makes the Secrets (templates/secrets.yaml) runs in it before
-// the install, so before the release's own objects. Helm deletes no hook
-// on uninstall, as it kept the namespace (helm.sh/resource-policy: keep).
-// Its delete policy is any but Helm's default, before-hook-creation, which
-// would delete a namespace that lookup did not see: hook-failed, which
-// never applies (Helm waits for Jobs and Pods alone to succeed).
-var hookAnnotations = map[string]map[string]any{
-	"Namespace/gpupool": {"helm.sh/hook": "pre-install", "helm.sh/hook-weight": "-20", "helm.sh/hook-delete-policy": "hook-failed"},
+// inReleaseNamespace is text with the release's namespace for gpupool's.
+func inReleaseNamespace(text string) string {
+	for _, re := range namespaced {
+		text = re.ReplaceAllStringFunc(text, func(s string) string {
+			m := re.FindStringSubmatch(s)
+			rest := strings.TrimPrefix(s, m[1])
+			return m[1] + releaseNamespace + strings.TrimPrefix(rest, "gpupool")
+		})
+	}
+	return text
 }
 
 // A hole is a field whose value a template expression renders: set
@@ -320,15 +329,6 @@ func templated(o builtObject, hashed map[string]string) (string, error) {
 			exprs = append(exprs, `{{ include (print $.Template.BasePath "/`+file+`") . | sha256sum }}`)
 		}
 	}
-	if hook, ok := hookAnnotations[o.id]; ok {
-		meta, _ := o.obj["metadata"].(map[string]any)
-		ann, _ := meta["annotations"].(map[string]any)
-		if ann == nil {
-			ann = map[string]any{}
-			meta["annotations"] = ann
-		}
-		maps.Copy(ann, hook)
-	}
 	b, err := yaml.Marshal(o.obj)
 	if err != nil {
 		return "", err
@@ -341,6 +341,7 @@ func templated(o builtObject, hashed map[string]string) (string, error) {
 	for _, t := range texts {
 		text = t.pattern.ReplaceAllString(text, t.expr)
 	}
+	text = inReleaseNamespace(text)
 	text = sentinel.ReplaceAllStringFunc(text, func(s string) string {
 		m := sentinel.FindStringSubmatch(s)
 		if m[3] != "" {
@@ -348,9 +349,6 @@ func templated(o builtObject, hashed map[string]string) (string, error) {
 		}
 		return exprs[index(m[4])]
 	})
-	if cond, ok := objectConds[o.id]; ok {
-		return "{{- if " + cond + " }}\n---\n" + text + "{{- end }}\n", nil
-	}
 	return "---\n" + text, nil
 }
 

@@ -31,12 +31,12 @@ standby answers 503 and clients try the next), and etcd's. */ -}}
 {{- if include "gpupool.etcd" . }}
 {{- $replicas := list }}
 {{- range $i := until (int .Values.controller.replicas) }}
-{{- $replicas = append $replicas (printf "https://gpupool-allocator-%d.gpupool-allocator-peers.gpupool.svc:8470" $i) }}
+{{- $replicas = append $replicas (printf "https://gpupool-allocator-%d.gpupool-allocator-peers.%s.svc:8470" $i $.Release.Namespace) }}
 {{- end }}
 {{- $_ := set $data "allocator" (join "," $replicas) }}
-{{- $_ := set $data "etcd" (join "," (.Values.etcd.endpoints | default (list "http://gpupool-etcd.gpupool.svc:2379"))) }}
+{{- $_ := set $data "etcd" (join "," (.Values.etcd.endpoints | default (list (printf "http://gpupool-etcd.%s.svc:2379" .Release.Namespace)))) }}
 {{- else }}
-{{- $_ := set $data "allocator" "https://gpupool-allocator.gpupool.svc:8470" }}
+{{- $_ := set $data "allocator" (printf "https://gpupool-allocator.%s.svc:8470" .Release.Namespace) }}
 {{- end }}
 {{- toJson $data }}
 {{- end }}
@@ -94,7 +94,7 @@ own from an earlier revision is its to keep). */ -}}
 {{- define "gpupool.apiService" -}}
 {{- $mode := toString .Values.adapter.apiService }}
 {{- $owner := include "gpupool.apiServiceOwner" . }}
-{{- if or (eq $mode "true") (and (eq $mode "auto") (or (not $owner) (eq $owner "gpupool/gpupool-adapter"))) }}true{{ end }}
+{{- if or (eq $mode "true") (and (eq $mode "auto") (or (not $owner) (eq $owner (printf "%s/gpupool-adapter" .Release.Namespace)))) }}true{{ end }}
 {{- end }}
 
 {{- /* NOTES.txt's word on the external-metrics API: which path serves
@@ -116,8 +116,8 @@ namespace in any cluster: without it (helm template) there is no cluster to
 ask, and it renders as though KEDA's were there. */ -}}
 {{- define "gpupool.kedaNamespace" -}}
 {{- $ns := .Values.adapter.kedaNamespace }}
-{{- if eq $ns "gpupool" }}
-{{- fail "adapter.kedaNamespace gpupool: KEDA's client certificate is made there already; name KEDA's own namespace, or leave it empty" }}
+{{- if eq $ns .Release.Namespace }}
+{{- fail (printf "adapter.kedaNamespace %s: KEDA's client certificate is made there already (the release's namespace); name KEDA's own namespace, or leave it empty" $ns) }}
 {{- end }}
 {{- if and $ns (or (lookup "v1" "Namespace" "" $ns) (not (lookup "v1" "Namespace" "" .Release.Namespace))) }}{{ $ns }}{{ end }}
 {{- end }}
