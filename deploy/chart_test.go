@@ -9,9 +9,11 @@ import (
 	"strings"
 	"testing"
 
+	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint/support"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 )
@@ -415,6 +417,31 @@ func TestChartInstallsWhereItIsTold(t *testing.T) {
 		for _, want := range []string{`"--namespace=gpu-system"`, ".gpu-system.svc"} {
 			if !strings.Contains(text.String(), want) {
 				t.Errorf("values %v: nothing says %s", tc.vals, want)
+			}
+		}
+	}
+}
+
+// TestChartLintsStrict: `helm lint --strict`, Helm's own lint action,
+// passes with the defaults and with the articles' values, released in a
+// namespace other than the manifests'; a warning fails it as an error
+// does.
+func TestChartLintsStrict(t *testing.T) {
+	lint := action.NewLint()
+	lint.Strict = true
+	lint.Namespace = "gpu-system"
+	lint.KubeVersion = &chartutil.KubeVersion{Version: "v1.37.2", Major: "1", Minor: "37"}
+	for _, vals := range []map[string]any{nil, seedValues, {"controller": map[string]any{"replicas": 3}, "scheduler": map[string]any{"enabled": true}, "devicePlugin": map[string]any{"nodeSelector": map[string]any{"gpu": true}}}} {
+		res := lint.Run([]string{"helm/gpupool"}, vals)
+		if res.TotalChartsLinted != 1 {
+			t.Fatalf("values %v: linted %d charts, want 1", vals, res.TotalChartsLinted)
+		}
+		for _, err := range res.Errors {
+			t.Errorf("values %v: helm lint --strict: %v", vals, err)
+		}
+		for _, m := range res.Messages {
+			if m.Severity > support.InfoSev {
+				t.Errorf("values %v: helm lint: %v", vals, m)
 			}
 		}
 	}
