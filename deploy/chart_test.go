@@ -446,3 +446,94 @@ func TestChartLintsStrict(t *testing.T) {
 		}
 	}
 }
+
+// TestChartTakesEachWorkloadsKnobs: every workload takes the knobs of
+// values.schema.json's $defs.component from its own key, each where
+// Kubernetes reads it, in place of the manifest's; a knob the schema does
+// not list is refused.
+func TestChartTakesEachWorkloadsKnobs(t *testing.T) {
+	workloads := map[string]string{ // kind/name: values key
+		"Deployment/gpupool-allocator": "allocator", "StatefulSet/gpupool-allocator": "allocator",
+		"DaemonSet/gpupool-server": "server", "Deployment/gpupool-adapter": "adapter", "StatefulSet/gpupool-etcd": "etcd",
+		"Deployment/gpupool-webhook": "webhook", "Deployment/gpupool-scheduler": "scheduler",
+		"Deployment/gpupool-kube-scheduler": "kubeScheduler", "DaemonSet/gpupool-device-plugin": "devicePlugin",
+	}
+	knobs := func(key string) map[string]any {
+		return map[string]any{
+			"resources":                 map[string]any{"requests": map[string]any{"cpu": "7m"}},
+			"tolerations":               []any{map[string]any{"key": key, "operator": "Exists"}},
+			"affinity":                  map[string]any{"nodeAffinity": map[string]any{"preferredDuringSchedulingIgnoredDuringExecution": []any{map[string]any{"weight": 1, "preference": map[string]any{"matchExpressions": []any{map[string]any{"key": key, "operator": "Exists"}}}}}}},
+			"nodeSelector":              map[string]any{"pool": key},
+			"priorityClassName":         key + "-priority",
+			"podAnnotations":            map[string]any{"example.com/of": key},
+			"imagePullSecrets":          []any{map[string]any{"name": key + "-pull"}},
+			"topologySpreadConstraints": []any{map[string]any{"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}},
+		}
+	}
+	for _, replicas := range []int{1, 3} {
+		vals := map[string]any{"controller": map[string]any{"replicas": replicas}}
+		for _, key := range workloads {
+			m := knobs(key)
+			if old, ok := vals[key].(map[string]any); ok {
+				maps.Copy(m, old)
+			}
+			vals[key] = m
+		}
+		vals["scheduler"].(map[string]any)["enabled"] = true
+		objs := mustRenderChart(t, vals)
+		seen := 0
+		for _, o := range objs {
+			key, ok := workloads[o.GetKind()+"/"+o.GetName()]
+			if !ok {
+				continue
+			}
+			seen++
+			pod, _ := podSpec(t, o)
+			annotations, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "annotations")
+			what := fmt.Sprintf("%s %s (%s)", o.GetKind(), o.GetName(), key)
+			if got := pod.Containers[0].Resources.Requests.Cpu().String(); got != "7m" || pod.Containers[0].Resources.Limits != nil {
+				t.Errorf("%s: resources %v, want %s.resources alone", what, pod.Containers[0].Resources, key)
+			}
+			if len(pod.Tolerations) != 1 || pod.Tolerations[0].Key != key {
+				t.Errorf("%s: tolerations %v", what, pod.Tolerations)
+			}
+			if pod.Affinity == nil || pod.Affinity.NodeAffinity == nil || pod.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].Preference.MatchExpressions[0].Key != key {
+				t.Errorf("%s: affinity %v", what, pod.Affinity)
+			}
+			if !maps.Equal(pod.NodeSelector, map[string]string{"pool": key}) {
+				t.Errorf("%s: nodeSelector %v", what, pod.NodeSelector)
+			}
+			if pod.PriorityClassName != key+"-priority" {
+				t.Errorf("%s: priorityClassName %q", what, pod.PriorityClassName)
+			}
+			if len(pod.ImagePullSecrets) != 1 || pod.ImagePullSecrets[0].Name != key+"-pull" {
+				t.Errorf("%s: imagePullSecrets %v", what, pod.ImagePullSecrets)
+			}
+			if len(pod.TopologySpreadConstraints) != 1 || pod.TopologySpreadConstraints[0].MaxSkew != 2 {
+				t.Errorf("%s: topologySpreadConstraints %v", what, pod.TopologySpreadConstraints)
+			}
+			if annotations["example.com/of"] != key {
+				t.Errorf("%s: annotations %v", what, annotations)
+			}
+			// etcd's pods mount none of the chart's ConfigMaps and Secrets.
+			if key != "etcd" && !slices.ContainsFunc(slices.Collect(maps.Keys(annotations)), func(k string) bool { return strings.HasPrefix(k, "checksum/") }) {
+				t.Errorf("%s: podAnnotations took the checksums away: %v", what, annotations)
+			}
+		}
+		if want := map[int]int{1: 7, 3: 8}[replicas]; seen != want { // etcd's with 3
+			t.Errorf("controller.replicas %d: %d workloads, want %d", replicas, seen, want)
+		}
+	}
+	if _, err := renderChart(t, map[string]any{"allocator": map[string]any{"toleration": []any{}}}); err == nil || !strings.Contains(err.Error(), "toleration") {
+		t.Errorf("allocator.toleration: %v, want it refused", err)
+	}
+	// The GPU nodes: devicePlugin.nodeSelector for both DaemonSets, unless
+	// server.nodeSelector names gpupool-server's own.
+	objs := mustRenderChart(t, map[string]any{"devicePlugin": map[string]any{"nodeSelector": map[string]any{"gpu": true}}, "server": map[string]any{"nodeSelector": map[string]any{"gpu-server": "yes"}}, "scheduler": map[string]any{"enabled": true}})
+	for name, want := range map[string]map[string]string{"gpupool-server": {"gpu-server": "yes"}, "gpupool-device-plugin": {"gpu": "true"}} {
+		pod, _ := podSpec(t, find1(t, objs, "DaemonSet", name))
+		if !maps.Equal(pod.NodeSelector, want) {
+			t.Errorf("DaemonSet %s on %v, want %v", name, pod.NodeSelector, want)
+		}
+	}
+}

@@ -136,3 +136,33 @@ Unset, the hook Job gpupool-secrets makes them in the cluster (templates/secrets
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{- /* A workload's knobs (values.schema.json, $defs.component), as lines of
+`key: JSON`: the values' (<component>.<knob>) where set, else the
+manifest's (defaults). The generated templates call it where each knob
+goes: the pod spec, the container (resources), the pod template
+(podAnnotations, written as annotations, over the manifest's and the
+checksums). nodeSelector's values are strings (`--set ...gpu=true` is a
+bool). */ -}}
+{{- define "gpupool.knobs" -}}
+{{- $given := index .root.Values .component | default dict }}
+{{- $lines := list }}
+{{- range $knob := .knobs }}
+{{- $default := index $.defaults $knob }}
+{{- $v := index $given $knob }}
+{{- if eq $knob "podAnnotations" }}
+{{- $v = merge (dict) ($v | default dict) ($default | default dict) }}
+{{- else if not $v }}
+{{- $v = $default }}
+{{- end }}
+{{- if and $v (eq $knob "nodeSelector") }}
+{{- $s := dict }}
+{{- range $k, $x := $v }}{{ $_ := set $s $k (toString $x) }}{{ end }}
+{{- $v = $s }}
+{{- end }}
+{{- if $v }}
+{{- $lines = append $lines (printf "%s: %s" (ternary "annotations" $knob (eq $knob "podAnnotations")) (toJson $v)) }}
+{{- end }}
+{{- end }}
+{{- join "\n" $lines }}
+{{- end }}
