@@ -537,3 +537,33 @@ func TestChartTakesEachWorkloadsKnobs(t *testing.T) {
 		}
 	}
 }
+
+// TestChartDisruptionBudgets: the replicated workloads have a
+// PodDisruptionBudget, maxUnavailable 1 unless their podDisruptionBudget
+// says minAvailable, maxUnavailable, or enabled false.
+func TestChartDisruptionBudgets(t *testing.T) {
+	objs := mustRenderChart(t, map[string]any{
+		"controller": map[string]any{"replicas": 3}, "scheduler": map[string]any{"enabled": true},
+		"etcd":    map[string]any{"podDisruptionBudget": map[string]any{"minAvailable": 2}},
+		"adapter": map[string]any{"podDisruptionBudget": map[string]any{"enabled": false}},
+		"webhook": map[string]any{"podDisruptionBudget": map[string]any{"maxUnavailable": "50%"}},
+	})
+	want := map[string]map[string]any{
+		"gpupool-allocator": {"maxUnavailable": 1.0}, "gpupool-etcd": {"minAvailable": 2.0}, "gpupool-webhook": {"maxUnavailable": "50%"},
+		"gpupool-scheduler": {"maxUnavailable": 1.0}, "gpupool-kube-scheduler": {"maxUnavailable": 1.0},
+	}
+	have := map[string]map[string]any{}
+	for _, o := range objs {
+		if o.GetKind() == "PodDisruptionBudget" {
+			spec, _, _ := unstructured.NestedMap(o.Object, "spec")
+			delete(spec, "selector")
+			have[o.GetName()] = spec
+		}
+	}
+	if !reflect.DeepEqual(have, want) {
+		t.Errorf("PodDisruptionBudgets %v, want %v", have, want)
+	}
+	if _, err := renderChart(t, map[string]any{"etcd": map[string]any{"podDisruptionBudget": map[string]any{"minAvailable": 2, "maxUnavailable": 1}}}); err == nil {
+		t.Error("minAvailable and maxUnavailable both: rendered, want refused")
+	}
+}

@@ -399,6 +399,16 @@ func templated(o builtObject, hashed map[string]string, knobs []string) (string,
 		}
 		exprs = append(exprs, h.expr)
 	}
+	var cond string
+	if o.obj["kind"] == "PodDisruptionBudget" {
+		line, c, err := disruptionBudget(o)
+		if err != nil {
+			return "", err
+		}
+		line.parent[fmt.Sprintf(lineKey, len(exprs))] = ""
+		exprs = append(exprs, line.expr)
+		cond = c
+	}
 	if tmpl, ok := podTemplate(o.obj); ok {
 		lines, err := workloadKnobs(o, tmpl, hashed, knobs)
 		if err != nil {
@@ -429,6 +439,9 @@ func templated(o builtObject, hashed map[string]string, knobs []string) (string,
 		}
 		return exprs[index(m[4])]
 	})
+	if cond != "" {
+		return "{{- if " + cond + " }}\n---\n" + text + "{{- end }}\n", nil
+	}
 	return "---\n" + text, nil
 }
 
@@ -521,6 +534,33 @@ func workloadKnobs(o builtObject, tmpl map[string]any, hashed map[string]string,
 		return nil, err
 	}
 	return []knobLine{{spec, podExpr}, {container, containerExpr}, {meta, annExpr}}, nil
+}
+
+// disruptionBudget takes a PodDisruptionBudget's minAvailable or
+// maxUnavailable out, as the default of its component's
+// podDisruptionBudget, and says the condition the object is rendered on
+// (podDisruptionBudget.enabled, true unless false).
+func disruptionBudget(o builtObject) (knobLine, string, error) {
+	name := o.id[strings.Index(o.id, "/")+1:]
+	component, ok := components[name]
+	if !ok {
+		return knobLine{}, "", fmt.Errorf("no values key for %s: add it to components", o.id)
+	}
+	spec, _ := o.obj["spec"].(map[string]any)
+	defaults := map[string]any{}
+	for _, k := range []string{"minAvailable", "maxUnavailable"} {
+		if v, ok := spec[k]; ok {
+			defaults[k] = v
+			delete(spec, k)
+		}
+	}
+	js, err := json.Marshal(defaults)
+	if err != nil {
+		return knobLine{}, "", err
+	}
+	expr := fmt.Sprintf(`{{- include "gpupool.disruptionBudget" (dict "root" $ "component" %q "defaults" (fromJson `+"`%s`"+`)) | nindent %%indent%% }}`, component, js)
+	cond := fmt.Sprintf(`include "gpupool.disruptionBudgetEnabled" (dict "root" $ "component" %q)`, component)
+	return knobLine{spec, expr}, cond, nil
 }
 
 // setHole puts key where h's field is: as the field's value, or, for a

@@ -166,3 +166,24 @@ bool). */ -}}
 {{- end }}
 {{- join "\n" $lines }}
 {{- end }}
+
+{{- /* A workload's PodDisruptionBudget (<component>.podDisruptionBudget):
+"true" unless enabled is false. */ -}}
+{{- define "gpupool.disruptionBudgetEnabled" -}}
+{{- $pdb := (index .root.Values .component | default dict).podDisruptionBudget | default dict }}
+{{- if ne (toString (dig "enabled" true $pdb)) "false" }}true{{ end }}
+{{- end }}
+
+{{- /* Its minAvailable or maxUnavailable, as lines: the values' (one of the
+two) where set, else the manifest's (defaults: maxUnavailable 1). */ -}}
+{{- define "gpupool.disruptionBudget" -}}
+{{- $pdb := (index .root.Values .component | default dict).podDisruptionBudget | default dict }}
+{{- $lines := list }}
+{{- range $k := list "minAvailable" "maxUnavailable" }}
+{{- with index $pdb $k }}{{ $lines = append $lines (printf "%s: %s" $k (toJson .)) }}{{ end }}
+{{- end }}
+{{- if not $lines }}
+{{- range $k, $v := .defaults }}{{ $lines = append $lines (printf "%s: %s" $k (toJson $v)) }}{{ end }}
+{{- end }}
+{{- join "\n" $lines }}
+{{- end }}
