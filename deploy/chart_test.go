@@ -402,7 +402,9 @@ func TestChartInstallsWhereItIsTold(t *testing.T) {
 			}
 			// Roles in KEDA's namespace (the copy of its client certificate)
 			// and kube-system's (reading the cluster's authentication).
-			if got := o.GetNamespace(); got != "" && got != ns && !((got == "keda" || got == "kube-system") && strings.HasPrefix(o.GetKind(), "Role")) {
+			got := o.GetNamespace()
+			elsewhere := (got == "keda" || got == "kube-system") && strings.HasPrefix(o.GetKind(), "Role")
+			if got != "" && got != ns && !elsewhere {
 				t.Errorf("values %v: %s %s in namespace %s, want %s", tc.vals, o.GetKind(), o.GetName(), got, ns)
 			}
 			b, err := o.MarshalJSON()
