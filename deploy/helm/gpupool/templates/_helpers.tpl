@@ -111,15 +111,16 @@ not registered as v1beta1.external.metrics.k8s.io (adapter.apiService: false)
 {{- end }}
 
 {{- /* KEDA's namespace, where the hook Job copies KEDA's client certificate:
-adapter.kedaNamespace while it exists. Helm's lookup sees the release's own
-namespace in any cluster: without it (helm template) there is no cluster to
+adapter.kedaNamespace while it exists. Helm's lookup sees kube-system in
+any cluster (not the release's namespace, which --create-namespace makes
+only after rendering): without it (helm template) there is no cluster to
 ask, and it renders as though KEDA's were there. */ -}}
 {{- define "gpupool.kedaNamespace" -}}
 {{- $ns := .Values.adapter.kedaNamespace }}
 {{- if eq $ns .Release.Namespace }}
 {{- fail (printf "adapter.kedaNamespace %s: KEDA's client certificate is made there already (the release's namespace); name KEDA's own namespace, or leave it empty" $ns) }}
 {{- end }}
-{{- if and $ns (or (lookup "v1" "Namespace" "" $ns) (not (lookup "v1" "Namespace" "" .Release.Namespace))) }}{{ $ns }}{{ end }}
+{{- if and $ns (or (lookup "v1" "Namespace" "" $ns) (not (lookup "v1" "Namespace" "" "kube-system"))) }}{{ $ns }}{{ end }}
 {{- end }}
 
 {{- define "gpupool.certManager" -}}
