@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"regexp"
 	"slices"
 	"strconv"
@@ -436,13 +437,15 @@ func firstLine(s string, n int) string {
 	return s
 }
 
+// quantileOf is d's q-quantile by nearest rank: of a few samples, the
+// 0.99-quantile is the largest, not the one below it.
 func quantileOf(d []time.Duration, q float64) time.Duration {
 	if len(d) == 0 {
 		return 0
 	}
 	s := slices.Clone(d)
 	slices.Sort(s)
-	return s[int(q*float64(len(s)-1))].Round(100 * time.Microsecond)
+	return s[max(0, int(math.Ceil(q*float64(len(s))))-1)].Round(100 * time.Microsecond)
 }
 
 // schedulerLoop says where kube-scheduler's one scheduling loop spent its
