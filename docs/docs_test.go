@@ -405,3 +405,31 @@ func TestDesignProblems(t *testing.T) {
 		}
 	}
 }
+
+// TestDesignStaysDecisions: docs/design.md holds decisions, one short
+// section each, not the runs behind them (those go to measurements/): at
+// most 600 lines in all, none of its sections over 40.
+func TestDesignStaysDecisions(t *testing.T) {
+	const maxLines, maxSection = 600, 40
+	b, err := os.ReadFile("design.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > maxLines {
+		t.Errorf("design.md has %d lines, over %d: move runs and tables to measurements/", len(lines), maxLines)
+	}
+	heading, start := "", 0
+	check := func(end int) {
+		if heading != "" && end-start > maxSection {
+			t.Errorf("design.md line %d: %q is %d lines, over %d: one decision, its number, a link to the run", start+1, heading, end-start, maxSection)
+		}
+	}
+	for i, line := range lines {
+		if headingMark.MatchString(line) {
+			check(i)
+			heading, start = line, i
+		}
+	}
+	check(len(lines))
+}
