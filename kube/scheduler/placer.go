@@ -128,7 +128,7 @@ func (p *Placer) Place(ctx context.Context, pod *v1.Pod, nodes []string) (api.Le
 	return lease, err
 }
 
-// filtered counts and logs a Filter or Place: one record a call at V(4),
+// filtered counts and logs a Filter or Place: one record a call at V(2),
 // what docs/design.md's "Scheduling at 1,213 nodes" reads the order of the
 // pool's decisions from.
 func (p *Placer) filtered(ctx context.Context, pod PodRef, nodes []string, lease api.Lease, err error, start time.Time) {
@@ -143,7 +143,7 @@ func (p *Placer) filtered(ctx context.Context, pod PodRef, nodes []string, lease
 		log.Error(err, "filter failed", "pod", pod.Namespace+"/"+pod.Name)
 	}
 	p.metrics.answered(verbFilter, res, start)
-	log.V(4).Info("filter", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID, "nodes", len(nodes), "result", res,
+	log.V(2).Info("filter", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID, "nodes", len(nodes), "result", res,
 		"server", lease.Server, "lease", lease.ID, "err", errText(err), "took", time.Since(start))
 }
 
@@ -290,7 +290,7 @@ func (p *Placer) Bind(ctx context.Context, pod PodRef, node string) error {
 	lease, err := p.bindPod(ctx, pod, node)
 	unlock()
 	log := klog.FromContext(ctx)
-	log.V(4).Info("bind", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID, "node", node,
+	log.V(2).Info("bind", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID, "node", node,
 		"lease", lease.ID, "err", errText(err), "took", time.Since(start))
 	if err != nil {
 		log.Error(err, "bind failed", "pod", pod.Namespace+"/"+pod.Name, "node", node)

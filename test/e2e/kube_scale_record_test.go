@@ -28,7 +28,7 @@ import (
 )
 
 // extenderCall is one of the placer's records of a kube-scheduler call
-// (at -v=4, as JSON: slog's in gpupool-scheduler's log for the extender,
+// (at -v=2, as JSON: slog's in gpupool-scheduler's log for the extender,
 // klog's in kube-scheduler's for the plugin): a filter with the
 // allocator's answer, or a bind.
 type extenderCall struct {

@@ -185,10 +185,10 @@ func (p *kubePool) startKubeScheduler(t testing.TB, ctx context.Context) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The plugin's record of each call is at -v=4, read as JSON
+		// The plugin's record of each call is at -v=2, as kube-scheduler logs each bind, read as JSON
 		// (extenderCalls).
 		o = e2ekube.SchedulerOptions{Plugin: &e2ekube.SchedulerPlugin{Binary: gpupoolKubeScheduler(t), Args: raw,
-			Flags: []string{"--logging-format=json", "-v=4"}}}
+			Flags: []string{"--logging-format=json", "-v=2"}}}
 	}
 	if err := p.CP.StartScheduler(ctx, o); err != nil {
 		t.Fatal(err)
