@@ -30,15 +30,7 @@ var (
 // relative link must name a file of the repository, and no text may send
 // the reader outside it (a sibling checkout, an issue number).
 func TestDocsStayInsideTheRepository(t *testing.T) {
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("git", "-C", root, "ls-files", "--", "*.md").Output()
-	if err != nil {
-		t.Skipf("git ls-files: %v (not a git checkout)", err)
-	}
-	files := strings.Fields(string(out))
+	root, files := trackedFiles(t, "*.md")
 	if len(files) == 0 {
 		t.Fatal("git ls-files found no Markdown files")
 	}
@@ -121,15 +113,8 @@ func TestTheDiagramHasOneSource(t *testing.T) {
 	if !ok || !closed {
 		t.Fatal("docs/architecture.md has no Mermaid block")
 	}
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("git", "-C", root, "ls-files", "--", "*.md").Output()
-	if err != nil {
-		t.Skipf("git ls-files: %v (not a git checkout)", err)
-	}
-	for _, name := range strings.Fields(string(out)) {
+	root, files := trackedFiles(t, "*.md")
+	for _, name := range files {
 		if name == "docs/architecture.md" || strings.HasPrefix(name, "tools/") {
 			continue
 		}
@@ -237,17 +222,10 @@ var (
 // heading there. Another program's flag is written with the program
 // (`kube-proxy --cleanup`), which this test leaves alone.
 func TestDesignNamesExist(t *testing.T) {
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("git", "-C", root, "ls-files").Output()
-	if err != nil {
-		t.Skipf("git ls-files: %v (not a git checkout)", err)
-	}
-	tracked := trackedPaths(strings.Fields(string(out)))
+	root, files := trackedFiles(t)
+	tracked := trackedPaths(files)
 	flags := map[string]bool{}
-	for _, name := range strings.Fields(string(out)) {
+	for _, name := range files {
 		if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
 			continue
 		}
@@ -432,4 +410,20 @@ func TestDesignStaysDecisions(t *testing.T) {
 		}
 	}
 	check(len(lines))
+}
+
+// trackedFiles returns the repository's root and the files git tracks
+// there that match patterns (all when none), and skips the test outside a
+// git checkout.
+func trackedFiles(t *testing.T, patterns ...string) (root string, files []string) {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("git", append([]string{"-C", root, "ls-files", "--"}, patterns...)...).Output()
+	if err != nil {
+		t.Skipf("git ls-files: %v (not a git checkout)", err)
+	}
+	return root, strings.Fields(string(out))
 }
