@@ -9,9 +9,11 @@ import (
 	"strings"
 	"testing"
 
+	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint/support"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 )
@@ -20,10 +22,11 @@ import (
 // `helm template` does; test/e2e installs it with the helm CLI.
 
 // renderChart renders deploy/helm/gpupool with vals, released in the
-// namespace default, on a cluster that serves the extra API versions.
+// namespace gpupool (the manifests'), on a cluster that serves the extra
+// API versions.
 func renderChart(t *testing.T, vals map[string]any, apis ...string) ([]*unstructured.Unstructured, error) {
 	t.Helper()
-	return renderChartIn(t, "default", vals, apis...)
+	return renderChartIn(t, "gpupool", vals, apis...)
 }
 
 func renderChartIn(t *testing.T, namespace string, vals map[string]any, apis ...string) ([]*unstructured.Unstructured, error) {
@@ -160,7 +163,8 @@ func TestChartIsTheOverlays(t *testing.T) {
 	} {
 		t.Run(tc.overlay, func(t *testing.T) {
 			chart := byID(t, mustRenderChart(t, tc.vals, tc.apis...), chartMade)
-			kustomized := byID(t, build(t, tc.overlay), func(id string) bool { return chartMade(id) || example(id) })
+			// The namespace is helm's (-n gpupool --create-namespace).
+			kustomized := byID(t, build(t, tc.overlay), func(id string) bool { return chartMade(id) || example(id) || id == "Namespace//gpupool" })
 			for id, want := range kustomized {
 				have, ok := chart[id]
 				if !ok {
@@ -368,18 +372,200 @@ func TestChartRendersNoSecret(t *testing.T) {
 	}
 }
 
-// TestChartInItsOwnNamespace: released with `-n gpupool
-// --create-namespace`, the chart leaves the namespace to helm, which made
-// it, and would refuse to adopt one it did not.
-func TestChartInItsOwnNamespace(t *testing.T) {
-	for ns, want := range map[string]bool{"default": true, "gpupool": false} {
-		objs, err := renderChartIn(t, ns, nil)
+// TestChartInstallsWhereItIsTold: released in gpu-system, every object
+// the chart makes is there (but the copy of KEDA's client certificate's
+// role, in KEDA's namespace, and the bindings to kube-system's
+// authentication reader), and nothing names the manifests' namespace
+// gpupool: not a subject, a Service's DNS name, a flag, a service account
+// in a policy's expression. The namespace itself is helm's
+// (--create-namespace), never the chart's.
+func TestChartInstallsWhereItIsTold(t *testing.T) {
+	const ns = "gpu-system"
+	gpupoolNamespace := regexp.MustCompile(`"namespace":"gpupool"|namespace: gpupool\b|\.gpupool\.svc|serviceaccount:gpupool:|=gpupool/|"gpupool/gpupool-|"kube-system","gpupool"|Namespace=gpupool`)
+	for _, tc := range []struct {
+		vals map[string]any
+		apis []string
+	}{
+		{vals: nil},
+		{vals: seedValues},
+		{vals: map[string]any{"controller": map[string]any{"replicas": 3}, "scheduler": map[string]any{"enabled": true}, "adapter": map[string]any{"apiService": true}},
+			apis: []string{"cert-manager.io/v1", "monitoring.coreos.com/v1"}},
+	} {
+		objs, err := renderChartIn(t, ns, tc.vals, tc.apis...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		has := slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == "Namespace" })
-		if has != want {
-			t.Errorf("released in %s: the chart makes the Namespace gpupool: %v, want %v", ns, has, want)
+		var text strings.Builder
+		for _, o := range objs {
+			if o.GetKind() == "Namespace" {
+				t.Errorf("values %v: the chart makes the Namespace %s", tc.vals, o.GetName())
+			}
+			// Roles in KEDA's namespace (the copy of its client certificate)
+			// and kube-system's (reading the cluster's authentication).
+			got := o.GetNamespace()
+			elsewhere := (got == "keda" || got == "kube-system") && strings.HasPrefix(o.GetKind(), "Role")
+			if got != "" && got != ns && !elsewhere {
+				t.Errorf("values %v: %s %s in namespace %s, want %s", tc.vals, o.GetKind(), o.GetName(), got, ns)
+			}
+			b, err := o.MarshalJSON()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m := gpupoolNamespace.FindString(string(b)); m != "" {
+				t.Errorf("values %v: %s %s names the namespace gpupool (%s)", tc.vals, o.GetKind(), o.GetName(), m)
+			}
+			text.Write(b)
 		}
+		for _, want := range []string{`"--namespace=gpu-system"`, ".gpu-system.svc"} {
+			if !strings.Contains(text.String(), want) {
+				t.Errorf("values %v: nothing says %s", tc.vals, want)
+			}
+		}
+	}
+}
+
+// TestChartLintsStrict: `helm lint --strict`, Helm's own lint action,
+// passes with the defaults and with the articles' values, released in a
+// namespace other than the manifests'; a warning fails it as an error
+// does.
+func TestChartLintsStrict(t *testing.T) {
+	lint := action.NewLint()
+	lint.Strict = true
+	lint.Namespace = "gpu-system"
+	lint.KubeVersion = &chartutil.KubeVersion{Version: "v1.37.2", Major: "1", Minor: "37"}
+	for _, vals := range []map[string]any{nil, seedValues, {"controller": map[string]any{"replicas": 3}, "scheduler": map[string]any{"enabled": true}, "devicePlugin": map[string]any{"nodeSelector": map[string]any{"gpu": true}}}} {
+		res := lint.Run([]string{"helm/gpupool"}, vals)
+		if res.TotalChartsLinted != 1 {
+			t.Fatalf("values %v: linted %d charts, want 1", vals, res.TotalChartsLinted)
+		}
+		for _, err := range res.Errors {
+			t.Errorf("values %v: helm lint --strict: %v", vals, err)
+		}
+		for _, m := range res.Messages {
+			if m.Severity > support.InfoSev {
+				t.Errorf("values %v: helm lint: %v", vals, m)
+			}
+		}
+	}
+}
+
+// TestChartTakesEachWorkloadsKnobs: every workload takes the knobs of
+// values.schema.json's $defs.component from its own key, each where
+// Kubernetes reads it, in place of the manifest's; a knob the schema does
+// not list is refused.
+func TestChartTakesEachWorkloadsKnobs(t *testing.T) {
+	workloads := map[string]string{ // kind/name: values key
+		"Deployment/gpupool-allocator": "allocator", "StatefulSet/gpupool-allocator": "allocator",
+		"DaemonSet/gpupool-server": "server", "Deployment/gpupool-adapter": "adapter", "StatefulSet/gpupool-etcd": "etcd",
+		"Deployment/gpupool-webhook": "webhook", "Deployment/gpupool-scheduler": "scheduler",
+		"Deployment/gpupool-kube-scheduler": "kubeScheduler", "DaemonSet/gpupool-device-plugin": "devicePlugin",
+	}
+	knobs := func(key string) map[string]any {
+		return map[string]any{
+			"resources":                 map[string]any{"requests": map[string]any{"cpu": "7m"}},
+			"tolerations":               []any{map[string]any{"key": key, "operator": "Exists"}},
+			"affinity":                  map[string]any{"nodeAffinity": map[string]any{"preferredDuringSchedulingIgnoredDuringExecution": []any{map[string]any{"weight": 1, "preference": map[string]any{"matchExpressions": []any{map[string]any{"key": key, "operator": "Exists"}}}}}}},
+			"nodeSelector":              map[string]any{"pool": key},
+			"priorityClassName":         key + "-priority",
+			"podAnnotations":            map[string]any{"example.com/of": key},
+			"imagePullSecrets":          []any{map[string]any{"name": key + "-pull"}},
+			"topologySpreadConstraints": []any{map[string]any{"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}},
+		}
+	}
+	for _, replicas := range []int{1, 3} {
+		vals := map[string]any{"controller": map[string]any{"replicas": replicas}}
+		for _, key := range workloads {
+			m := knobs(key)
+			if old, ok := vals[key].(map[string]any); ok {
+				maps.Copy(m, old)
+			}
+			vals[key] = m
+		}
+		vals["scheduler"].(map[string]any)["enabled"] = true
+		objs := mustRenderChart(t, vals)
+		seen := 0
+		for _, o := range objs {
+			key, ok := workloads[o.GetKind()+"/"+o.GetName()]
+			if !ok {
+				continue
+			}
+			seen++
+			pod, _ := podSpec(t, o)
+			annotations, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "annotations")
+			what := fmt.Sprintf("%s %s (%s)", o.GetKind(), o.GetName(), key)
+			if got := pod.Containers[0].Resources.Requests.Cpu().String(); got != "7m" || pod.Containers[0].Resources.Limits != nil {
+				t.Errorf("%s: resources %v, want %s.resources alone", what, pod.Containers[0].Resources, key)
+			}
+			if len(pod.Tolerations) != 1 || pod.Tolerations[0].Key != key {
+				t.Errorf("%s: tolerations %v", what, pod.Tolerations)
+			}
+			if pod.Affinity == nil || pod.Affinity.NodeAffinity == nil || pod.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].Preference.MatchExpressions[0].Key != key {
+				t.Errorf("%s: affinity %v", what, pod.Affinity)
+			}
+			if !maps.Equal(pod.NodeSelector, map[string]string{"pool": key}) {
+				t.Errorf("%s: nodeSelector %v", what, pod.NodeSelector)
+			}
+			if pod.PriorityClassName != key+"-priority" {
+				t.Errorf("%s: priorityClassName %q", what, pod.PriorityClassName)
+			}
+			if len(pod.ImagePullSecrets) != 1 || pod.ImagePullSecrets[0].Name != key+"-pull" {
+				t.Errorf("%s: imagePullSecrets %v", what, pod.ImagePullSecrets)
+			}
+			if len(pod.TopologySpreadConstraints) != 1 || pod.TopologySpreadConstraints[0].MaxSkew != 2 {
+				t.Errorf("%s: topologySpreadConstraints %v", what, pod.TopologySpreadConstraints)
+			}
+			if annotations["example.com/of"] != key {
+				t.Errorf("%s: annotations %v", what, annotations)
+			}
+			// etcd's pods mount none of the chart's ConfigMaps and Secrets.
+			if key != "etcd" && !slices.ContainsFunc(slices.Collect(maps.Keys(annotations)), func(k string) bool { return strings.HasPrefix(k, "checksum/") }) {
+				t.Errorf("%s: podAnnotations took the checksums away: %v", what, annotations)
+			}
+		}
+		if want := map[int]int{1: 7, 3: 8}[replicas]; seen != want { // etcd's with 3
+			t.Errorf("controller.replicas %d: %d workloads, want %d", replicas, seen, want)
+		}
+	}
+	if _, err := renderChart(t, map[string]any{"allocator": map[string]any{"toleration": []any{}}}); err == nil || !strings.Contains(err.Error(), "toleration") {
+		t.Errorf("allocator.toleration: %v, want it refused", err)
+	}
+	// The GPU nodes: devicePlugin.nodeSelector for both DaemonSets, unless
+	// server.nodeSelector names gpupool-server's own.
+	objs := mustRenderChart(t, map[string]any{"devicePlugin": map[string]any{"nodeSelector": map[string]any{"gpu": true}}, "server": map[string]any{"nodeSelector": map[string]any{"gpu-server": "yes"}}, "scheduler": map[string]any{"enabled": true}})
+	for name, want := range map[string]map[string]string{"gpupool-server": {"gpu-server": "yes"}, "gpupool-device-plugin": {"gpu": "true"}} {
+		pod, _ := podSpec(t, find1(t, objs, "DaemonSet", name))
+		if !maps.Equal(pod.NodeSelector, want) {
+			t.Errorf("DaemonSet %s on %v, want %v", name, pod.NodeSelector, want)
+		}
+	}
+}
+
+// TestChartDisruptionBudgets: the replicated workloads have a
+// PodDisruptionBudget, maxUnavailable 1 unless their podDisruptionBudget
+// says minAvailable, maxUnavailable, or enabled false.
+func TestChartDisruptionBudgets(t *testing.T) {
+	objs := mustRenderChart(t, map[string]any{
+		"controller": map[string]any{"replicas": 3}, "scheduler": map[string]any{"enabled": true},
+		"etcd":    map[string]any{"podDisruptionBudget": map[string]any{"minAvailable": 2}},
+		"adapter": map[string]any{"podDisruptionBudget": map[string]any{"enabled": false}},
+		"webhook": map[string]any{"podDisruptionBudget": map[string]any{"maxUnavailable": "50%"}},
+	})
+	want := map[string]map[string]any{
+		"gpupool-allocator": {"maxUnavailable": 1.0}, "gpupool-etcd": {"minAvailable": 2.0}, "gpupool-webhook": {"maxUnavailable": "50%"},
+		"gpupool-scheduler": {"maxUnavailable": 1.0}, "gpupool-kube-scheduler": {"maxUnavailable": 1.0},
+	}
+	have := map[string]map[string]any{}
+	for _, o := range objs {
+		if o.GetKind() == "PodDisruptionBudget" {
+			spec, _, _ := unstructured.NestedMap(o.Object, "spec")
+			delete(spec, "selector")
+			have[o.GetName()] = spec
+		}
+	}
+	if !reflect.DeepEqual(have, want) {
+		t.Errorf("PodDisruptionBudgets %v, want %v", have, want)
+	}
+	if _, err := renderChart(t, map[string]any{"etcd": map[string]any{"podDisruptionBudget": map[string]any{"minAvailable": 2, "maxUnavailable": 1}}}); err == nil {
+		t.Error("minAvailable and maxUnavailable both: rendered, want refused")
 	}
 }

@@ -60,25 +60,35 @@ var chartPieces = []chartPiece{
 
 // chartOnly are the objects of the manifests the chart makes its own way
 // (templates/secrets.yaml): kustomize generates them from placeholders.
-var chartOnly = []string{"Secret/gpupool-allocator-config", "Secret/gpupool-tokens"}
+// The Namespace is helm's: the chart installs into the release's
+// (`helm install -n gpu-system --create-namespace`).
+var chartOnly = []string{"Secret/gpupool-allocator-config", "Secret/gpupool-tokens", "Namespace/gpupool"}
 
-// objectConds are conditions on single objects, within their piece's.
-var objectConds = map[string]string{
-	// `helm install -n gpupool --create-namespace` makes it, without the
-	// chart's ownership: the chart makes it only when installed elsewhere,
-	// and only when it is not there (a hook is created, never adopted).
-	"Namespace/gpupool": `and (ne .Release.Namespace "gpupool") (not (lookup "v1" "Namespace" "" "gpupool"))`,
+// releaseNamespace is the release's namespace, where the manifests say
+// gpupool: each pattern matches one way they name it, its first group
+// what stays before the name.
+const releaseNamespace = "{{ .Release.Namespace }}"
+
+var namespaced = []*regexp.Regexp{
+	regexp.MustCompile(`(?m)^(\s*(?:- )?namespace: )gpupool$`),       // metadata, subjects, service references
+	regexp.MustCompile(`(\.)gpupool\.svc\b`),                         // Service DNS names: certificates, endpoints, flags
+	regexp.MustCompile(`(system:serviceaccount:)gpupool:`),           // service accounts in CEL expressions
+	regexp.MustCompile(`(resourceNamespace: )gpupool$`),              // kube-scheduler's leader election
+	regexp.MustCompile(`(--leader-elect-namespace=)gpupool\b`),       // gpupool-scheduler's
+	regexp.MustCompile(`(cert-manager.io/inject-ca-from: )gpupool/`), // a Certificate, namespace/name
+	regexp.MustCompile(`(?m)(^\s*- kube-system\n\s*- )gpupool$`),     // the webhook's namespaceSelector
 }
 
-// hookAnnotations make objects Helm hooks. The namespace is one: the
-// Job that makes the Secrets (templates/secrets.yaml) runs in it before
-// the install, so before the release's own objects. Helm deletes no hook
-// on uninstall, as it kept the namespace (helm.sh/resource-policy: keep).
-// Its delete policy is any but Helm's default, before-hook-creation, which
-// would delete a namespace that lookup did not see: hook-failed, which
-// never applies (Helm waits for Jobs and Pods alone to succeed).
-var hookAnnotations = map[string]map[string]any{
-	"Namespace/gpupool": {"helm.sh/hook": "pre-install", "helm.sh/hook-weight": "-20", "helm.sh/hook-delete-policy": "hook-failed"},
+// inReleaseNamespace is text with the release's namespace for gpupool's.
+func inReleaseNamespace(text string) string {
+	for _, re := range namespaced {
+		text = re.ReplaceAllStringFunc(text, func(s string) string {
+			m := re.FindStringSubmatch(s)
+			rest := strings.TrimPrefix(s, m[1])
+			return m[1] + releaseNamespace + strings.TrimPrefix(rest, "gpupool")
+		})
+	}
+	return text
 }
 
 // A hole is a field whose value a template expression renders: set
@@ -99,9 +109,95 @@ var holes = []hole{
 	{id: "Deployment/gpupool-scheduler", path: []string{"spec", "replicas"}, expr: `{{ include "gpupool.controllerReplicas" . }}`},
 	{id: "Deployment/gpupool-kube-scheduler", path: []string{"spec", "replicas"}, expr: `{{ include "gpupool.controllerReplicas" . }}`},
 	{id: "Deployment/gpupool-adapter", path: []string{"spec", "replicas"}, expr: `{{ .Values.adapter.replicas }}`},
-	{id: "DaemonSet/gpupool-server", path: []string{"spec", "template", "spec", "nodeSelector"}, expr: `{{ include "gpupool.gpuNodeSelector" . }}`},
-	{id: "DaemonSet/gpupool-device-plugin", path: []string{"spec", "template", "spec", "nodeSelector"}, expr: `{{ include "gpupool.gpuNodeSelector" . }}`},
 	{id: "ConfigMap/gpupool-kubernetes", path: []string{"data"}, expr: `{{ include "gpupool.kubernetesSettings" . }}`},
+}
+
+// components name the values' key of each workload and of its
+// PodDisruptionBudget (kind/name): the key whose knobs (values.schema.json,
+// $defs.component: resources, tolerations, ...) the workload takes. A
+// workload without one is an error, so that none goes without its knobs.
+var components = map[string]string{
+	"gpupool-allocator":      "allocator",
+	"gpupool-server":         "server",
+	"gpupool-adapter":        "adapter",
+	"gpupool-etcd":           "etcd",
+	"gpupool-webhook":        "webhook",
+	"gpupool-scheduler":      "scheduler",
+	"gpupool-kube-scheduler": "kubeScheduler",
+	"gpupool-device-plugin":  "devicePlugin",
+}
+
+// knobDefaults are the knobs' defaults that values set, by component, as
+// template expressions: they replace the manifests' own.
+var knobDefaults = map[string]map[string]string{
+	"server":       {"nodeSelector": `include "gpupool.gpuNodeSelector" $ | fromJson`},
+	"devicePlugin": {"nodeSelector": `include "gpupool.gpuNodeSelector" $ | fromJson`},
+}
+
+// Where a knob goes: the container's field (resources), the pod
+// template's annotations (podAnnotations), the PodDisruptionBudget
+// (podDisruptionBudget); every other knob is the pod spec's field of its
+// name.
+const (
+	containerKnob = "resources"
+	metadataKnob  = "podAnnotations"
+	pdbKnob       = "podDisruptionBudget"
+)
+
+// schemaFile is the chart's values schema, whose $defs.component lists
+// the knobs every workload takes: adding one there is all it takes
+// (then `go run ./deploy/gen`).
+const schemaFile = chartDir + "/values.schema.json"
+
+// loadKnobs are the knobs of values.schema.json's $defs.component, sorted.
+func loadKnobs() ([]string, error) {
+	b, err := os.ReadFile(schemaFile)
+	if err != nil {
+		return nil, err
+	}
+	var schema struct {
+		Defs struct {
+			Component struct {
+				Properties map[string]any `json:"properties"`
+			} `json:"component"`
+		} `json:"$defs"`
+	}
+	if err := json.Unmarshal(b, &schema); err != nil {
+		return nil, fmt.Errorf("%s: %w", schemaFile, err)
+	}
+	if len(schema.Defs.Component.Properties) == 0 {
+		return nil, fmt.Errorf("%s: no $defs.component.properties, the knobs of every workload", schemaFile)
+	}
+	return slices.Sorted(maps.Keys(schema.Defs.Component.Properties)), nil
+}
+
+// knobsExpr is the template expression that writes, as lines of `key:
+// JSON`, the knobs of component: the values' where set, else defaults
+// (the manifest's, as JSON, or expressions).
+func knobsExpr(component string, knobs []string, defaults map[string]any, exprs map[string]string) (string, error) {
+	defaults = maps.Clone(defaults)
+	for k := range exprs {
+		delete(defaults, k) // the expression's, not merged with the manifest's
+	}
+	js, err := json.Marshal(defaults)
+	if err != nil {
+		return "", err
+	}
+	def := "(fromJson `" + string(js) + "`)"
+	if len(exprs) > 0 {
+		var b strings.Builder
+		b.WriteString("(merge (dict")
+		for _, k := range slices.Sorted(maps.Keys(exprs)) {
+			fmt.Fprintf(&b, " %q (%s)", k, exprs[k])
+		}
+		b.WriteString(") " + def + ")")
+		def = b.String()
+	}
+	var list strings.Builder
+	for _, k := range knobs {
+		fmt.Fprintf(&list, " %q", k)
+	}
+	return fmt.Sprintf(`{{- include "gpupool.knobs" (dict "root" $ "component" %q "knobs" (list%s) "defaults" %s) | nindent %%indent%% }}`, component, list.String(), def), nil
 }
 
 // texts are the manifests' image names and flags whose values the chart
@@ -149,6 +245,10 @@ func RenderChart() (map[string][]byte, error) {
 		filepath.Join(chartDir, "Chart.yaml"): chartYAML(strings.TrimSpace(string(version))),
 	}
 	ids := map[string]map[string]bool{} // by piece, the IDs of its objects
+	knobs, err := loadKnobs()
+	if err != nil {
+		return nil, err
+	}
 	for _, p := range chartPieces {
 		objs, hashed, err := buildPiece(p)
 		if err != nil {
@@ -169,7 +269,7 @@ func RenderChart() (map[string][]byte, error) {
 		}
 		var body bytes.Buffer
 		for _, o := range kept {
-			text, err := templated(o, hashed)
+			text, err := templated(o, hashed, knobs)
 			if err != nil {
 				return nil, fmt.Errorf("%s %s: %w", p.file, o.id, err)
 			}
@@ -275,12 +375,16 @@ func index(digits string) int {
 
 var braces = regexp.MustCompile(`\{\{|\}\}`)
 
-var sentinel = regexp.MustCompile(`(?m)^( *)(- )?GPUPOOLLINE(\d+): ""$|GPUPOOLHOLE(\d+)`)
+// lineKey is a line hole's key: it sorts after the manifests' own keys,
+// so that it is never a list item's first (whose line the "- " opens).
+const lineKey = "zzzgpupoolline%d"
+
+var sentinel = regexp.MustCompile(`(?m)^( *)(- )?zzzgpupoolline(\d+): ""$|GPUPOOLHOLE(\d+)`)
 
 // templated is o as a template: its holes filled with their expressions,
 // kustomize's hashed names back to their own, the images named by values,
 // and the checksums of what must roll its pods.
-func templated(o builtObject, hashed map[string]string) (string, error) {
+func templated(o builtObject, hashed map[string]string, knobs []string) (string, error) {
 	var exprs []string
 	for _, h := range holes {
 		if h.id != o.id {
@@ -288,46 +392,32 @@ func templated(o builtObject, hashed map[string]string) (string, error) {
 		}
 		key := fmt.Sprintf("GPUPOOLHOLE%d", len(exprs))
 		if h.line {
-			key = fmt.Sprintf("GPUPOOLLINE%d", len(exprs))
+			key = fmt.Sprintf(lineKey, len(exprs))
 		}
 		if err := setHole(o.obj, h, key); err != nil {
 			return "", err
 		}
 		exprs = append(exprs, h.expr)
 	}
-	if spec, ok := podTemplate(o.obj); ok {
-		raw, err := json.Marshal(o.obj)
+	var cond string
+	if o.obj["kind"] == "PodDisruptionBudget" {
+		line, c, err := disruptionBudget(o)
 		if err != nil {
 			return "", err
 		}
-		names := map[string]string{}
-		for h, org := range hashed {
-			names[h] = generatedFiles[org]
-		}
-		for _, file := range rollsWith(raw, names) {
-			meta, _ := spec["metadata"].(map[string]any)
-			if meta == nil {
-				meta = map[string]any{}
-				spec["metadata"] = meta
-			}
-			ann, _ := meta["annotations"].(map[string]any)
-			if ann == nil {
-				ann = map[string]any{}
-				meta["annotations"] = ann
-			}
-			key := fmt.Sprintf("GPUPOOLHOLE%d", len(exprs))
-			ann["checksum/"+strings.TrimSuffix(file, ".yaml")] = key
-			exprs = append(exprs, `{{ include (print $.Template.BasePath "/`+file+`") . | sha256sum }}`)
-		}
+		line.parent[fmt.Sprintf(lineKey, len(exprs))] = ""
+		exprs = append(exprs, line.expr)
+		cond = c
 	}
-	if hook, ok := hookAnnotations[o.id]; ok {
-		meta, _ := o.obj["metadata"].(map[string]any)
-		ann, _ := meta["annotations"].(map[string]any)
-		if ann == nil {
-			ann = map[string]any{}
-			meta["annotations"] = ann
+	if tmpl, ok := podTemplate(o.obj); ok {
+		lines, err := workloadKnobs(o, tmpl, hashed, knobs)
+		if err != nil {
+			return "", err
 		}
-		maps.Copy(ann, hook)
+		for _, l := range lines {
+			l.parent[fmt.Sprintf(lineKey, len(exprs))] = ""
+			exprs = append(exprs, l.expr)
+		}
 	}
 	b, err := yaml.Marshal(o.obj)
 	if err != nil {
@@ -341,14 +431,15 @@ func templated(o builtObject, hashed map[string]string) (string, error) {
 	for _, t := range texts {
 		text = t.pattern.ReplaceAllString(text, t.expr)
 	}
+	text = inReleaseNamespace(text)
 	text = sentinel.ReplaceAllStringFunc(text, func(s string) string {
 		m := sentinel.FindStringSubmatch(s)
 		if m[3] != "" {
-			return m[1] + m[2] + exprs[index(m[3])]
+			return m[1] + m[2] + strings.ReplaceAll(exprs[index(m[3])], "%indent%", strconv.Itoa(len(m[1])+len(m[2])))
 		}
 		return exprs[index(m[4])]
 	})
-	if cond, ok := objectConds[o.id]; ok {
+	if cond != "" {
 		return "{{- if " + cond + " }}\n---\n" + text + "{{- end }}\n", nil
 	}
 	return "---\n" + text, nil
@@ -363,6 +454,113 @@ func podTemplate(obj map[string]any) (map[string]any, bool) {
 		return tmpl, ok
 	}
 	return nil, false
+}
+
+// knobLine is a line hole to add: in parent, the expression's.
+type knobLine struct {
+	parent map[string]any
+	expr   string
+}
+
+// workloadKnobs takes out of a workload's pod template the fields its
+// knobs set, as their defaults, and says where the knobs' lines go: the
+// pod spec's, the container's (resources), the pod template's annotations
+// (with the checksums of what must roll its pods).
+func workloadKnobs(o builtObject, tmpl map[string]any, hashed map[string]string, knobs []string) ([]knobLine, error) {
+	name := o.id[strings.Index(o.id, "/")+1:]
+	component, ok := components[name]
+	if !ok {
+		return nil, fmt.Errorf("no values key for workload %s: add it to components", o.id)
+	}
+	spec, _ := tmpl["spec"].(map[string]any)
+	containers, _ := spec["containers"].([]any)
+	if len(containers) != 1 {
+		return nil, fmt.Errorf("%d containers, want 1 (resources is one container's)", len(containers))
+	}
+	container, _ := containers[0].(map[string]any)
+	var podKnobs []string
+	podDefaults, containerDefaults := map[string]any{}, map[string]any{}
+	for _, k := range knobs {
+		switch k {
+		case containerKnob:
+			if v, ok := container[k]; ok {
+				containerDefaults[k] = v
+				delete(container, k)
+			}
+		case metadataKnob, pdbKnob:
+		default:
+			podKnobs = append(podKnobs, k)
+			if v, ok := spec[k]; ok {
+				podDefaults[k] = v
+				delete(spec, k)
+			}
+		}
+	}
+	podExpr, err := knobsExpr(component, podKnobs, podDefaults, knobDefaults[component])
+	if err != nil {
+		return nil, err
+	}
+	containerExpr, err := knobsExpr(component, []string{containerKnob}, containerDefaults, nil)
+	if err != nil {
+		return nil, err
+	}
+	// The annotations: the manifest's and, as an expression each, the
+	// checksums of the chart's templates whose change must roll the pods.
+	meta, _ := tmpl["metadata"].(map[string]any)
+	if meta == nil {
+		meta = map[string]any{}
+		tmpl["metadata"] = meta
+	}
+	ann, _ := meta["annotations"].(map[string]any)
+	delete(meta, "annotations")
+	raw, err := json.Marshal(o.obj)
+	if err != nil {
+		return nil, err
+	}
+	names := map[string]string{}
+	for h, org := range hashed {
+		names[h] = generatedFiles[org]
+	}
+	var dict strings.Builder
+	dict.WriteString("dict")
+	for _, k := range slices.Sorted(maps.Keys(ann)) {
+		fmt.Fprintf(&dict, " %q %q", k, fmt.Sprint(ann[k]))
+	}
+	for _, file := range rollsWith(raw, names) {
+		fmt.Fprintf(&dict, ` %q (include (print $.Template.BasePath "/%s") $ | sha256sum)`, "checksum/"+strings.TrimSuffix(file, ".yaml"), file)
+	}
+	annExpr, err := knobsExpr(component, []string{metadataKnob}, map[string]any{}, map[string]string{metadataKnob: dict.String()})
+	if err != nil {
+		return nil, err
+	}
+	return []knobLine{{spec, podExpr}, {container, containerExpr}, {meta, annExpr}}, nil
+}
+
+// disruptionBudget takes a PodDisruptionBudget's minAvailable or
+// maxUnavailable out, as the default of its component's
+// podDisruptionBudget, and says the condition the object is rendered on
+// (podDisruptionBudget.enabled, true unless false).
+func disruptionBudget(o builtObject) (knobLine, string, error) {
+	name := o.id[strings.Index(o.id, "/")+1:]
+	component, ok := components[name]
+	if !ok {
+		return knobLine{}, "", fmt.Errorf("no values key for %s: add it to components", o.id)
+	}
+	spec, _ := o.obj["spec"].(map[string]any)
+	defaults := map[string]any{}
+	for _, k := range []string{"minAvailable", "maxUnavailable"} {
+		if v, ok := spec[k]; ok {
+			defaults[k] = v
+			delete(spec, k)
+		}
+	}
+	js, err := json.Marshal(defaults)
+	if err != nil {
+		return knobLine{}, "", err
+	}
+	expr := fmt.Sprintf(`{{- include "gpupool.disruptionBudget" (dict "root" $ "component" %q "defaults" (fromJson `+"`%s`"+`)) | nindent %%indent%% }}`, component, js)
+	cond := fmt.Sprintf(`include "gpupool.disruptionBudgetEnabled" (dict "root" $ "component" %q)`, component)
+	return knobLine{spec, expr}, cond, nil
 }
 
 // setHole puts key where h's field is: as the field's value, or, for a

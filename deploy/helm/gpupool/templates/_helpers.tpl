@@ -31,12 +31,12 @@ standby answers 503 and clients try the next), and etcd's. */ -}}
 {{- if include "gpupool.etcd" . }}
 {{- $replicas := list }}
 {{- range $i := until (int .Values.controller.replicas) }}
-{{- $replicas = append $replicas (printf "https://gpupool-allocator-%d.gpupool-allocator-peers.gpupool.svc:8470" $i) }}
+{{- $replicas = append $replicas (printf "https://gpupool-allocator-%d.gpupool-allocator-peers.%s.svc:8470" $i $.Release.Namespace) }}
 {{- end }}
 {{- $_ := set $data "allocator" (join "," $replicas) }}
-{{- $_ := set $data "etcd" (join "," (.Values.etcd.endpoints | default (list "http://gpupool-etcd.gpupool.svc:2379"))) }}
+{{- $_ := set $data "etcd" (join "," (.Values.etcd.endpoints | default (list (printf "http://gpupool-etcd.%s.svc:2379" .Release.Namespace)))) }}
 {{- else }}
-{{- $_ := set $data "allocator" "https://gpupool-allocator.gpupool.svc:8470" }}
+{{- $_ := set $data "allocator" (printf "https://gpupool-allocator.%s.svc:8470" .Release.Namespace) }}
 {{- end }}
 {{- toJson $data }}
 {{- end }}
@@ -94,7 +94,7 @@ own from an earlier revision is its to keep). */ -}}
 {{- define "gpupool.apiService" -}}
 {{- $mode := toString .Values.adapter.apiService }}
 {{- $owner := include "gpupool.apiServiceOwner" . }}
-{{- if or (eq $mode "true") (and (eq $mode "auto") (or (not $owner) (eq $owner "gpupool/gpupool-adapter"))) }}true{{ end }}
+{{- if or (eq $mode "true") (and (eq $mode "auto") (or (not $owner) (eq $owner (printf "%s/gpupool-adapter" .Release.Namespace)))) }}true{{ end }}
 {{- end }}
 
 {{- /* NOTES.txt's word on the external-metrics API: which path serves
@@ -111,15 +111,16 @@ not registered as v1beta1.external.metrics.k8s.io (adapter.apiService: false)
 {{- end }}
 
 {{- /* KEDA's namespace, where the hook Job copies KEDA's client certificate:
-adapter.kedaNamespace while it exists. Helm's lookup sees the release's own
-namespace in any cluster: without it (helm template) there is no cluster to
+adapter.kedaNamespace while it exists. Helm's lookup sees kube-system in
+any cluster (not the release's namespace, which --create-namespace makes
+only after rendering): without it (helm template) there is no cluster to
 ask, and it renders as though KEDA's were there. */ -}}
 {{- define "gpupool.kedaNamespace" -}}
 {{- $ns := .Values.adapter.kedaNamespace }}
-{{- if eq $ns "gpupool" }}
-{{- fail "adapter.kedaNamespace gpupool: KEDA's client certificate is made there already; name KEDA's own namespace, or leave it empty" }}
+{{- if eq $ns .Release.Namespace }}
+{{- fail (printf "adapter.kedaNamespace %s: KEDA's client certificate is made there already (the release's namespace); name KEDA's own namespace, or leave it empty" $ns) }}
 {{- end }}
-{{- if and $ns (or (lookup "v1" "Namespace" "" $ns) (not (lookup "v1" "Namespace" "" .Release.Namespace))) }}{{ $ns }}{{ end }}
+{{- if and $ns (or (lookup "v1" "Namespace" "" $ns) (not (lookup "v1" "Namespace" "" "kube-system"))) }}{{ $ns }}{{ end }}
 {{- end }}
 
 {{- define "gpupool.certManager" -}}
@@ -135,4 +136,55 @@ Unset, the hook Job gpupool-secrets makes them in the cluster (templates/secrets
 {{- fail (printf "tokens.%s: %d characters is shorter than the 16 the allocator requires" $key (len $token)) }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{- /* A workload's knobs (values.schema.json, $defs.component), as lines of
+`key: JSON`: the values' (<component>.<knob>) where set, else the
+manifest's (defaults). The generated templates call it where each knob
+goes: the pod spec, the container (resources), the pod template
+(podAnnotations, written as annotations, over the manifest's and the
+checksums). nodeSelector's values are strings (`--set ...gpu=true` is a
+bool). */ -}}
+{{- define "gpupool.knobs" -}}
+{{- $given := index .root.Values .component | default dict }}
+{{- $lines := list }}
+{{- range $knob := .knobs }}
+{{- $default := index $.defaults $knob }}
+{{- $v := index $given $knob }}
+{{- if eq $knob "podAnnotations" }}
+{{- $v = merge (dict) ($v | default dict) ($default | default dict) }}
+{{- else if not $v }}
+{{- $v = $default }}
+{{- end }}
+{{- if and $v (eq $knob "nodeSelector") }}
+{{- $s := dict }}
+{{- range $k, $x := $v }}{{ $_ := set $s $k (toString $x) }}{{ end }}
+{{- $v = $s }}
+{{- end }}
+{{- if $v }}
+{{- $lines = append $lines (printf "%s: %s" (ternary "annotations" $knob (eq $knob "podAnnotations")) (toJson $v)) }}
+{{- end }}
+{{- end }}
+{{- join "\n" $lines }}
+{{- end }}
+
+{{- /* A workload's PodDisruptionBudget (<component>.podDisruptionBudget):
+"true" unless enabled is false. */ -}}
+{{- define "gpupool.disruptionBudgetEnabled" -}}
+{{- $pdb := (index .root.Values .component | default dict).podDisruptionBudget | default dict }}
+{{- if ne (toString (dig "enabled" true $pdb)) "false" }}true{{ end }}
+{{- end }}
+
+{{- /* Its minAvailable or maxUnavailable, as lines: the values' (one of the
+two) where set, else the manifest's (defaults: maxUnavailable 1). */ -}}
+{{- define "gpupool.disruptionBudget" -}}
+{{- $pdb := (index .root.Values .component | default dict).podDisruptionBudget | default dict }}
+{{- $lines := list }}
+{{- range $k := list "minAvailable" "maxUnavailable" }}
+{{- with index $pdb $k }}{{ $lines = append $lines (printf "%s: %s" $k (toJson .)) }}{{ end }}
+{{- end }}
+{{- if not $lines }}
+{{- range $k, $v := .defaults }}{{ $lines = append $lines (printf "%s: %s" $k (toJson $v)) }}{{ end }}
+{{- end }}
+{{- join "\n" $lines }}
 {{- end }}
