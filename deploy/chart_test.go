@@ -381,7 +381,7 @@ func TestChartRendersNoSecret(t *testing.T) {
 // (--create-namespace), never the chart's.
 func TestChartInstallsWhereItIsTold(t *testing.T) {
 	const ns = "gpu-system"
-	gpupoolNamespace := regexp.MustCompile(`"namespace":"gpupool"|namespace: gpupool\b|\.gpupool\.svc|serviceaccount:gpupool:|=gpupool/|"gpupool/gpupool-|"kube-system","gpupool"|Namespace=gpupool`)
+	gpupoolNamespace := regexp.MustCompile(`"namespace":"gpupool"|(?i:namespace): gpupool\b|\.gpupool\.svc|serviceaccount:gpupool:|=gpupool/|"gpupool/gpupool-|"kube-system","gpupool"|Namespace=gpupool`)
 	for _, tc := range []struct {
 		vals map[string]any
 		apis []string

@@ -73,7 +73,7 @@ var namespaced = []*regexp.Regexp{
 	regexp.MustCompile(`(?m)^(\s*(?:- )?namespace: )gpupool$`),       // metadata, subjects, service references
 	regexp.MustCompile(`(\.)gpupool\.svc\b`),                         // Service DNS names: certificates, endpoints, flags
 	regexp.MustCompile(`(system:serviceaccount:)gpupool:`),           // service accounts in CEL expressions
-	regexp.MustCompile(`(resourceNamespace: )gpupool$`),              // kube-scheduler's leader election
+	regexp.MustCompile(`(?m)(resourceNamespace: )gpupool$`),          // kube-scheduler's leader election, in its config's text
 	regexp.MustCompile(`(--leader-elect-namespace=)gpupool\b`),       // gpupool-scheduler's
 	regexp.MustCompile(`(cert-manager.io/inject-ca-from: )gpupool/`), // a Certificate, namespace/name
 	regexp.MustCompile(`(?m)(^\s*- kube-system\n\s*- )gpupool$`),     // the webhook's namespaceSelector
