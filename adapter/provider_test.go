@@ -176,13 +176,5 @@ func TestAdapterMetricsDocumented(t *testing.T) {
 	}
 	m.backendErrors.WithLabelValues("fake")
 	metricstest.Documented(t, "../docs/metrics.md", "Adapter", MetricFamilies, reg)
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := metricstest.Promtool(families); !ok {
-		t.Fatal("promtool is not installed (make deps installs it)")
-	} else if err != nil {
-		t.Error(err)
-	}
+	metricstest.Lint(t, reg)
 }

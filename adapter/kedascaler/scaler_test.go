@@ -438,13 +438,5 @@ func TestScalerMetricsDocumented(t *testing.T) {
 		Registry: reg, Log: quietLog()})
 	s.requests.WithLabelValues("IsActive", "OK")
 	metricstest.Documented(t, "../../docs/metrics.md", "KEDA external scaler", MetricFamilies, reg)
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := metricstest.Promtool(families); !ok {
-		t.Fatal("promtool is not installed (make deps installs it)")
-	} else if err != nil {
-		t.Error(err)
-	}
+	metricstest.Lint(t, reg)
 }

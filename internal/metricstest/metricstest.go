@@ -25,7 +25,7 @@ import (
 // values vary from run to run), with the exposition in the golden file; a
 // difference fails the test with a diff. With -update it rewrites the file
 // first. It then lints the whole exposition with client_golang's linter
-// and promtool, and skips the test when promtool is not installed.
+// and promtool (Lint).
 func Golden(t *testing.T, g prometheus.Gatherer, path string, except ...string) {
 	t.Helper()
 	compared := prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
@@ -60,15 +60,7 @@ func Golden(t *testing.T, g prometheus.Gatherer, path string, except ...string) 
 	if problems, err := testutil.GatherAndLint(g); err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %v", problems, err)
 	}
-	families, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := Promtool(families); err != nil {
-		t.Error(err)
-	} else if !ok {
-		t.Skip("promtool not installed (make deps installs it)")
-	}
+	Lint(t, g)
 }
 
 // Documented checks the table under "## <heading>" in the doc against a
@@ -215,23 +207,27 @@ func section(doc, heading string) (map[string]row, error) {
 	return out, nil
 }
 
-// Promtool runs `promtool check metrics` on the families; ok is false when
-// promtool is not installed (`make deps` installs it).
-func Promtool(families []*dto.MetricFamily) (ok bool, err error) {
+// Lint gathers g and has `promtool check metrics` check it; without
+// promtool (`make deps` installs it) the test fails, saying so.
+func Lint(t *testing.T, g prometheus.Gatherer) {
+	t.Helper()
+	families, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
-		return false, nil
+		t.Fatal("promtool is not installed (make deps installs it)")
 	}
 	var text bytes.Buffer
 	for _, f := range families {
 		if _, err := expfmt.MetricFamilyToText(&text, f); err != nil {
-			return true, err
+			t.Fatal(err)
 		}
 	}
 	cmd := exec.Command(promtool, "check", "metrics")
 	cmd.Stdin = &text
 	if msg, err := cmd.CombinedOutput(); err != nil {
-		return true, fmt.Errorf("promtool check metrics: %w\n%s", err, msg)
+		t.Errorf("promtool check metrics: %v\n%s", err, msg)
 	}
-	return true, nil
 }

@@ -73,6 +73,10 @@ func (c *ControlPlane) StartKEDA(ctx context.Context) error {
 		ips:      loopback,
 		usages:   slices.Concat(serverAuth, clientAuth),
 	})
+	scalerCAs := filepath.Join(c.dir, "keda-scaler-cas")
+	if err := os.MkdirAll(scalerCAs, 0o700); err != nil {
+		return err
+	}
 	serving := &files{dir: c.dir}
 	servingCert, servingKey := serving.issue(c.ca, "keda-metrics-apiserver", leaf{
 		dnsNames: []string{kedaMetricsServer + "." + KEDANamespace + ".svc"}, ips: loopback, usages: serverAuth,
@@ -85,9 +89,10 @@ func (c *ControlPlane) StartKEDA(ctx context.Context) error {
 		"--leader-elect=false",
 		"--enable-cert-rotation=false",
 		"--cert-dir="+certDir,
-		// No CA directory of its own: scalers' CAs come from their
-		// TriggerAuthentications, as gpupool's does.
-		"--ca-dir="+certDir,
+		// An empty CA directory: a scaler's CA comes from its
+		// TriggerAuthentication (caCert), as gpupool's does, and the test
+		// would not see a missing one if KEDA trusted the cluster CA.
+		"--ca-dir="+scalerCAs,
 		"--metrics-bind-address=127.0.0.1:"+strconv.Itoa(metricsPort),
 		"--health-probe-bind-address=127.0.0.1:"+strconv.Itoa(probePort),
 		"--metrics-service-bind-address=127.0.0.1:"+strconv.Itoa(grpcPort),
