@@ -26,8 +26,8 @@ import (
 // daemon's use the test feeds every 5 s as gpupool-server does: a notebook
 // (a bare pod) measured idle is evicted, and its twin the platform team
 // exempted is not; a Job idle is suspended, and its GPUs come back when
-// gpupool resume resumes it; a bursty Deployment, busy 20 s of every 40 s,
-// is never reclaimed. Each reclaimed pod gets the Warning
+// gpupool resume resumes it; a bursty Job and a bursty Deployment, busy
+// 20 s of every 40 s, are never reclaimed. Each reclaimed pod gets the Warning
 // Events IdleGPUs, then IdleGPUsReclaimed.
 func TestIdleReclaim(t *testing.T) {
 	gpupoolKubeScheduler(t)
@@ -35,7 +35,7 @@ func TestIdleReclaim(t *testing.T) {
 	defer cancel()
 	pool := startKubePool(t, ctx, kubePoolOptions{Namespaces: []string{"ml"},
 		IdlePolicies: map[string]string{"ml": "{useBelow: 0.1, window: 1m, grace: 10s, action: reclaim}"}})
-	pool.addNodes(t, ctx, 4, nil, "gpu-0")
+	pool.addNodes(t, ctx, idleTestGPUs, nil, "gpu-0")
 	c := pool.CP.Client
 
 	withLabel := func(pod *corev1.Pod, app string) *corev1.Pod {
@@ -61,16 +61,20 @@ func TestIdleReclaim(t *testing.T) {
 	// but those labelled runsUntilDeleted.
 	train := template("train", corev1.RestartPolicyNever)
 	train.Labels["runsUntilDeleted"] = "true"
-	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "train"}, Spec: batchv1.JobSpec{Template: train}}
-	if _, err := c.BatchV1().Jobs("ml").Create(ctx, job, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	bursty := template("bursty-job", corev1.RestartPolicyNever)
+	bursty.Labels["runsUntilDeleted"] = "true"
+	for name, pod := range map[string]corev1.PodTemplateSpec{"train": train, "bursty-job": bursty} {
+		job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: batchv1.JobSpec{Template: pod}}
+		if _, err := c.BatchV1().Jobs("ml").Create(ctx, job, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	bursty := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "bursty"}, Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1),
+	deployment := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "bursty"}, Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1),
 		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "bursty"}}, Template: template("bursty", corev1.RestartPolicyAlways)}}
-	if _, err := c.AppsV1().Deployments("ml").Create(ctx, bursty, metav1.CreateOptions{}); err != nil {
+	if _, err := c.AppsV1().Deployments("ml").Create(ctx, deployment, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for _, app := range []string{"notebook", "lab", "train", "bursty"} {
+	for _, app := range []string{"notebook", "lab", "train", "bursty-job", "bursty"} {
 		waitForUpTo(t, time.Minute, func() bool { return len(appPods(t, ctx, pool, app)) == 1 })
 	}
 	before := appPods(t, ctx, pool, "train")
@@ -115,7 +119,14 @@ func TestIdleReclaim(t *testing.T) {
 		t.Errorf("the exempt notebook was reclaimed: %v", err)
 	}
 
-	// The bursty Deployment: never reclaimed, its one pod leased.
+	// The bursty Job and Deployment: never reclaimed, each one's pod leased.
+	j, err := c.BatchV1().Jobs("ml").Get(ctx, "bursty-job", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pods := appPods(t, ctx, pool, "bursty-job"); ptr.Deref(j.Spec.Suspend, false) || len(pods) != 1 || len(pool.leasesOf(t, ctx, &pods[0])) != 1 {
+		t.Errorf("the bursty Job was reclaimed: suspended %v, %d pods bound", ptr.Deref(j.Spec.Suspend, false), len(pods))
+	}
 	d, err := c.AppsV1().Deployments("ml").Get(ctx, "bursty", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -141,9 +152,13 @@ func appPods(t *testing.T, ctx context.Context, pool *kubePool, app string) []co
 	return out
 }
 
+// idleTestGPUs: gpu-0's, enough for the test's five pods and the resumed
+// Job's new one while its old one ends.
+const idleTestGPUs = 8
+
 // feedUse heart-beats gpu-0 every 5 s with its leases' SM use, as its
-// daemon would: none for the notebook and the Job, all of a GPU for the
-// bursty Deployment 20 s of every 40 s.
+// daemon would: none for the notebooks and the Job, all of a GPU for the
+// bursty Job and Deployment 20 s of every 40 s.
 func feedUse(ctx context.Context, t *testing.T, pool *kubePool, started time.Time) {
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
@@ -154,14 +169,14 @@ func feedUse(ctx context.Context, t *testing.T, pool *kubePool, started time.Tim
 		}
 		use := &api.ServerUse{SampledAt: time.Now()}
 		hb := api.Heartbeat{Use: use}
-		for i := range 4 {
+		for i := range idleTestGPUs {
 			hb.GPUs = append(hb.GPUs, api.GPUHealth{Index: i, Healthy: true})
 			use.GPUs = append(use.GPUs, api.GPUUse{Index: i, Utilization: ptr.To(0.0)})
 		}
 		busy := int(time.Since(started)/(20*time.Second))%2 == 0
 		for _, l := range ls {
 			sm := 0.0
-			if l.Owner.Labels["app"] == "bursty" && busy {
+			if app := l.Owner.Labels["app"]; (app == "bursty" || app == "bursty-job") && busy {
 				sm = 1
 			}
 			for _, g := range l.GPUs {
