@@ -175,7 +175,7 @@ bench-pool: deps ## the benchmarks without a cluster: placement decisions/s per 
 	$(GO) test -run '^$$' -bench 'TenantBesideAFullQueue|ConsoleBesideTenant/admin/retry-at-once' -benchtime 1x ./allocator/service
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./gpuserver
 	$(GO) test -run '^$$' -bench DeviceHoldersScan -benchtime 200x ./collector
-	$(GO) test -run '^$$' -bench Filter1213Nodes -benchtime 1000x ./kube/scheduler
+	$(GO) test -run '^$$' -bench Filter1213Nodes -benchtime 1000x ./kube/scheduler/extender
 	@echo "whole replay, all policies x seeds 42-51, default trace:"
 	$(GO) run ./cmd/gpupool-simulate --seeds 42-51 --policies all
 
@@ -221,7 +221,7 @@ fuzz: ## fuzz the pool's operation stream, server registration, request and proc
 	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzLeaseWire -fuzztime 60s
 	$(GO) test ./allocator/api -run '^$$' -fuzz FuzzParseGPUMemory -fuzztime 60s
 	$(GO) test ./gpuserver -run '^$$' -fuzz FuzzProcessReport -fuzztime 60s
-	$(GO) test ./kube/scheduler -run '^$$' -fuzz FuzzNodeNames -fuzztime 60s
+	$(GO) test ./kube/scheduler/extender -run '^$$' -fuzz FuzzNodeNames -fuzztime 60s
 	$(GO) test ./adapter/kedascaler -run '^$$' -fuzz FuzzParseTrigger -fuzztime 60s
 
 .PHONY: rewrite

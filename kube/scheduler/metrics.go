@@ -48,15 +48,15 @@ const (
 // (filterVerb, bindVerb) and the paths the extender serves; the plugin's
 // acquisitions count as filters.
 const (
-	verbFilter = "filter"
-	verbBind   = "bind"
+	VerbFilter = "filter"
+	VerbBind   = "bind"
 )
 
 // verbResults are the results each verb can end with; their series exist
 // from the start, so that a rate over them is never missing.
 var verbResults = map[string][]result{
-	verbFilter: {resultPlaced, resultUnschedulable, resultError},
-	verbBind:   {resultBound, resultError},
+	VerbFilter: {resultPlaced, resultUnschedulable, resultError},
+	VerbBind:   {resultBound, resultError},
 }
 
 type metrics struct {
@@ -76,6 +76,13 @@ func newMetrics(reg prometheus.Registerer, waiting func() int) *metrics {
 	}
 	reg.MustRegister(m.requests, m.duration, released, waitingCollector(waiting))
 	return m
+}
+
+// CountUnreadable counts a call to verb, begun at start, that a front end
+// answered with an error before it reached the placer: a body it could
+// not read, or arguments kube-scheduler was configured wrongly for.
+func (p *Placer) CountUnreadable(verb string, start time.Time) {
+	p.metrics.answered(verb, resultError, start)
 }
 
 func (m *metrics) answered(verb string, r result, start time.Time) {

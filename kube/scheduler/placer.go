@@ -2,10 +2,11 @@
 // core, Placer, takes a pod's lease from the allocator among the nodes
 // kube-scheduler found feasible, so that the lease's server is the pod's
 // node, and binds the pod there with the lease's ID and GPUs written on
-// it for the node side. Two front ends drive it: Plugin, the
+// it for the node side. Two front ends drive it: Plugin, here, the
 // scheduler-framework plugin gpupool-kube-scheduler registers (what the
-// manifests deploy), and Extender, the HTTP extender gpupool-scheduler
-// serves with --listen for an upstream kube-scheduler. docs/design.md,
+// manifests deploy), and package extender, the HTTP extender
+// gpupool-scheduler serves with --listen for an upstream kube-scheduler.
+// docs/design.md,
 // "Scheduling through the pool", says why the lease is taken while
 // filtering.
 package scheduler
@@ -85,14 +86,14 @@ func New(cfg Config) *Placer {
 // as a caller describes it), among nodes, and answers its server: of the
 // nodes, the only one the pod fits. A pod the pool cannot place now (no
 // capacity, quota, a request it refuses, no request at all) is a
-// *refusal, whose text kube-scheduler's FailedScheduling event repeats on
+// refusal (Unschedulable), whose text kube-scheduler's FailedScheduling event repeats on
 // every node; any other error is the allocator's or kube-apiserver's
 // failure to answer. No nodes: nothing is feasible, "" and no error.
 func (p *Placer) Filter(ctx context.Context, named PodRef, nodes []string) (string, error) {
 	start := time.Now()
 	if len(nodes) == 0 {
 		// An allocator asked among no servers would place anywhere.
-		p.metrics.answered(verbFilter, resultUnschedulable, start)
+		p.metrics.answered(VerbFilter, resultUnschedulable, start)
 		return "", nil
 	}
 	unlock := p.calls.lock(named.UID, false)
@@ -104,7 +105,7 @@ func (p *Placer) Filter(ctx context.Context, named PodRef, nodes []string) (stri
 	}
 	lease, err := p.place(ctx, pod, nodes)
 	p.filtered(ctx, named, nodes, lease, err, start)
-	if err == nil || !errors.As(err, new(*refusal)) {
+	if !Unschedulable(err) {
 		// A granted lease ends unless a bind comes; so does one the
 		// allocator may have granted with its answer lost.
 		p.watchBind(ctx, pod)
@@ -122,7 +123,7 @@ func (p *Placer) Place(ctx context.Context, pod *v1.Pod, nodes []string) (api.Le
 	lease, err := p.place(ctx, pod, nodes)
 	unlock()
 	p.filtered(ctx, PodRef{pod.Namespace, pod.Name, pod.UID}, nodes, lease, err, start)
-	if err == nil || !errors.As(err, new(*refusal)) {
+	if !Unschedulable(err) {
 		p.watchBind(ctx, pod)
 	}
 	return lease, err
@@ -136,13 +137,13 @@ func (p *Placer) filtered(ctx context.Context, pod PodRef, nodes []string, lease
 	log := klog.FromContext(ctx)
 	switch {
 	case err == nil:
-	case errors.As(err, new(*refusal)):
+	case Unschedulable(err):
 		res = resultUnschedulable
 	default:
 		res = resultError
 		log.Error(err, "filter failed", "pod", pod.Namespace+"/"+pod.Name)
 	}
-	p.metrics.answered(verbFilter, res, start)
+	p.metrics.answered(VerbFilter, res, start)
 	log.V(2).Info("filter", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID, "nodes", len(nodes), "result", res,
 		"server", lease.Server, "lease", lease.ID, "err", errText(err), "took", time.Since(start))
 }
@@ -152,6 +153,12 @@ func (p *Placer) filtered(ctx context.Context, pod PodRef, nodes []string, lease
 type refusal struct{ why string }
 
 func (r *refusal) Error() string { return r.why }
+
+// Unschedulable reports whether err is the pool's refusal to place a pod
+// now (no capacity, quota, a request it refuses, no request at all), which
+// a front end shows on every node, rather than a failure to answer, which
+// is worth a retry.
+func Unschedulable(err error) bool { return errors.As(err, new(*refusal)) }
 
 // place acquires pod's lease among nodes; the pool's refusal to is a
 // *refusal, any other error the allocator's failure to answer. The caller
@@ -294,11 +301,11 @@ func (p *Placer) Bind(ctx context.Context, pod PodRef, node string) error {
 		"lease", lease.ID, "err", errText(err), "took", time.Since(start))
 	if err != nil {
 		log.Error(err, "bind failed", "pod", pod.Namespace+"/"+pod.Name, "node", node)
-		p.metrics.answered(verbBind, resultError, start)
+		p.metrics.answered(VerbBind, resultError, start)
 		return err
 	}
 	p.unbound.stop(pod.UID)
-	p.metrics.answered(verbBind, resultBound, start)
+	p.metrics.answered(VerbBind, resultBound, start)
 	return nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -16,18 +15,12 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
-	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
@@ -35,157 +28,83 @@ import (
 	"github.com/gpupool/gpupool/allocator/service/servicetest"
 	"github.com/gpupool/gpupool/internal/metricstest"
 	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/scheduler/schedulertest"
 )
 
-// testPod is a pod the webhook handled: it asks for r, its one container
-// for 500m CPU and 1Gi of memory.
-func testPod(name string, r kube.Request) *v1.Pod {
-	return &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "team-a", UID: types.UID("uid-" + name),
-			Labels: map[string]string{"app": "trainer"}, Annotations: map[string]string{kube.AnnotationRequest: r.Annotation()}},
-		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "main", Resources: requests("500m", "1Gi")}}},
-	}
-}
+var (
+	testPod  = schedulertest.Pod
+	requests = schedulertest.Requests
+	half     = schedulertest.Half
+)
 
-func requests(cpu, memory string) v1.ResourceRequirements {
-	return v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse(cpu), v1.ResourceMemory: resource.MustParse(memory)}}
-}
-
-var half = kube.Request{GPUAmount: 1, GPUPercent: 50}
-
-// testPlacer is a placer on a real allocator and a fake cluster, with its
-// extender's handler.
+// testPlacer is a placer on a real allocator and a fake cluster.
 type testPlacer struct {
 	*Placer
-	ext     *Extender
-	handler http.Handler
-	alloc   *client.Client
-	kube    *fake.Clientset
-	reg     *prometheus.Registry
-
-	mu    sync.Mutex
-	taken []*v1.Binding // the Bindings the cluster took
+	alloc *client.Client
+	kube  *schedulertest.Cluster
+	reg   *prometheus.Registry
 }
 
-// newTestPlacer serves the placer and its extender over an allocator with
-// the servers and quotas given, and a cluster holding pods.
+// newTestPlacer is a placer on an allocator with the servers and quotas
+// given, and a cluster holding pods.
 func newTestPlacer(t *testing.T, servers []api.Server, quotas map[string]allocator.Share, pods ...runtime.Object) *testPlacer {
 	t.Helper()
 	a := servicetest.Start(t, quotas)
 	a.Register(t, servers)
-	return newPlacerOn(t, a.Client(t), pods...)
+	return newPlacerOn(a.Client(t), pods...)
 }
 
-func newPlacerOn(t testing.TB, alloc *client.Client, pods ...runtime.Object) *testPlacer {
-	te := &testPlacer{alloc: alloc, kube: fake.NewClientset(pods...), reg: prometheus.NewRegistry()}
-	te.kube.PrependReactor("create", "pods", te.bindPod)
+func newPlacerOn(alloc *client.Client, pods ...runtime.Object) *testPlacer {
+	te := &testPlacer{alloc: alloc, kube: schedulertest.NewCluster(pods...), reg: prometheus.NewRegistry()}
 	te.Placer = New(Config{Allocator: alloc, Kube: te.kube, Registry: te.reg})
-	te.ext = NewExtender(te.Placer, logr.Discard())
-	te.handler = te.ext.Handler()
 	return te
 }
 
-// bindPod does what kube-apiserver does on a Binding, which the fake
-// cluster does not: it sets the pod's node and adds the Binding's
-// annotations, and refuses a pod bound already.
-func (te *testPlacer) bindPod(a k8stesting.Action) (bool, runtime.Object, error) {
-	if a.GetSubresource() != "binding" {
-		return false, nil, nil
-	}
-	b := a.(k8stesting.CreateAction).GetObject().(*v1.Binding)
-	tracker := te.kube.Tracker()
-	obj, err := tracker.Get(v1.SchemeGroupVersion.WithResource("pods"), b.Namespace, b.Name)
-	if err != nil {
-		return true, nil, err
-	}
-	pod := obj.(*v1.Pod).DeepCopy()
-	if b.UID != "" && b.UID != pod.UID {
-		return true, nil, apierrors.NewConflict(v1.Resource("pods/binding"), pod.Name, fmt.Errorf("precondition failed: UID in precondition: %s, UID in object meta: %s", b.UID, pod.UID))
-	}
-	if pod.Spec.NodeName != "" {
-		return true, nil, apierrors.NewConflict(v1.Resource("pods/binding"), pod.Name, fmt.Errorf("pod %s is already assigned to node %q", pod.Name, pod.Spec.NodeName))
-	}
-	pod.Spec.NodeName = b.Target.Name
-	if pod.Annotations == nil {
-		pod.Annotations = map[string]string{}
-	}
-	maps.Copy(pod.Annotations, b.Annotations)
-	if err := tracker.Update(v1.SchemeGroupVersion.WithResource("pods"), pod, pod.Namespace); err != nil {
-		return true, nil, err
-	}
-	te.mu.Lock()
-	defer te.mu.Unlock()
-	te.taken = append(te.taken, b)
-	return true, b, nil
+// filtered is what Filter answered.
+type filtered struct {
+	node string
+	err  error
 }
 
-// call posts body to the extender as kube-scheduler does and decodes the
-// answer, which must be 200.
-func (te *testPlacer) call(t testing.TB, verb string, body []byte, answer any) {
+// callFilter filters pod, made kube-apiserver's copy, among nodes.
+func (te *testPlacer) callFilter(t *testing.T, pod *v1.Pod, nodes ...string) filtered {
 	t.Helper()
-	rec := httptest.NewRecorder()
-	te.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/"+verb, bytes.NewReader(body)))
-	if rec.Code != http.StatusOK {
-		t.Fatalf("%s answered %d: %s", verb, rec.Code, rec.Body)
-	}
-	if err := json.Unmarshal(rec.Body.Bytes(), answer); err != nil {
-		t.Fatalf("%s answered %q: %v", verb, rec.Body, err)
-	}
+	te.kube.Put(t, pod)
+	node, err := te.Filter(context.Background(), ref(pod), nodes)
+	return filtered{node, err}
 }
 
-func mustJSON(t testing.TB, v any) []byte {
-	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+func (te *testPlacer) callBind(pod *v1.Pod, node string) error {
+	return te.Bind(context.Background(), ref(pod), node)
 }
 
-// inCluster makes pod kube-apiserver's copy, which the extender acts on.
-func (te *testPlacer) inCluster(t testing.TB, pod *v1.Pod) {
-	t.Helper()
-	pods := te.kube.CoreV1().Pods(pod.Namespace)
-	_, err := pods.Update(context.Background(), pod, metav1.UpdateOptions{})
-	if apierrors.IsNotFound(err) {
-		_, err = pods.Create(context.Background(), pod, metav1.CreateOptions{})
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-// callFilter filters pod, kube-apiserver's copy, among nodes.
-func (te *testPlacer) callFilter(t *testing.T, pod *v1.Pod, nodes ...string) extenderv1.ExtenderFilterResult {
-	t.Helper()
-	te.inCluster(t, pod)
-	var res extenderv1.ExtenderFilterResult
-	te.call(t, verbFilter, mustJSON(t, extenderv1.ExtenderArgs{Pod: pod, NodeNames: &nodes}), &res)
-	return res
-}
-
-func (te *testPlacer) callBind(t *testing.T, pod *v1.Pod, node string) extenderv1.ExtenderBindingResult {
-	t.Helper()
-	var res extenderv1.ExtenderBindingResult
-	te.call(t, verbBind, mustJSON(t, extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: node}), &res)
-	return res
-}
+func ref(pod *v1.Pod) PodRef { return PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID} }
 
 // leases are the allocator's leases of the pod.
 func (te *testPlacer) leases(t *testing.T, pod *v1.Pod) []api.Lease {
 	t.Helper()
-	ls, err := te.alloc.Leases(context.Background(), client.LeaseFilter{Namespace: pod.Namespace, OwnerUID: string(pod.UID)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ls
+	return schedulertest.Leases(t, te.alloc, pod)
 }
 
-// placedOn checks that the filter answered node as the only one.
-func placedOn(t *testing.T, res extenderv1.ExtenderFilterResult, node string) {
+// bound filters pod on node alone and binds it there.
+func (te *testPlacer) bound(t *testing.T, pod *v1.Pod, node string) api.Lease {
 	t.Helper()
-	if res.Error != "" || res.NodeNames == nil || !slices.Equal(*res.NodeNames, []string{node}) {
-		t.Fatalf("filter answered %+v, want node %s alone", res, node)
+	placedOn(t, te.callFilter(t, pod, node), node)
+	if err := te.callBind(pod, node); err != nil {
+		t.Fatalf("bind: %v", err)
+	}
+	held := te.leases(t, pod)
+	if len(held) != 1 {
+		t.Fatalf("the bound pod holds %d leases, want 1", len(held))
+	}
+	return held[0]
+}
+
+// placedOn checks that the filter answered node.
+func placedOn(t *testing.T, got filtered, node string) {
+	t.Helper()
+	if got.err != nil || got.node != node {
+		t.Fatalf("filter answered %q, %v; want node %s", got.node, got.err, node)
 	}
 }
 
@@ -248,10 +167,10 @@ func TestFilterMovesALeaseOffANodeNoLongerCandidate(t *testing.T) {
 	}
 }
 
-// TestFilterFailures: a pod the pool cannot place fails on every candidate
-// with the reason, as FailedScheduling events show it; an allocator that
-// does not answer, or a call kube-scheduler was configured wrongly for, is
-// an Error naming the cause. Either way no lease is left behind.
+// TestFilterFailures: a pod the pool cannot place is Unschedulable with
+// the reason, as FailedScheduling events show it; an allocator that does
+// not answer is an error naming it, worth a retry. Either way no lease is
+// left behind.
 func TestFilterFailures(t *testing.T) {
 	nodes := []string{"gpu-a", "gpu-b"}
 	pool := []api.Server{servicetest.Server("gpu-a", 1), servicetest.Server("gpu-b", 1)}
@@ -270,28 +189,22 @@ func TestFilterFailures(t *testing.T) {
 		// running one's.
 		alloc string
 		pod   *v1.Pod
-		// nodes is what kube-scheduler sends: nil sends whole nodes
-		// instead (nodeCacheCapable: false).
-		nodes []string
-		// unschedulable is the message on every node; else err is in
-		// the Error.
+		// unschedulable is the refusal's message; else err is in the
+		// error.
 		unschedulable, err string
 	}{
-		{name: "not through the webhook", pod: notHandled, nodes: nodes,
+		{name: "not through the webhook", pod: notHandled,
 			unschedulable: "gpupool: the pod has no gpupool.io/request annotation: gpupool's admission webhook did not handle it"},
-		{name: "request annotation unreadable", pod: badRequest, nodes: nodes,
+		{name: "request annotation unreadable", pod: badRequest,
 			unschedulable: "gpupool: annotation gpupool.io/request: unexpected end of JSON input"},
-		{name: "no capacity", pod: testPod("big", kube.Request{GPUAmount: 2}), nodes: nodes,
+		{name: "no capacity", pod: testPod("big", kube.Request{GPUAmount: 2}),
 			unschedulable: "gpupool allocator: no server has 2 free GPUs"},
-		{name: "quota exceeded", pod: capped, nodes: nodes,
+		{name: "quota exceeded", pod: capped,
 			unschedulable: "gpupool allocator: namespace capped quota 50% exceeded: in use 0%, asked 100%"},
-		{name: "refused request", pod: testPod("odd", kube.Request{GPUAmount: 1, GPUPercent: 101}), nodes: nodes,
+		{name: "refused request", pod: testPod("odd", kube.Request{GPUAmount: 1, GPUPercent: 101}),
 			unschedulable: "gpupool allocator: gpu-percent 101 out of range 1..100"},
-		{name: "allocator down", alloc: down.URL, pod: testPod("trainer-0", half), nodes: nodes,
+		{name: "allocator down", alloc: down.URL, pod: testPod("trainer-0", half),
 			err: "gpupool allocator: cannot reach the allocator at " + down.URL},
-		{name: "whole nodes sent", pod: testPod("trainer-0", half),
-			err: "gpupool scheduler: kube-scheduler sent nodes, not node names: set nodeCacheCapable: true"},
-		{name: "no pod", nodes: nodes, err: "gpupool scheduler: the filter call names no pod"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := servicetest.Start(t, map[string]allocator.Share{"capped": allocator.SharePercent(50)})
@@ -304,37 +217,16 @@ func TestFilterFailures(t *testing.T) {
 				}
 				alloc.Retries = 1
 			}
-			te := newPlacerOn(t, alloc)
-			if tc.pod != nil {
-				te.inCluster(t, tc.pod)
+			got := newPlacerOn(alloc).callFilter(t, tc.pod, nodes...)
+			switch {
+			case got.node != "":
+				t.Errorf("filter answered node %s, want none", got.node)
+			case tc.err != "" && (Unschedulable(got.err) || got.err == nil || !strings.Contains(got.err.Error(), tc.err)):
+				t.Errorf("filter answered %v, want an error to retry with %q", got.err, tc.err)
+			case tc.err == "" && (!Unschedulable(got.err) || !strings.HasPrefix(got.err.Error(), tc.unschedulable)):
+				t.Errorf("filter answered %v, want Unschedulable with %q", got.err, tc.unschedulable)
 			}
-			args := extenderv1.ExtenderArgs{Pod: tc.pod}
-			if tc.nodes != nil {
-				args.NodeNames = &tc.nodes
-			} else {
-				args.Nodes = &v1.NodeList{Items: []v1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "gpu-a"}}}}
-			}
-			var res extenderv1.ExtenderFilterResult
-			te.call(t, verbFilter, mustJSON(t, args), &res)
-
-			if res.NodeNames != nil && len(*res.NodeNames) > 0 || len(res.FailedNodes) > 0 {
-				t.Errorf("filter answered nodes %v, failed %v", res.NodeNames, res.FailedNodes)
-			}
-			if tc.err != "" {
-				if !strings.Contains(res.Error, tc.err) || len(res.FailedAndUnresolvableNodes) > 0 {
-					t.Errorf("filter answered %+v, want the error %q", res, tc.err)
-				}
-				return
-			}
-			if res.Error != "" || len(res.FailedAndUnresolvableNodes) != len(nodes) {
-				t.Fatalf("filter answered %+v, want every node failed", res)
-			}
-			for _, n := range nodes {
-				if msg := res.FailedAndUnresolvableNodes[n]; !strings.HasPrefix(msg, tc.unschedulable) {
-					t.Errorf("node %s failed with %q, want %q", n, msg, tc.unschedulable)
-				}
-			}
-			if held := newPlacerOn(t, a.Client(t)).leases(t, tc.pod); len(held) > 0 {
+			if held := schedulertest.Leases(t, a.Client(t), tc.pod); len(held) > 0 {
 				t.Errorf("a failed filter left leases %+v", held)
 			}
 		})
@@ -351,14 +243,14 @@ func TestBindWritesTheLeaseOnThePod(t *testing.T) {
 	lease := te.leases(t, pod)[0]
 
 	for range 2 { // the second as after a lost answer: the pod says it is bound
-		if res := te.callBind(t, pod, "gpu-a"); res.Error != "" {
-			t.Fatalf("bind: %s", res.Error)
+		if err := te.callBind(pod, "gpu-a"); err != nil {
+			t.Fatalf("bind: %v", err)
 		}
 	}
 	if held := te.leases(t, pod); len(held) != 1 || held[0].ID != lease.ID {
 		t.Errorf("after bind the pod holds %+v, want %s alone", held, lease.ID)
 	}
-	bindings := te.bindings()
+	bindings := te.kube.Bindings()
 	if len(bindings) != 1 {
 		t.Fatalf("%d bindings created, want one", len(bindings))
 	}
@@ -414,7 +306,7 @@ func TestOnlyTheBindWaitsForTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	pod := testPod("trainer-0", half)
-	te := newPlacerOn(t, alloc, pod)
+	te := newPlacerOn(alloc, pod)
 	placedOn(t, te.callFilter(t, pod, "gpu-a", "gpu-b"), "gpu-a")
 	mu.Lock()
 	filtered := slices.Clone(asked)
@@ -422,8 +314,8 @@ func TestOnlyTheBindWaitsForTheStore(t *testing.T) {
 	if len(filtered) != 1 || !strings.HasPrefix(filtered[0], "early ") {
 		t.Fatalf("the filter's acquisitions: %q, want one answered early", filtered)
 	}
-	if res := te.callBind(t, pod, "gpu-a"); res.Error != "" {
-		t.Fatalf("bind: %s", res.Error)
+	if err := te.callBind(pod, "gpu-a"); err != nil {
+		t.Fatalf("bind: %v", err)
 	}
 	key := strings.TrimPrefix(filtered[0], "early ")
 	mu.Lock()
@@ -431,16 +323,9 @@ func TestOnlyTheBindWaitsForTheStore(t *testing.T) {
 	if want := []string{"early " + key, "durable " + key}; !slices.Equal(asked, want) {
 		t.Errorf("acquisitions %q, want %q: the bind asks for the filter's lease, durably", asked, want)
 	}
-	if n := len(te.bindings()); n != 1 {
+	if n := len(te.kube.Bindings()); n != 1 {
 		t.Errorf("%d bindings, want one", n)
 	}
-}
-
-// bindings are the Bindings the cluster took so far.
-func (te *testPlacer) bindings() []*v1.Binding {
-	te.mu.Lock()
-	defer te.mu.Unlock()
-	return slices.Clone(te.taken)
 }
 
 // TestBindFailures: a bind that cannot write the pod's own lease on it
@@ -474,18 +359,18 @@ func TestBindFailures(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.pod != nil {
-				te.inCluster(t, tc.pod)
+				te.kube.Put(t, tc.pod)
 			}
 			if tc.apiserver != nil {
 				te.kube.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
 					return a.GetSubresource() == "binding", nil, tc.apiserver
 				})
 			}
-			if res := te.callBind(t, pod, tc.node); res.Error != tc.err {
-				t.Errorf("bind answered %q, want %q", res.Error, tc.err)
+			if err := te.callBind(pod, tc.node); err == nil || err.Error() != tc.err {
+				t.Errorf("bind answered %v, want %q", err, tc.err)
 			}
-			if tc.apiserver == nil && len(te.bindings()) > 0 {
-				t.Errorf("a failed bind created %+v", te.bindings())
+			if tc.apiserver == nil && len(te.kube.Bindings()) > 0 {
+				t.Errorf("a failed bind created %+v", te.kube.Bindings())
 			}
 			if held := te.leases(t, pod); !reflect.DeepEqual(held, filtered) {
 				t.Errorf("after a failed bind the pod holds %+v, want filter's %+v", held, filtered)
@@ -501,8 +386,8 @@ func TestMetricsCountEachResult(t *testing.T) {
 	te := newTestPlacer(t, []api.Server{servicetest.Server("gpu-a", 1)}, nil, pod)
 	te.callFilter(t, pod, "gpu-a")
 	te.callFilter(t, testPod("big", kube.Request{GPUAmount: 2}), "gpu-a")
-	te.callBind(t, pod, "gpu-a")
-	te.callBind(t, pod, "gpu-b")
+	_ = te.callBind(pod, "gpu-a")
+	_ = te.callBind(pod, "gpu-b")
 
 	want := `
 # HELP bitfusion_extender_requests_total kube-scheduler's calls answered, by verb (filter, bind) and result (placed, unschedulable, bound, error).
@@ -528,7 +413,7 @@ bitfusion_extender_requests_total{result="unschedulable",verb="filter"} 1
 			}
 		}
 	}
-	if want := map[string]uint64{verbFilter: 2, verbBind: 2}; !reflect.DeepEqual(timed, want) {
+	if want := map[string]uint64{VerbFilter: 2, VerbBind: 2}; !reflect.DeepEqual(timed, want) {
 		t.Errorf("calls timed by verb: %v, want %v", timed, want)
 	}
 	metricstest.Documented(t, "../../docs/metrics.md", "Scheduler extender", MetricFamilies, te.reg)

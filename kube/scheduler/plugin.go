@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -118,7 +117,7 @@ func (p *Plugin) acquire(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 	case err == nil:
 		state.Write(cycleKey, &cycleLease{lease: lease})
 		return lease, nil
-	case errors.As(err, new(*refusal)):
+	case Unschedulable(err):
 		// Unresolvable: preemption frees only what kube-scheduler's own
 		// filters count, never a GPU share.
 		return lease, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())

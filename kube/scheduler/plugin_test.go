@@ -13,7 +13,6 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/gpupool/gpupool/allocator/api"
-	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/allocator/service/servicetest"
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/kube"
@@ -59,16 +58,6 @@ func newTestPlugin(t *testing.T, gpusPerServer int, pods ...runtime.Object) (*Pl
 	return NewPlugin(te.Placer), te
 }
 
-// podLeases are the allocator's leases for pod.
-func podLeases(t *testing.T, alloc *client.Client, pod *v1.Pod) []api.Lease {
-	t.Helper()
-	held, err := alloc.Leases(context.Background(), client.LeaseFilter{Namespace: pod.Namespace, OwnerUID: string(pod.UID)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return held
-}
-
 func TestPluginNarrowsToTheLeasesServer(t *testing.T) {
 	pod := testPod("p", half)
 	p, te := newTestPlugin(t, 1, pod)
@@ -78,7 +67,7 @@ func TestPluginNarrowsToTheLeasesServer(t *testing.T) {
 	if !st.IsSuccess() {
 		t.Fatalf("PreFilter: %v", st)
 	}
-	held := podLeases(t, te.alloc, pod)
+	held := te.leases(t, pod)
 	if len(held) != 1 || res.AllNodes() || !res.NodeNames.Has(held[0].Server) || res.NodeNames.Len() != 1 {
 		t.Fatalf("PreFilter narrowed to %v with leases %+v: want the one lease's server", res, held)
 	}
@@ -89,8 +78,8 @@ func TestPluginNarrowsToTheLeasesServer(t *testing.T) {
 	if st := p.Bind(ctx, state, pod, node); !st.IsSuccess() {
 		t.Fatalf("Bind on %s: %v", node, st)
 	}
-	if len(te.taken) != 1 || te.taken[0].Target.Name != node || te.taken[0].Annotations[kube.AnnotationLease] != held[0].ID {
-		t.Fatalf("Bindings %+v: want one to %s with lease %s", te.taken, node, held[0].ID)
+	if taken := te.kube.Bindings(); len(taken) != 1 || taken[0].Target.Name != node || taken[0].Annotations[kube.AnnotationLease] != held[0].ID {
+		t.Fatalf("Bindings %+v: want one to %s with lease %s", taken, node, held[0].ID)
 	}
 	if st := p.Bind(ctx, newCycleState(), testPod("gone", half), node); st.IsSuccess() || !strings.Contains(st.Message(), "no pod team-a/gone") {
 		t.Errorf("Bind of a pod the cluster does not have: %v, want the reason", st)
@@ -105,7 +94,7 @@ func TestPluginRefusalIsUnresolvableWithThePoolsReason(t *testing.T) {
 	if st.Code() != fwk.UnschedulableAndUnresolvable || !strings.Contains(st.Message(), "gpupool allocator: no server has 4 free GPUs") {
 		t.Fatalf("PreFilter: %v %q: want UnschedulableAndUnresolvable with the pool's reason", st.Code(), st.Message())
 	}
-	if held := podLeases(t, te.alloc, pod); len(held) != 0 {
+	if held := te.leases(t, pod); len(held) != 0 {
 		t.Fatalf("leases %+v after a refusal", held)
 	}
 }
@@ -127,7 +116,7 @@ func TestPluginTakesTheLongWayWhenTheLeasesNodeIsRefused(t *testing.T) {
 	if _, st := p.PostFilter(ctx, first, pod, nil); st.Code() != fwk.Unschedulable {
 		t.Fatalf("PostFilter: %v", st)
 	}
-	if held := podLeases(t, te.alloc, pod); len(held) != 0 {
+	if held := te.leases(t, pod); len(held) != 0 {
 		t.Fatalf("leases %+v after PostFilter: want the refused node's released", held)
 	}
 	if hint, _ := p.longWayHint(klog.Background(), pod, nil, pod); hint != fwk.Queue {
@@ -180,7 +169,7 @@ func TestPluginReservesOnTheOneFeasibleNode(t *testing.T) {
 	if st := p.Reserve(ctx, newCycleState(), pod, "gpu-1"); !st.IsSuccess() {
 		t.Fatalf("Reserve: %v", st)
 	}
-	if held := podLeases(t, te.alloc, pod); len(held) != 1 || held[0].Server != "gpu-1" {
+	if held := te.leases(t, pod); len(held) != 1 || held[0].Server != "gpu-1" {
 		t.Fatalf("leases %+v: want one on gpu-1", held)
 	}
 	if st := p.Reserve(ctx, newCycleState(), big, "gpu-1"); st.Code() != fwk.UnschedulableAndUnresolvable {
@@ -208,7 +197,7 @@ func TestPluginUnreserveReleasesTheCyclesLease(t *testing.T) {
 	p, te := newTestPlugin(t, 1, pod)
 	ctx, state, node := reserved(t, p, pod)
 	p.Unreserve(ctx, state, pod, node)
-	if held := podLeases(t, te.alloc, pod); len(held) != 0 {
+	if held := te.leases(t, pod); len(held) != 0 {
 		t.Fatalf("leases %+v after Unreserve", held)
 	}
 }
@@ -221,15 +210,15 @@ func TestPluginKeepsAReservedPodsLease(t *testing.T) {
 	p, te := newTestPlugin(t, 1, pod)
 	te.unbound.timeout = 100 * time.Millisecond
 	ctx, state, node := reserved(t, p, pod)
-	granted := podLeases(t, te.alloc, pod)
+	granted := te.leases(t, pod)
 	time.Sleep(3 * te.unbound.timeout) // Permit and PreBind
-	if held := podLeases(t, te.alloc, pod); len(held) != 1 || held[0].ID != granted[0].ID {
+	if held := te.leases(t, pod); len(held) != 1 || held[0].ID != granted[0].ID {
 		t.Fatalf("leases %+v after a long PreBind, want the reserved %s", held, granted[0].ID)
 	}
 	if st := p.Bind(ctx, state, pod, node); !st.IsSuccess() {
 		t.Fatalf("Bind: %v", st)
 	}
-	if got := te.taken[0].Annotations[kube.AnnotationLease]; got != granted[0].ID {
+	if got := te.kube.Bindings()[0].Annotations[kube.AnnotationLease]; got != granted[0].ID {
 		t.Errorf("bound with lease %s, want the reserved %s", got, granted[0].ID)
 	}
 	if n := te.unbound.waiting(); n != 0 {

@@ -1,6 +1,6 @@
 // Package app runs gpupool-scheduler from its Options: the lease
 // controller and quota reconciliation (kube/leases), leader-elected, and,
-// with --listen, kube-scheduler's extender (kube/scheduler.Extender).
+// with --listen, kube-scheduler's extender (kube/scheduler/extender).
 package app
 
 import (
@@ -24,6 +24,7 @@ import (
 	"github.com/gpupool/gpupool/internal/metricdef"
 	"github.com/gpupool/gpupool/kube/leases"
 	"github.com/gpupool/gpupool/kube/scheduler"
+	"github.com/gpupool/gpupool/kube/scheduler/extender"
 )
 
 // Usage is what --help says above the flags.
@@ -130,17 +131,17 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	} else {
 		placer := scheduler.New(scheduler.Config{Allocator: alloc, Kube: kubeClient, Pods: controller.Pods(),
 			UnboundLeaseTimeout: o.UnboundLeaseTimeout, Registry: reg})
-		// The placer logs through logr: V(4), its record of each call, is
-		// slog's debug.
-		ext := scheduler.NewExtender(placer, logr.FromSlogHandler(log.Handler()))
-		extender := httpserver.Endpoint{Name: "the extender", Server: httpserver.New(ext.Handler(), httpserver.Default)}
-		extender.Server.TLSConfig = tlsConfig
-		if extender.Listener, err = net.Listen("tcp", o.Listen); err != nil {
+		// The placer logs through logr: V(2), its record of each call,
+		// shows at slog's debug.
+		ext := extender.New(placer, logr.FromSlogHandler(log.Handler()))
+		served := httpserver.Endpoint{Name: "the extender", Server: httpserver.New(ext.Handler(), httpserver.Default)}
+		served.Server.TLSConfig = tlsConfig
+		if served.Listener, err = net.Listen("tcp", o.Listen); err != nil {
 			_ = metrics.Listener.Close()
 			return fmt.Errorf("listening for the extender: %w", err)
 		}
-		endpoints = append(endpoints, extender)
-		log.Info("extender serving", "url", httpserver.Scheme(extender.Server)+"://"+extender.Listener.Addr().String(),
+		endpoints = append(endpoints, served)
+		log.Info("extender serving", "url", httpserver.Scheme(served.Server)+"://"+served.Listener.Addr().String(),
 			"metrics", "http://"+metrics.Listener.Addr().String()+"/metrics", "allocator", o.Allocator, "unit", o.Unit)
 	}
 	return httpserver.Serve(ctx, endpoints, func(ctx context.Context) error {

@@ -1,4 +1,4 @@
-package scheduler
+package extender
 
 import (
 	"bytes"
@@ -18,6 +18,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/allocator/service/servicetest"
 	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/scheduler"
 	"github.com/gpupool/gpupool/simulate"
 )
 
@@ -86,7 +87,7 @@ func BenchmarkFilter1213Nodes(b *testing.B) {
 		a := servicetest.Start(b, nil)
 		a.Register(b, servers)
 		bodies, pods := filterBodies(b, servers, b.N)
-		benchmarkFilter(b, newPlacerOn(b, a.Client(b), pods...), bodies)
+		benchmarkFilter(b, newExtenderOn(a.Client(b), pods...), bodies)
 	})
 	b.Run("extender", func(b *testing.B) {
 		lease := mustJSON(b, api.Lease{ID: "lease-000001", Namespace: "team-a", Server: servers[0].Name,
@@ -102,20 +103,20 @@ func BenchmarkFilter1213Nodes(b *testing.B) {
 			b.Fatal(err)
 		}
 		bodies, pods := filterBodies(b, servers, b.N)
-		benchmarkFilter(b, newPlacerOn(b, alloc, pods...), bodies)
+		benchmarkFilter(b, newExtenderOn(alloc, pods...), bodies)
 	})
 }
 
 // benchmarkFilter posts the bodies to the extender over HTTP, one after
 // the other, as kube-scheduler's one scheduling loop does.
-func benchmarkFilter(b *testing.B, te *testPlacer, bodies [][]byte) {
+func benchmarkFilter(b *testing.B, te *testExtender, bodies [][]byte) {
 	srv := httptest.NewServer(te.handler)
 	b.Cleanup(srv.Close)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(bodies[0])))
 	b.ResetTimer()
 	for i := range b.N {
-		resp, err := srv.Client().Post(srv.URL+"/"+verbFilter, "application/json", bytes.NewReader(bodies[i]))
+		resp, err := srv.Client().Post(srv.URL+"/"+scheduler.VerbFilter, "application/json", bytes.NewReader(bodies[i]))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,4 +1,8 @@
-package scheduler
+// Package extender is the placer's front end for an upstream
+// kube-scheduler: its HTTP extender, which gpupool-scheduler serves with
+// --listen where a cluster runs the stock kube-scheduler configured with
+// an extender, not gpupool-kube-scheduler.
+package extender
 
 import (
 	"bytes"
@@ -13,9 +17,11 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/gpupool/gpupool/kube/scheduler"
 )
 
-// Extender is the Placer's front end for an upstream kube-scheduler, as
+// Extender is the scheduler.Placer's front end for an upstream kube-scheduler, as
 // its HTTP extender (gpupool-scheduler --listen): kube-scheduler filters
 // the nodes it can (node selectors, taints, CPU, memory), then calls
 // POST /filter with the feasible node names, answered with the lease's
@@ -23,15 +29,15 @@ import (
 // no Unreserve: a lease whose pod is not bound within the placer's
 // UnboundLeaseTimeout is released.
 type Extender struct {
-	placer *Placer
+	placer *scheduler.Placer
 	log    logr.Logger
 	// names are the node names kube-scheduler sent so far.
 	names nameTable
 }
 
-// NewExtender returns the extender over placer, logging to log; Handler
-// serves it.
-func NewExtender(placer *Placer, log logr.Logger) *Extender {
+// New returns the extender over placer, logging to log; Handler serves
+// it.
+func New(placer *scheduler.Placer, log logr.Logger) *Extender {
 	return &Extender{placer: placer, log: log}
 }
 
@@ -51,7 +57,7 @@ func (e *Extender) filter(ctx context.Context, args *filterArgs) *extenderv1.Ext
 		malformed = "gpupool scheduler: kube-scheduler sent nodes, not node names: set nodeCacheCapable: true in its extender configuration"
 	}
 	if malformed != "" {
-		e.placer.metrics.answered(verbFilter, resultError, time.Now())
+		e.placer.CountUnreadable(scheduler.VerbFilter, time.Now())
 		return &extenderv1.ExtenderFilterResult{Error: malformed}
 	}
 	nodes := args.NodeNames.names
@@ -61,7 +67,7 @@ func (e *Extender) filter(ctx context.Context, args *filterArgs) *extenderv1.Ext
 		return &extenderv1.ExtenderFilterResult{NodeNames: &[]string{}}
 	case err == nil:
 		return &extenderv1.ExtenderFilterResult{NodeNames: &[]string{server}}
-	case errors.As(err, new(*refusal)):
+	case scheduler.Unschedulable(err):
 		return unschedulable(nodes, err.Error())
 	}
 	return &extenderv1.ExtenderFilterResult{Error: err.Error()}
@@ -80,7 +86,7 @@ func unschedulable(nodes []string, why string) *extenderv1.ExtenderFilterResult 
 
 // bind answers kube-scheduler's bind call (Placer.Bind).
 func (e *Extender) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) *extenderv1.ExtenderBindingResult {
-	pod := PodRef{Namespace: args.PodNamespace, Name: args.PodName, UID: args.PodUID}
+	pod := scheduler.PodRef{Namespace: args.PodNamespace, Name: args.PodName, UID: args.PodUID}
 	if err := e.placer.Bind(ctx, pod, args.Node); err != nil {
 		return &extenderv1.ExtenderBindingResult{Error: err.Error()}
 	}
@@ -99,9 +105,9 @@ const maxBody = 16 << 20
 // text, which is what a pod's FailedScheduling event should say.
 func (e *Extender) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /"+verbFilter, serve(e, verbFilter, e.resetFilterArgs, e.filter,
+	mux.Handle("POST /"+scheduler.VerbFilter, serve(e, scheduler.VerbFilter, e.resetFilterArgs, e.filter,
 		func(msg string) *extenderv1.ExtenderFilterResult { return &extenderv1.ExtenderFilterResult{Error: msg} }))
-	mux.Handle("POST /"+verbBind, serve(e, verbBind, func(a *extenderv1.ExtenderBindingArgs) { *a = extenderv1.ExtenderBindingArgs{} }, e.bind,
+	mux.Handle("POST /"+scheduler.VerbBind, serve(e, scheduler.VerbBind, func(a *extenderv1.ExtenderBindingArgs) { *a = extenderv1.ExtenderBindingArgs{} }, e.bind,
 		func(msg string) *extenderv1.ExtenderBindingResult {
 			return &extenderv1.ExtenderBindingResult{Error: msg}
 		}))
@@ -134,7 +140,7 @@ func serve[A, R any](e *Extender, verb string, reset func(*A), call func(context
 		var answer *R
 		if err := decode(w, r, buf, args); err != nil {
 			answer = failed(fmt.Sprintf("gpupool scheduler: the %s call: %v", verb, err))
-			e.placer.metrics.answered(verb, resultError, start)
+			e.placer.CountUnreadable(verb, start)
 		} else {
 			answer = call(klog.NewContext(r.Context(), e.log), args)
 		}

@@ -1,4 +1,4 @@
-package scheduler
+package extender
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/internal/jsonscan"
+	"github.com/gpupool/gpupool/kube/scheduler"
 )
 
 // filterArgs is kube-scheduler's extenderv1.ExtenderArgs as the filter
@@ -25,7 +26,7 @@ import (
 // nodeCacheCapable: false sends instead of names, are skipped unread: the
 // filter refuses the call for want of names.
 type filterArgs struct {
-	Pod       *PodRef
+	Pod       *scheduler.PodRef
 	NodeNames nodeNames
 }
 
@@ -55,7 +56,7 @@ func (a *filterArgs) readPod(s *jsonscan.Scanner) error {
 		a.Pod = nil
 		return nil
 	}
-	a.Pod = &PodRef{}
+	a.Pod = &scheduler.PodRef{}
 	ok, err := s.Object(func(key string) error {
 		if !strings.EqualFold(key, "metadata") {
 			s.Skip()

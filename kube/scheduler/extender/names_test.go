@@ -1,4 +1,4 @@
-package scheduler
+package extender
 
 import (
 	"encoding/json"
