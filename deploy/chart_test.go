@@ -1,8 +1,10 @@
 package deploy_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
+	"os"
 	"reflect"
 	"regexp"
 	"slices"
@@ -31,6 +33,18 @@ func renderChart(t *testing.T, vals map[string]any, apis ...string) ([]*unstruct
 
 func renderChartIn(t *testing.T, namespace string, vals map[string]any, apis ...string) ([]*unstructured.Unstructured, error) {
 	t.Helper()
+	return renderTemplates(t, namespace, vals, false, apis...)
+}
+
+// renderChartAndTests is renderChart with the pods `helm test` runs
+// (templates/tests).
+func renderChartAndTests(t *testing.T, vals map[string]any) ([]*unstructured.Unstructured, error) {
+	t.Helper()
+	return renderTemplates(t, "gpupool", vals, true)
+}
+
+func renderTemplates(t *testing.T, namespace string, vals map[string]any, tests bool, apis ...string) ([]*unstructured.Unstructured, error) {
+	t.Helper()
 	ch, err := loader.Load("helm/gpupool")
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +62,7 @@ func renderChartIn(t *testing.T, namespace string, vals map[string]any, apis ...
 	}
 	var objs []*unstructured.Unstructured
 	for _, name := range slices.Sorted(maps.Keys(files)) {
-		if strings.HasSuffix(name, "NOTES.txt") || strings.Contains(name, "/tests/") {
+		if strings.HasSuffix(name, "NOTES.txt") || (strings.Contains(name, "/tests/") && !tests) {
 			continue
 		}
 		for _, doc := range strings.Split(files[name], "\n---\n") {
@@ -449,19 +463,22 @@ func TestChartLintsStrict(t *testing.T) {
 	}
 }
 
-// TestChartTakesEachWorkloadsKnobs: every workload takes the knobs of
-// values.schema.json's $defs.component from its own key, each where
-// Kubernetes reads it, in place of the manifest's; a knob the schema does
-// not list is refused.
+// TestChartTakesEachWorkloadsKnobs: every workload, the `helm test` pod
+// too, takes each knob of values.schema.json's $defs.component from its
+// own key, where Kubernetes reads it, in place of the manifest's; a knob
+// the schema does not list is refused. The knobs are the schema's: one
+// added there fails this test until it has a value below.
 func TestChartTakesEachWorkloadsKnobs(t *testing.T) {
 	workloads := map[string]string{ // kind/name: values key
 		"Deployment/gpupool-allocator": "allocator", "StatefulSet/gpupool-allocator": "allocator",
 		"DaemonSet/gpupool-server": "server", "Deployment/gpupool-adapter": "adapter", "StatefulSet/gpupool-etcd": "etcd",
 		"Deployment/gpupool-webhook": "webhook", "Deployment/gpupool-scheduler": "scheduler",
 		"Deployment/gpupool-kube-scheduler": "kubeScheduler", "DaemonSet/gpupool-device-plugin": "devicePlugin",
-		"Job/gpupool-secrets": "secretsJob",
+		"Job/gpupool-secrets": "secretsJob", "Pod/gpupool-test-pool-status": "tests",
 	}
-	knobs := func(key string) map[string]any {
+	// A value of each knob, its key's own. podDisruptionBudget, not the
+	// pod's, is TestChartDisruptionBudgets'.
+	samples := func(key string) map[string]any {
 		return map[string]any{
 			"resources":                 map[string]any{"requests": map[string]any{"cpu": "7m"}},
 			"tolerations":               []any{map[string]any{"key": key, "operator": "Exists"}},
@@ -473,59 +490,98 @@ func TestChartTakesEachWorkloadsKnobs(t *testing.T) {
 			"topologySpreadConstraints": []any{map[string]any{"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}},
 		}
 	}
+	var knobs []string
+	for _, k := range schemaKnobs(t) {
+		if k == "podDisruptionBudget" {
+			continue
+		}
+		if _, ok := samples("")[k]; !ok {
+			t.Fatalf("knob %s (values.schema.json) has no value here to render", k)
+		}
+		knobs = append(knobs, k)
+	}
 	for _, replicas := range []int{1, 3} {
 		vals := map[string]any{"controller": map[string]any{"replicas": replicas}}
 		for _, key := range workloads {
-			m := knobs(key)
+			m := map[string]any{}
+			for _, k := range knobs {
+				m[k] = samples(key)[k]
+			}
 			if old, ok := vals[key].(map[string]any); ok {
 				maps.Copy(m, old)
 			}
 			vals[key] = m
 		}
 		vals["scheduler"].(map[string]any)["enabled"] = true
-		objs := mustRenderChart(t, vals)
+		objs, err := renderChartAndTests(t, vals)
+		if err != nil {
+			t.Fatalf("rendering the chart with %v: %v", vals, err)
+		}
 		seen := 0
 		for _, o := range objs {
-			key, ok := workloads[o.GetKind()+"/"+o.GetName()]
+			id := o.GetKind() + "/" + o.GetName()
+			pod, container, annotations, isPod := podParts(o)
+			key, ok := workloads[id]
 			if !ok {
+				if isPod {
+					t.Errorf("%s: a workload with no values key here", id)
+				}
 				continue
 			}
 			seen++
-			pod, _ := podSpec(t, o)
-			annotations, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "annotations")
-			what := fmt.Sprintf("%s %s (%s)", o.GetKind(), o.GetName(), key)
-			if got := pod.Containers[0].Resources.Requests.Cpu().String(); got != "7m" || pod.Containers[0].Resources.Limits != nil {
-				t.Errorf("%s: resources %v, want %s.resources alone", what, pod.Containers[0].Resources, key)
-			}
-			if len(pod.Tolerations) != 1 || pod.Tolerations[0].Key != key {
-				t.Errorf("%s: tolerations %v", what, pod.Tolerations)
-			}
-			if pod.Affinity == nil || pod.Affinity.NodeAffinity == nil || pod.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].Preference.MatchExpressions[0].Key != key {
-				t.Errorf("%s: affinity %v", what, pod.Affinity)
-			}
-			if !maps.Equal(pod.NodeSelector, map[string]string{"pool": key}) {
-				t.Errorf("%s: nodeSelector %v", what, pod.NodeSelector)
-			}
-			if pod.PriorityClassName != key+"-priority" {
-				t.Errorf("%s: priorityClassName %q", what, pod.PriorityClassName)
-			}
-			if len(pod.ImagePullSecrets) != 1 || pod.ImagePullSecrets[0].Name != key+"-pull" {
-				t.Errorf("%s: imagePullSecrets %v", what, pod.ImagePullSecrets)
-			}
-			if len(pod.TopologySpreadConstraints) != 1 || pod.TopologySpreadConstraints[0].MaxSkew != 2 {
-				t.Errorf("%s: topologySpreadConstraints %v", what, pod.TopologySpreadConstraints)
-			}
-			if annotations["example.com/of"] != key {
-				t.Errorf("%s: annotations %v", what, annotations)
-			}
-			// etcd's pods mount none of the chart's ConfigMaps and Secrets;
-			// the hook Job runs anew at each install, upgrade and rollback.
-			if key != "etcd" && key != "secretsJob" && !slices.ContainsFunc(slices.Collect(maps.Keys(annotations)), func(k string) bool { return strings.HasPrefix(k, "checksum/") }) {
-				t.Errorf("%s: podAnnotations took the checksums away: %v", what, annotations)
+			what := fmt.Sprintf("%s (%s)", id, key)
+			for _, k := range knobs {
+				want := jsonValue(t, samples(key)[k])
+				var have any
+				switch k {
+				case "resources": // the container's
+					have = container[k]
+				case "podAnnotations": // beside the chart's
+					for a := range annotations {
+						if _, ok := want.(map[string]any)[a]; !ok {
+							delete(annotations, a)
+						}
+					}
+					have = annotations
+				default: // the pod spec's
+					have = pod[k]
+				}
+				if !reflect.DeepEqual(have, want) {
+					t.Errorf("%s: %s %v, want %s.%s (%v) alone", what, k, have, key, k, want)
+				}
 			}
 		}
-		if want := map[int]int{1: 8, 3: 9}[replicas]; seen != want { // etcd's with 3
+		if want := map[int]int{1: 9, 3: 10}[replicas]; seen != want { // etcd's with 3
 			t.Errorf("controller.replicas %d: %d workloads, want %d", replicas, seen, want)
+		}
+	}
+	// The chart's own annotations stay beside podAnnotations: the
+	// checksums that roll the pods (but etcd's, whose pods mount none of
+	// the chart's ConfigMaps and Secrets, and the hook Job's, which runs
+	// anew at each install, upgrade and rollback), helm's on the test pod.
+	vals := map[string]any{"scheduler": map[string]any{"enabled": true}}
+	for _, key := range workloads {
+		vals[key] = map[string]any{"podAnnotations": map[string]any{"example.com/of": key}}
+	}
+	objs, err := renderChartAndTests(t, vals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		key, ok := workloads[o.GetKind()+"/"+o.GetName()]
+		if !ok {
+			continue
+		}
+		_, _, annotations, _ := podParts(o)
+		prefix := "checksum/"
+		switch key {
+		case "etcd", "secretsJob":
+			continue
+		case "tests":
+			prefix = "helm.sh/hook"
+		}
+		if !slices.ContainsFunc(slices.Collect(maps.Keys(annotations)), func(k string) bool { return strings.HasPrefix(k, prefix) }) {
+			t.Errorf("%s %s: podAnnotations took the chart's %s annotations away: %v", o.GetKind(), o.GetName(), prefix, annotations)
 		}
 	}
 	if _, err := renderChart(t, map[string]any{"allocator": map[string]any{"toleration": []any{}}}); err == nil || !strings.Contains(err.Error(), "toleration") {
@@ -533,7 +589,7 @@ func TestChartTakesEachWorkloadsKnobs(t *testing.T) {
 	}
 	// The GPU nodes: devicePlugin.nodeSelector for both DaemonSets, unless
 	// server.nodeSelector names gpupool-server's own.
-	objs := mustRenderChart(t, map[string]any{"devicePlugin": map[string]any{"nodeSelector": map[string]any{"gpu": true}}, "server": map[string]any{"nodeSelector": map[string]any{"gpu-server": "yes"}}, "scheduler": map[string]any{"enabled": true}})
+	objs = mustRenderChart(t, map[string]any{"devicePlugin": map[string]any{"nodeSelector": map[string]any{"gpu": true}}, "server": map[string]any{"nodeSelector": map[string]any{"gpu-server": "yes"}}, "scheduler": map[string]any{"enabled": true}})
 	for name, want := range map[string]map[string]string{"gpupool-server": {"gpu-server": "yes"}, "gpupool-device-plugin": {"gpu": "true"}} {
 		pod, _ := podSpec(t, find1(t, objs, "DaemonSet", name))
 		if !maps.Equal(pod.NodeSelector, want) {
@@ -570,4 +626,61 @@ func TestChartDisruptionBudgets(t *testing.T) {
 	if _, err := renderChart(t, map[string]any{"etcd": map[string]any{"podDisruptionBudget": map[string]any{"minAvailable": 2, "maxUnavailable": 1}}}); err == nil {
 		t.Error("minAvailable and maxUnavailable both: rendered, want refused")
 	}
+}
+
+// schemaKnobs are the knobs of values.schema.json's $defs.component, the
+// list deploy/gen writes into templates/_knobs.tpl.
+func schemaKnobs(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("helm/gpupool/values.schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Defs struct {
+			Component struct {
+				Properties map[string]any `json:"properties"`
+			} `json:"component"`
+		} `json:"$defs"`
+	}
+	if err := json.Unmarshal(b, &schema); err != nil {
+		t.Fatal(err)
+	}
+	if len(schema.Defs.Component.Properties) == 0 {
+		t.Fatal("values.schema.json: no $defs.component.properties")
+	}
+	return slices.Sorted(maps.Keys(schema.Defs.Component.Properties))
+}
+
+// podParts are a workload's pod spec, its (first) container, and its
+// pod's annotations, as maps: a pod template's, or a bare Pod's.
+func podParts(o *unstructured.Unstructured) (pod, container, annotations map[string]any, ok bool) {
+	meta := []string{"spec", "template", "metadata", "annotations"}
+	pod, ok, _ = unstructured.NestedMap(o.Object, "spec", "template", "spec")
+	if o.GetKind() == "Pod" {
+		meta = []string{"metadata", "annotations"}
+		pod, ok, _ = unstructured.NestedMap(o.Object, "spec")
+	}
+	if !ok {
+		return nil, nil, nil, false
+	}
+	if containers, _ := pod["containers"].([]any); len(containers) > 0 {
+		container, _ = containers[0].(map[string]any)
+	}
+	annotations, _, _ = unstructured.NestedMap(o.Object, meta...)
+	return pod, container, annotations, true
+}
+
+// jsonValue is v as it reads back from JSON (numbers float64).
+func jsonValue(t *testing.T, v any) any {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out any
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

@@ -134,8 +134,8 @@ var knobDefaults = map[string]map[string]string{
 	"devicePlugin": {"nodeSelector": `include "gpupool.gpuNodeSelector" $ | fromJson`},
 }
 
-// Where a knob goes: the container's field (resources), the pod
-// template's annotations (podAnnotations), the PodDisruptionBudget
+// Where a knob goes: the container's field (resources), the pod's
+// annotations (podAnnotations), the PodDisruptionBudget
 // (podDisruptionBudget); every other knob is the pod spec's field of its
 // name.
 const (
@@ -149,32 +149,122 @@ const (
 // (then `go run ./deploy/gen`).
 const schemaFile = chartDir + "/values.schema.json"
 
-// loadKnobs are the knobs of values.schema.json's $defs.component, sorted.
-func loadKnobs() ([]string, error) {
-	b, err := os.ReadFile(schemaFile)
-	if err != nil {
-		return nil, err
-	}
-	var schema struct {
+// knobsOf are the knobs of a values schema's $defs.component, sorted.
+func knobsOf(schema []byte) ([]string, error) {
+	var s struct {
 		Defs struct {
 			Component struct {
 				Properties map[string]any `json:"properties"`
 			} `json:"component"`
 		} `json:"$defs"`
 	}
-	if err := json.Unmarshal(b, &schema); err != nil {
+	if err := json.Unmarshal(schema, &s); err != nil {
 		return nil, fmt.Errorf("%s: %w", schemaFile, err)
 	}
-	if len(schema.Defs.Component.Properties) == 0 {
+	if len(s.Defs.Component.Properties) == 0 {
 		return nil, fmt.Errorf("%s: no $defs.component.properties, the knobs of every workload", schemaFile)
 	}
-	return slices.Sorted(maps.Keys(schema.Defs.Component.Properties)), nil
+	return slices.Sorted(maps.Keys(s.Defs.Component.Properties)), nil
+}
+
+// knobPlaces are the knobs by where they go: each a helper of
+// templates/_knobs.tpl, which every workload's template includes, the
+// generated ones and those written by hand (templates/secrets.yaml,
+// templates/tests) alike.
+type knobPlaces struct {
+	pod, container, metadata []string
+}
+
+func placed(knobs []string) knobPlaces {
+	var p knobPlaces
+	for _, k := range knobs {
+		switch k {
+		case containerKnob:
+			p.container = append(p.container, k)
+		case metadataKnob:
+			p.metadata = append(p.metadata, k)
+		case pdbKnob: // the PodDisruptionBudget's (disruptionBudget)
+		default:
+			p.pod = append(p.pod, k)
+		}
+	}
+	return p
+}
+
+// knobsFile is the generated template that defines the helpers, one a
+// place.
+const knobsFile = "_knobs.tpl"
+
+// knobHelpers name the helpers of knobsFile, by place.
+var knobHelpers = struct{ pod, container, metadata string }{"gpupool.podKnobs", "gpupool.containerKnobs", "gpupool.metadataKnobs"}
+
+// knobsTemplate is knobsFile: each helper "gpupool.knobs" with the list
+// of its place's knobs, so that the templates name none.
+func knobsTemplate(p knobPlaces) []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s from %s, $defs.component. DO NOT EDIT. */ -}}\n", generatedMark, schemaFile)
+	b.WriteString(`{{- /* The knobs every workload takes, by where each goes. Every workload's
+template includes these, those generated from the manifests and those
+written by hand (secrets.yaml, tests/), with (dict "root" $ "component"
+<its values key> "defaults" <its own fields, by knob>): a knob added to
+values.schema.json's $defs.component reaches every workload from here. */ -}}
+`)
+	for _, h := range []struct {
+		name, where string
+		knobs       []string
+	}{
+		{knobHelpers.pod, "the pod spec's fields", p.pod},
+		{knobHelpers.container, "the container's fields", p.container},
+		{knobHelpers.metadata, "the pod's annotations (a pod template's, or a bare Pod's)", p.metadata},
+	} {
+		var list strings.Builder
+		for _, k := range h.knobs {
+			fmt.Fprintf(&list, " %q", k)
+		}
+		fmt.Fprintf(&b, "\n{{- /* Into %s. */ -}}\n{{- define %q -}}\n", h.where, h.name)
+		fmt.Fprintf(&b, "{{- include \"gpupool.knobs\" (dict \"root\" .root \"component\" .component \"defaults\" (.defaults | default dict) \"knobs\" (list%s)) }}\n{{- end }}\n", list.String())
+	}
+	return []byte(b.String())
+}
+
+// handWrittenKnobs checks the chart's templates written by hand (not
+// generated, not helpers) in dir and below: each pod spec (each
+// "containers:") includes the three helpers of knobsFile, and none names
+// knobs of its own to "gpupool.knobs". So a knob added to the schema
+// reaches them too, and a workload written by hand without its knobs
+// fails `go run ./deploy/gen -check`.
+func handWrittenKnobs(dir string) ([]string, error) {
+	var problems []string
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || strings.HasPrefix(d.Name(), "_") || !strings.HasSuffix(path, ".yaml") {
+			return err
+		}
+		b, err := os.ReadFile(path) //nolint:gosec // a file of the chart's templates directory
+		if err != nil {
+			return err
+		}
+		text := string(b)
+		if strings.HasPrefix(text, generatedMark) {
+			return nil
+		}
+		if strings.Contains(text, `include "gpupool.knobs"`) {
+			problems = append(problems, fmt.Sprintf(`%s names knobs by hand ("gpupool.knobs"): include %s, %s and %s (%s)`, path, knobHelpers.pod, knobHelpers.container, knobHelpers.metadata, knobsFile))
+		}
+		pods := strings.Count(text, "containers:")
+		for _, h := range []string{knobHelpers.pod, knobHelpers.container, knobHelpers.metadata} {
+			if n := strings.Count(text, `include "`+h+`"`); n < pods {
+				problems = append(problems, fmt.Sprintf("%s: %d pod specs, %d take %s: every workload takes its knobs (%s)", path, pods, n, h, knobsFile))
+			}
+		}
+		return nil
+	})
+	return problems, err
 }
 
 // knobsExpr is the template expression that writes, as lines of `key:
-// JSON`, the knobs of component: the values' where set, else defaults
-// (the manifest's, as JSON, or expressions).
-func knobsExpr(component string, knobs []string, defaults map[string]any, exprs map[string]string) (string, error) {
+// JSON`, the knobs of component that helper places: the values' where
+// set, else defaults (the manifest's, as JSON, or expressions).
+func knobsExpr(helper, component string, defaults map[string]any, exprs map[string]string) (string, error) {
 	defaults = maps.Clone(defaults)
 	for k := range exprs {
 		delete(defaults, k) // the expression's, not merged with the manifest's
@@ -193,11 +283,7 @@ func knobsExpr(component string, knobs []string, defaults map[string]any, exprs 
 		b.WriteString(") " + def + ")")
 		def = b.String()
 	}
-	var list strings.Builder
-	for _, k := range knobs {
-		fmt.Fprintf(&list, " %q", k)
-	}
-	return fmt.Sprintf(`{{- include "gpupool.knobs" (dict "root" $ "component" %q "knobs" (list%s) "defaults" %s) | nindent %%indent%% }}`, component, list.String(), def), nil
+	return fmt.Sprintf(`{{- include %q (dict "root" $ "component" %q "defaults" %s) | nindent %%indent%% }}`, helper, component, def), nil
 }
 
 // texts are the manifests' image names and flags whose values the chart
@@ -237,18 +323,30 @@ var generatedFiles = map[string]string{
 
 // RenderChart renders the chart's generated files, by path.
 func RenderChart() (map[string][]byte, error) {
+	schema, err := os.ReadFile(schemaFile)
+	if err != nil {
+		return nil, err
+	}
+	return renderChartWith(schema)
+}
+
+// renderChartWith renders the chart's generated files as schema, the
+// values schema's text, would have them.
+func renderChartWith(schema []byte) (map[string][]byte, error) {
 	version, err := os.ReadFile("VERSION")
 	if err != nil {
 		return nil, err
 	}
-	files := map[string][]byte{
-		filepath.Join(chartDir, "Chart.yaml"): chartYAML(strings.TrimSpace(string(version))),
-	}
-	ids := map[string]map[string]bool{} // by piece, the IDs of its objects
-	knobs, err := loadKnobs()
+	list, err := knobsOf(schema)
 	if err != nil {
 		return nil, err
 	}
+	knobs := placed(list)
+	files := map[string][]byte{
+		filepath.Join(chartDir, "Chart.yaml"):           chartYAML(strings.TrimSpace(string(version))),
+		filepath.Join(chartDir, "templates", knobsFile): knobsTemplate(knobs),
+	}
+	ids := map[string]map[string]bool{} // by piece, the IDs of its objects
 	for _, p := range chartPieces {
 		objs, hashed, err := buildPiece(p)
 		if err != nil {
@@ -384,7 +482,7 @@ var sentinel = regexp.MustCompile(`(?m)^( *)(- )?zzzgpupoolline(\d+): ""$|GPUPOO
 // templated is o as a template: its holes filled with their expressions,
 // kustomize's hashed names back to their own, the images named by values,
 // and the checksums of what must roll its pods.
-func templated(o builtObject, hashed map[string]string, knobs []string) (string, error) {
+func templated(o builtObject, hashed map[string]string, knobs knobPlaces) (string, error) {
 	var exprs []string
 	for _, h := range holes {
 		if h.id != o.id {
@@ -466,7 +564,7 @@ type knobLine struct {
 // knobs set, as their defaults, and says where the knobs' lines go: the
 // pod spec's, the container's (resources), the pod template's annotations
 // (with the checksums of what must roll its pods).
-func workloadKnobs(o builtObject, tmpl map[string]any, hashed map[string]string, knobs []string) ([]knobLine, error) {
+func workloadKnobs(o builtObject, tmpl map[string]any, hashed map[string]string, knobs knobPlaces) ([]knobLine, error) {
 	name := o.id[strings.Index(o.id, "/")+1:]
 	component, ok := components[name]
 	if !ok {
@@ -478,29 +576,24 @@ func workloadKnobs(o builtObject, tmpl map[string]any, hashed map[string]string,
 		return nil, fmt.Errorf("%d containers, want 1 (resources is one container's)", len(containers))
 	}
 	container, _ := containers[0].(map[string]any)
-	var podKnobs []string
 	podDefaults, containerDefaults := map[string]any{}, map[string]any{}
-	for _, k := range knobs {
-		switch k {
-		case containerKnob:
-			if v, ok := container[k]; ok {
-				containerDefaults[k] = v
-				delete(container, k)
-			}
-		case metadataKnob, pdbKnob:
-		default:
-			podKnobs = append(podKnobs, k)
-			if v, ok := spec[k]; ok {
-				podDefaults[k] = v
-				delete(spec, k)
-			}
+	for _, k := range knobs.pod {
+		if v, ok := spec[k]; ok {
+			podDefaults[k] = v
+			delete(spec, k)
 		}
 	}
-	podExpr, err := knobsExpr(component, podKnobs, podDefaults, knobDefaults[component])
+	for _, k := range knobs.container {
+		if v, ok := container[k]; ok {
+			containerDefaults[k] = v
+			delete(container, k)
+		}
+	}
+	podExpr, err := knobsExpr(knobHelpers.pod, component, podDefaults, knobDefaults[component])
 	if err != nil {
 		return nil, err
 	}
-	containerExpr, err := knobsExpr(component, []string{containerKnob}, containerDefaults, nil)
+	containerExpr, err := knobsExpr(knobHelpers.container, component, containerDefaults, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -529,7 +622,7 @@ func workloadKnobs(o builtObject, tmpl map[string]any, hashed map[string]string,
 	for _, file := range rollsWith(raw, names) {
 		fmt.Fprintf(&dict, ` %q (include (print $.Template.BasePath "/%s") $ | sha256sum)`, "checksum/"+strings.TrimSuffix(file, ".yaml"), file)
 	}
-	annExpr, err := knobsExpr(component, []string{metadataKnob}, map[string]any{}, map[string]string{metadataKnob: dict.String()})
+	annExpr, err := knobsExpr(knobHelpers.metadata, component, map[string]any{}, map[string]string{metadataKnob: dict.String()})
 	if err != nil {
 		return nil, err
 	}

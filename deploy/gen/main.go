@@ -6,7 +6,11 @@
 //     prometheus-operator loads;
 //   - deploy/components/kubernetes/webhooks.yaml: the admission webhook's
 //     configurations, as kube/admission defines them, pointed at the
-//     webhook's Service.
+//     webhook's Service;
+//   - deploy/helm/gpupool: the chart's templates, from those manifests
+//     (chart.go), and templates/_knobs.tpl, the knobs of every workload
+//     from values.schema.json's $defs.component. The templates written by
+//     hand are checked to take their knobs from it.
 //
 // A test (main_test.go) checks that the committed files are up to date.
 //
@@ -66,6 +70,17 @@ func main() {
 	stale, err := staleTemplates(files)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gen: %v\n", err)
+		os.Exit(1)
+	}
+	// The templates written by hand are gen's to check, not to write.
+	problems, err := handWrittenKnobs(filepath.Join(chartDir, "templates"))
+	if err != nil || len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintf(os.Stderr, "gen: %s\n", p)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "gen: %v\n", err)
+		}
 		os.Exit(1)
 	}
 	if *check {

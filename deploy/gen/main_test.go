@@ -2,13 +2,16 @@ package main
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
 
 // TestGeneratedUpToDate checks that every file gen writes is what it
 // would write now: the PrometheusRule is alerts/gpupool-rules.yaml as it
-// is, the webhook configurations are kube/admission's.
+// is, the webhook configurations are kube/admission's, the chart's knobs
+// are values.schema.json's; and that the chart's templates written by
+// hand take their knobs as the generated ones do.
 func TestGeneratedUpToDate(t *testing.T) {
 	t.Chdir("../..")
 	files, err := renderAll()
@@ -27,6 +30,13 @@ func TestGeneratedUpToDate(t *testing.T) {
 	stale, err := staleTemplates(files)
 	if err != nil || len(stale) > 0 {
 		t.Errorf("templates generated no more: %v (%v)", stale, err)
+	}
+	problems, err := handWrittenKnobs(filepath.Join(chartDir, "templates"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Error(p)
 	}
 }
 

@@ -140,8 +140,9 @@ Unset, the hook Job gpupool-secrets makes them in the cluster (templates/secrets
 
 {{- /* A workload's knobs (values.schema.json, $defs.component), as lines of
 `key: JSON`: the values' (<component>.<knob>) where set, else the
-manifest's (defaults). The generated templates call it where each knob
-goes: the pod spec, the container (resources), the pod template
+manifest's (defaults). Every workload's template calls it through the
+helpers of _knobs.tpl (generated from the schema), where each knob goes:
+the pod spec, the container (resources), the pod's metadata
 (podAnnotations, written as annotations, over the manifest's and the
 checksums). nodeSelector's values are strings (`--set ...gpu=true` is a
 bool). */ -}}
