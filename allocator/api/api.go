@@ -279,6 +279,9 @@ type GPUStatus struct {
 	Model       string `json:"model"`
 	MemoryBytes int64  `json:"memoryBytes"`
 	Healthy     bool   `json:"healthy"`
+	// Links[j] is how this GPU reaches gpus[j], as the server registered
+	// them; absent when its daemon does not know.
+	Links []inventory.Link `json:"links,omitempty"`
 	// AllocatedPercent is the share leases hold, in percent of the GPU.
 	AllocatedPercent float64 `json:"allocatedPercent"`
 	AllocatedBytes   int64   `json:"allocatedMemoryBytes"`

@@ -150,7 +150,7 @@ func (s *Service) serverStatus(state *allocator.ServerState, leases int) api.Ser
 	for gi, g := range srv.GPUs {
 		ng := &n.GPUs[gi]
 		ss.GPUs = append(ss.GPUs, api.GPUStatus{
-			Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: ng.Healthy,
+			Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: ng.Healthy, Links: g.Links,
 			AllocatedPercent: (allocator.WholeGPU - ng.Free).Percent(), AllocatedBytes: ng.MemoryBytes - ng.FreeBytes,
 		})
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/dra"
 )
 
 // Config is what a Placer talks to.
@@ -47,6 +48,10 @@ type Config struct {
 	UnboundLeaseTimeout time.Duration
 	// Registry gets the placer's metrics (MetricFamilies).
 	Registry prometheus.Registerer
+	// Claims, when set, places the pods that ask for the pool's GPUs in a
+	// ResourceClaim (DeviceClass gpu.gpupool.io) too, the lease written as
+	// the claim's allocation.
+	Claims ClaimStore
 }
 
 // PodRef names a pod: the placer reads the pod itself, as kube-apiserver
@@ -69,6 +74,8 @@ type Placer struct {
 	calls   podCalls
 	unbound unboundLeases
 	metrics *metrics
+	claims  ClaimStore
+	catalog catalog
 }
 
 // New returns a placer.
@@ -77,7 +84,7 @@ func New(cfg Config) *Placer {
 		cfg.UnboundLeaseTimeout = DefaultUnboundLeaseTimeout
 	}
 	p := &Placer{alloc: cfg.Allocator, kube: cfg.Kube, pods: livePods{cache: cfg.Pods, api: cfg.Kube},
-		unbound: unboundLeases{timeout: cfg.UnboundLeaseTimeout}}
+		unbound: unboundLeases{timeout: cfg.UnboundLeaseTimeout}, claims: cfg.Claims}
 	p.metrics = newMetrics(cfg.Registry, p.unbound.waiting)
 	return p
 }
@@ -164,9 +171,9 @@ func Unschedulable(err error) bool { return errors.As(err, new(*refusal)) }
 // *refusal, any other error the allocator's failure to answer. The caller
 // holds the pod's lock.
 func (p *Placer) place(ctx context.Context, pod *v1.Pod, nodes []string) (api.Lease, error) {
-	req, err := leaseRequest(pod, nodes)
+	req, claim, err := p.leaseRequest(ctx, pod, nodes)
 	if err != nil {
-		return api.Lease{}, &refusal{err.Error()}
+		return api.Lease{}, err
 	}
 	// The filter holds kube-scheduler's one scheduling loop: it does not
 	// wait for the store. The bind, beside the loop, does (acquireOn).
@@ -187,6 +194,14 @@ func (p *Placer) place(ctx context.Context, pod *v1.Pod, nodes []string) (api.Le
 		return lease, &refusal{"gpupool allocator: " + err.Error()}
 	case err != nil:
 		return lease, fmt.Errorf("gpupool allocator: %w", err)
+	case claim != nil:
+		if err := p.allocate(ctx, claim, lease); err != nil {
+			if Unschedulable(err) {
+				// Allocated to other GPUs: the lease is no one's.
+				_, _ = p.releaseLeases(ctx, pod, "released the lease of a pod whose claim is allocated otherwise")
+			}
+			return api.Lease{}, err
+		}
 	}
 	return lease, nil
 }
@@ -215,9 +230,9 @@ func (p *Placer) notBound(ctx context.Context, pod *v1.Pod) error {
 	return nil
 }
 
-// replace releases the pod's leases and acquires again.
+// replace gives the pod's leases back and acquires again.
 func (p *Placer) replace(ctx context.Context, pod *v1.Pod, req api.AcquireRequest) (api.Lease, error) {
-	if _, err := p.releaseLeases(ctx, pod, "filter: released the pod's lease to place it again"); err != nil {
+	if _, err := p.giveBack(ctx, pod, "filter: released the pod's lease to place it again"); err != nil {
 		return api.Lease{}, err
 	}
 	return p.alloc.Acquire(ctx, req)
@@ -234,9 +249,20 @@ func (p *Placer) Release(ctx context.Context, pod *v1.Pod, why string) {
 		log.V(2).Info("the pod keeps its lease", "pod", pod.Namespace+"/"+pod.Name, "why", err)
 		return
 	}
-	if _, err := p.releaseLeases(ctx, pod, why); err != nil {
+	if _, err := p.giveBack(ctx, pod, why); err != nil {
 		log.Error(err, "releasing a lease", "pod", pod.Namespace+"/"+pod.Name)
 	}
+}
+
+// giveBack releases the leases the allocator holds for pod, each logged
+// with why, and clears the allocation of its claim, which no pod holds
+// yet; it says how many leases it released.
+func (p *Placer) giveBack(ctx context.Context, pod *v1.Pod, why string) (int, error) {
+	n, err := p.releaseLeases(ctx, pod, why)
+	if err != nil {
+		return n, err
+	}
+	return n, p.deallocate(ctx, pod)
 }
 
 // releaseLeases releases the leases the allocator holds for pod, each
@@ -269,17 +295,26 @@ func refused(err error) bool {
 	return false
 }
 
-// leaseRequest is the pod's lease among servers (kube.LeaseRequest), or
-// why the pool cannot place the pod whatever the nodes.
-func leaseRequest(pod *v1.Pod, servers []string) (api.AcquireRequest, error) {
-	if _, handled := pod.Annotations[kube.AnnotationRequest]; !handled {
-		return api.AcquireRequest{}, fmt.Errorf("gpupool: the pod has no %s annotation: gpupool's admission webhook did not handle it (is it installed, and does the pod ask for %s resources?)", kube.AnnotationRequest, kube.ResourcePrefix)
+// leaseRequest is the pod's lease among servers: the webhook's request
+// (kube.LeaseRequest), or its claim's for the pool's GPUs, which the
+// lease is then written on; a refusal says why the pool cannot place the
+// pod whatever the nodes.
+func (p *Placer) leaseRequest(ctx context.Context, pod *v1.Pod, servers []string) (api.AcquireRequest, *podClaim, error) {
+	if _, handled := pod.Annotations[kube.AnnotationRequest]; handled {
+		req, err := kube.LeaseRequest(pod, servers)
+		if err != nil {
+			return api.AcquireRequest{}, nil, &refusal{"gpupool: " + err.Error()}
+		}
+		return req, nil, nil
 	}
-	req, err := kube.LeaseRequest(pod, servers)
-	if err != nil {
-		return api.AcquireRequest{}, fmt.Errorf("gpupool: %w", err)
+	claim, err := p.claimOf(ctx, pod)
+	switch {
+	case err != nil:
+		return api.AcquireRequest{}, nil, err
+	case claim == nil:
+		return api.AcquireRequest{}, nil, &refusal{fmt.Sprintf("gpupool: the pod has no %s annotation: gpupool's admission webhook did not handle it (is it installed, and does the pod ask for %s resources?), and no ResourceClaim of DeviceClass %s", kube.AnnotationRequest, kube.ResourcePrefix, dra.DeviceClassName)}
 	}
-	return req, nil
+	return claimRequest(pod, claim, servers), claim, nil
 }
 
 // Bind binds the pod to node, the node kube-scheduler chose, with the
@@ -344,7 +379,7 @@ func (p *Placer) acquireOn(ctx context.Context, ref PodRef, node string) (api.Le
 	if err != nil {
 		return api.Lease{}, err
 	}
-	req, err := leaseRequest(pod, []string{node})
+	req, _, err := p.leaseRequest(ctx, pod, []string{node})
 	if err != nil {
 		return api.Lease{}, err
 	}

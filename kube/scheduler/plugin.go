@@ -363,7 +363,13 @@ func NewPluginFromArgs(_ context.Context, obj runtime.Object, h fwk.Handle) (fwk
 	// The acquisition holds the one scheduling loop: fail over between
 	// replicas once, and give up within 3 s.
 	alloc.Retries, alloc.Timeout = 2*len(strings.Split(args.Allocator, ",")), 3*time.Second
-	placer := New(Config{Allocator: alloc, Kube: h.ClientSet(), Pods: h.SharedInformerFactory().Core().V1().Pods().Lister(),
-		UnboundLeaseTimeout: args.UnboundLeaseTimeout.Duration, Registry: legacyregistry.Registerer()})
+	cfg := Config{Allocator: alloc, Kube: h.ClientSet(), Pods: h.SharedInformerFactory().Core().V1().Pods().Lister(),
+		UnboundLeaseTimeout: args.UnboundLeaseTimeout.Duration, Registry: legacyregistry.Registerer()}
+	if m := h.SharedDRAManager(); m != nil {
+		// GPUPool's PreFilter comes before DynamicResources': the claim it
+		// allocates is then one DynamicResources only reserves.
+		cfg.Claims = m.ResourceClaims()
+	}
+	placer := New(cfg)
 	return NewPlugin(placer), nil
 }

@@ -102,7 +102,7 @@ func (p *Placer) watchBind(ctx context.Context, pod *v1.Pod) {
 			log.V(4).Info("a pod past its wait for a bind keeps its lease", "pod", pod.Namespace+"/"+pod.Name, "why", err)
 			return
 		}
-		n, err := p.releaseLeases(ctx, pod, "released the lease of a pod not bound in time after its filter: its scheduling cycle failed")
+		n, err := p.giveBack(ctx, pod, "released the lease of a pod not bound in time after its filter: its scheduling cycle failed")
 		p.metrics.unboundReleased.Add(float64(n))
 		if err != nil {
 			log.Error(err, "releasing the leases of a pod not bound in time", "pod", pod.Namespace+"/"+pod.Name)

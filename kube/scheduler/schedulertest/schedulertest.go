@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -120,4 +121,33 @@ func Leases(t testing.TB, alloc *client.Client, pod *v1.Pod) []api.Lease {
 		t.Fatal(err)
 	}
 	return ls
+}
+
+// Claims is kube-scheduler's store of ResourceClaims as the placer uses
+// it, over the cluster: what the API has, and the allocations noted.
+type Claims struct {
+	Cluster *Cluster
+
+	mu      sync.Mutex
+	assumed int
+}
+
+// Get reads the claim from the cluster, which has every write at once.
+func (c *Claims) Get(namespace, name string) (*resourceapi.ResourceClaim, error) {
+	return c.Cluster.ResourceV1().ResourceClaims(namespace).Get(context.Background(), name, metav1.GetOptions{})
+}
+
+// AssumeClaimAfterAPICall counts the claims noted.
+func (c *Claims) AssumeClaimAfterAPICall(*resourceapi.ResourceClaim) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.assumed++
+	return nil
+}
+
+// Assumed is how many claims were noted.
+func (c *Claims) Assumed() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.assumed
 }

@@ -1,0 +1,98 @@
+package dra
+
+import (
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpupool/gpupool/allocator/api"
+	"github.com/gpupool/gpupool/inventory"
+)
+
+// Resources are the pool's devices as DRA publishes them: a pool per GPU
+// server, named as the server (its node), of one slice that lists its
+// healthy GPUs, each shareable by memory. A server without a healthy GPU
+// publishes none. The servers are the allocator's (GET /v1/pool): the
+// pool's inventory is its one source, whether the node is a real one or
+// kwok's.
+func Resources(servers []api.ServerStatus) *resourceslice.DriverResources {
+	res := &resourceslice.DriverResources{Pools: make(map[string]resourceslice.Pool, len(servers))}
+	for _, s := range servers {
+		devices := Devices(s)
+		if len(devices) == 0 {
+			continue
+		}
+		res.Pools[s.Name] = resourceslice.Pool{
+			NodeSelector: nodeSelector(s.Name),
+			Slices:       []resourceslice.Slice{{Devices: devices}},
+		}
+	}
+	return res
+}
+
+// Devices are the server's healthy GPUs as DRA devices, by index.
+func Devices(s api.ServerStatus) []resourceapi.Device {
+	var devices []resourceapi.Device
+	for _, g := range s.GPUs {
+		if !g.Healthy {
+			continue
+		}
+		memory := *resource.NewQuantity(g.MemoryBytes, resource.BinarySI)
+		devices = append(devices, resourceapi.Device{
+			Name: deviceName(g.Index),
+			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+				AttributeModel:       {StringValue: ptr.To(g.Model)},
+				AttributeIndex:       {IntValue: ptr.To(int64(g.Index))},
+				AttributeUUID:        {StringValue: ptr.To(g.UUID)},
+				AttributeNVLinkGroup: {IntValue: ptr.To(int64(nvlinkGroup(s.GPUs, g)))},
+			},
+			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+				CapacityMemory: {Value: memory, RequestPolicy: &resourceapi.CapacityRequestPolicy{
+					Default:    ptr.To(memory),
+					ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: resource.NewQuantity(MinMemory, resource.BinarySI)},
+				}},
+			},
+			AllowMultipleAllocations: ptr.To(true),
+		})
+	}
+	slices.SortFunc(devices, func(a, b resourceapi.Device) int {
+		return int(*a.Attributes[AttributeIndex].IntValue - *b.Attributes[AttributeIndex].IntValue)
+	})
+	return devices
+}
+
+// nvlinkGroup is the lowest index among the GPUs g reaches over NVLink,
+// directly or through others, g's own when none.
+func nvlinkGroup(gpus []api.GPUStatus, g api.GPUStatus) int {
+	byIndex := make(map[int]api.GPUStatus, len(gpus))
+	for _, o := range gpus {
+		byIndex[o.Index] = o
+	}
+	lowest, seen, next := g.Index, map[int]bool{g.Index: true}, []api.GPUStatus{g}
+	for len(next) > 0 {
+		cur := next[0]
+		next = next[1:]
+		for j, link := range cur.Links {
+			o, ok := byIndex[j]
+			if !ok || link != inventory.LinkNVLink || seen[j] {
+				continue
+			}
+			seen[j] = true
+			lowest = min(lowest, j)
+			next = append(next, o)
+		}
+	}
+	return lowest
+}
+
+// nodeSelector selects the node of the name, as a pool published for a
+// node from the control plane does.
+func nodeSelector(node string) *corev1.NodeSelector {
+	return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+		MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
+	}}}
+}
