@@ -105,7 +105,7 @@ func podSpec(t *testing.T, o *unstructured.Unstructured) (corev1.PodSpec, bool) 
 // clusterScoped are the kinds the overlays and examples hold that live in
 // no namespace.
 var clusterScoped = []string{"Namespace", "ClusterRole", "ClusterRoleBinding", "APIService", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
-	"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ClusterTriggerAuthentication"}
+	"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ClusterTriggerAuthentication", "DeviceClass"}
 
 func TestOverlaysBuild(t *testing.T) {
 	for _, dir := range kustomizations(t) {
@@ -469,7 +469,8 @@ func TestKubeSchedulerReachesAllocator(t *testing.T) {
 
 // TestKubeSchedulerConfig checks gpupool-kube-scheduler's configuration
 // against what the rest of gpupool expects of it: the profile the webhook
-// names, the GPUPool plugin at every point it serves and no other scorer,
+// names, the GPUPool plugin at every point it serves (first of the
+// PreFilter plugins) and no other scorer,
 // binder or preemption, bitfusion.io left to the pool, every node a
 // candidate, a leader lease its Role lets it hold, and gpupool's image.
 func TestKubeSchedulerConfig(t *testing.T) {
@@ -490,12 +491,20 @@ func TestKubeSchedulerConfig(t *testing.T) {
 	}
 	gpupool := []schedulerconfigv1.Plugin{{Name: scheduler.PluginName}}
 	all := []schedulerconfigv1.Plugin{{Name: "*"}}
+	// PreFilter: GPUPool first, before DynamicResources, the defaults in
+	// their order after it.
+	var preFilter []string
+	for _, pl := range p.PreFilter.Enabled {
+		preFilter = append(preFilter, pl.Name)
+	}
+	if !slices.Equal(preFilter, scheduler.PreFilterPlugins) || !slices.Equal(p.PreFilter.Disabled, all) {
+		t.Errorf("preFilter %+v: want %v alone, in that order", p.PreFilter, scheduler.PreFilterPlugins)
+	}
 	for _, tc := range []struct {
 		point          string
 		set            schedulerconfigv1.PluginSet
 		othersDisabled bool
 	}{
-		{"preFilter", p.PreFilter, false},
 		// No preemption: it frees no GPU share.
 		{"postFilter", p.PostFilter, true},
 		{"preScore", p.PreScore, true},

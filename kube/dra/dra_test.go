@@ -32,7 +32,8 @@ func server(name, model string, memory int64) api.ServerStatus {
 
 // TestResourcesPublishEachServersHealthyGPUs: a pool per server on its
 // node, a device per healthy GPU with its model, index, UUID and NVLink
-// group, shareable by memory, a request for none taking it all.
+// group, shareable by memory, a request for none taking it all, tainted
+// against DRA's own allocator.
 func TestResourcesPublishEachServersHealthyGPUs(t *testing.T) {
 	down := server("gpu-down", "A100", 40*gi)
 	for i := range down.GPUs {
@@ -57,6 +58,9 @@ func TestResourcesPublishEachServersHealthyGPUs(t *testing.T) {
 			t.Errorf("device %d: %s %+v", i, d.Name, attr)
 		}
 		memory := d.Capacity[CapacityMemory]
+		if len(d.Taints) != 1 || d.Taints[0] != PlacedByThePool {
+			t.Errorf("device %d: taints %+v, want %+v alone", i, d.Taints, PlacedByThePool)
+		}
 		if memory.Value.Value() != 80*gi || memory.RequestPolicy.Default.Value() != 80*gi || memory.RequestPolicy.ValidRange.Min.Value() != MinMemory || !ptr.Deref(d.AllowMultipleAllocations, false) {
 			t.Errorf("device %d: capacity %+v, shared %v", i, memory, d.AllowMultipleAllocations)
 		}

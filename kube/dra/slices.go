@@ -34,7 +34,14 @@ func Resources(servers []api.ServerStatus) *resourceslice.DriverResources {
 	return res
 }
 
-// Devices are the server's healthy GPUs as DRA devices, by index.
+// PlacedByThePool taints every device the pool publishes, so that DRA's
+// own allocator (a pod of the default scheduler's, say) never allocates
+// one: a share it allocated would hold no lease, and the pool would lease
+// it again. The pool writes its allocations itself, which no taint stops.
+var PlacedByThePool = resourceapi.DeviceTaint{Key: DriverName + "/placed-by-the-pool", Effect: resourceapi.DeviceTaintEffectNoSchedule}
+
+// Devices are the server's healthy GPUs as DRA devices, by index, each
+// tainted PlacedByThePool.
 func Devices(s api.ServerStatus) []resourceapi.Device {
 	var devices []resourceapi.Device
 	for _, g := range s.GPUs {
@@ -57,6 +64,7 @@ func Devices(s api.ServerStatus) []resourceapi.Device {
 				}},
 			},
 			AllowMultipleAllocations: ptr.To(true),
+			Taints:                   []resourceapi.DeviceTaint{PlacedByThePool},
 		})
 	}
 	slices.SortFunc(devices, func(a, b resourceapi.Device) int {

@@ -80,6 +80,10 @@ type Config struct {
 	Election *Election
 	Logger   *slog.Logger
 	Registry prometheus.Registerer
+	// WhileLeading, when set, runs beside the reconciling, in the one
+	// replica that reconciles, until it stops: work that one replica must
+	// do, such as publishing the pool's ResourceSlices.
+	WhileLeading func(ctx context.Context)
 }
 
 // DefaultResync is the resync period when Config.Resync is 0.
@@ -106,15 +110,16 @@ const uidIndex = "uid"
 
 // Controller keeps leases and quotas following the cluster.
 type Controller struct {
-	unit        kube.Unit
-	gpuMemory   int64
-	resyncEvery time.Duration
-	log         *slog.Logger
-	alloc       *client.Client
-	client      kubernetes.Interface
-	record      record.EventRecorder
-	events      record.EventBroadcaster // nil when Config.Recorder was given
-	metrics     *metrics
+	whileLeading func(ctx context.Context)
+	unit         kube.Unit
+	gpuMemory    int64
+	resyncEvery  time.Duration
+	log          *slog.Logger
+	alloc        *client.Client
+	client       kubernetes.Interface
+	record       record.EventRecorder
+	events       record.EventBroadcaster // nil when Config.Recorder was given
+	metrics      *metrics
 
 	// unboundTimeout and, at start, startUnboundTimeout: how long after
 	// its grant the resync releases a lease whose pod is still unbound.
@@ -191,7 +196,7 @@ func NewController(cfg Config) (*Controller, error) {
 	}
 	c := &Controller{
 		unit: cfg.Unit, gpuMemory: cfg.GPUMemoryBytes, resyncEvery: cfg.Resync, unboundTimeout: cfg.UnboundLeaseTimeout, startUnboundTimeout: cfg.StartUnboundLeaseTimeout, log: cfg.Logger, alloc: cfg.Allocator, client: cfg.Client, record: cfg.Recorder, metrics: m,
-		election: cfg.Election, idleEvery: cfg.IdleEvery,
+		election: cfg.Election, idleEvery: cfg.IdleEvery, whileLeading: cfg.WhileLeading,
 		factory: informers.NewSharedInformerFactory(cfg.Client, 0),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[item](retryBase, retryMax),
@@ -345,6 +350,9 @@ func (c *Controller) reconcileUntil(ctx context.Context) {
 		for c.processNext(ctx) {
 		}
 	})
+	if c.whileLeading != nil {
+		wg.Go(func() { c.whileLeading(ctx) })
+	}
 	c.queue.Add(item{kind: kindResync, atStart: true})
 	ticker := time.NewTicker(c.resyncEvery)
 	defer ticker.Stop()

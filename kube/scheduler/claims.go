@@ -135,6 +135,9 @@ func (p *Placer) allocate(ctx context.Context, c *podClaim, lease api.Lease) err
 	}
 	claim = claim.DeepCopy()
 	claim.Status.Allocation = dra.Allocation(c.Name, lease)
+	// kube-scheduler stamps an allocation without a time as it reserves
+	// it, and the allocation, once written, cannot change.
+	claim.Status.Allocation.AllocationTimestamp = &metav1.Time{Time: time.Now()}
 	updated, err := claims.UpdateStatus(ctx, claim, metav1.UpdateOptions{})
 	if err != nil {
 		return fmt.Errorf("gpupool scheduler: ResourceClaim %s/%s: writing its allocation: %w", claim.Namespace, claim.Name, err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/service/servicetest"
+	"github.com/gpupool/gpupool/kube"
 	"github.com/gpupool/gpupool/kube/dra"
 	"github.com/gpupool/gpupool/kube/scheduler/schedulertest"
 )
@@ -81,7 +82,7 @@ func TestClaimIsAllocatedTheLease(t *testing.T) {
 		}
 		claim := te.claim(t, name)
 		a := claim.Status.Allocation
-		if a == nil || len(a.Devices.Results) != 1 || !slices.Contains(claim.Finalizers, resourceapi.Finalizer) || claims.Assumed() != i+1 {
+		if a == nil || len(a.Devices.Results) != 1 || a.AllocationTimestamp == nil || !slices.Contains(claim.Finalizers, resourceapi.Finalizer) || claims.Assumed() != i+1 {
 			t.Fatalf("claim %s: allocation %+v, finalizers %v, %d noted", name, a, claim.Finalizers, claims.Assumed())
 		}
 		r := a.Devices.Results[0]
@@ -93,6 +94,11 @@ func TestClaimIsAllocatedTheLease(t *testing.T) {
 		}
 		if held := te.leases(t, pod); len(held) != 1 || held[0].ID != lease.ID {
 			t.Errorf("after the bind the pod holds %+v, want %s alone", held, lease.ID)
+		}
+		// The pod is then one the pool placed, as a pod the webhook handled.
+		bound := te.kube.Bindings()[i]
+		if got := bound.Annotations[kube.AnnotationRequest]; got != (kube.Request{GPUAmount: 1, GPUMemory: "8589934592"}).Annotation() {
+			t.Errorf("the Binding's %s: %q, want the claim's request", kube.AnnotationRequest, got)
 		}
 	}
 }

@@ -345,12 +345,19 @@ func (p *Placer) Bind(ctx context.Context, pod PodRef, node string) error {
 }
 
 func (p *Placer) bindPod(ctx context.Context, ref PodRef, node string) (api.Lease, error) {
-	lease, err := p.acquireOn(ctx, ref, node)
+	lease, claim, err := p.acquireOn(ctx, ref, node)
 	if err != nil {
 		return api.Lease{}, err
 	}
+	annotations := kube.LeaseAnnotations(&lease)
+	if claim != nil {
+		// The pod's request, as the webhook writes it on the pods it
+		// handles: what marks a pod the pool placed, whose lease the lease
+		// controller ends with it, or acquires again.
+		annotations[kube.AnnotationRequest] = claim.Request.Annotation()
+	}
 	err = p.kube.CoreV1().Pods(ref.Namespace).Bind(ctx, &v1.Binding{
-		ObjectMeta: metav1.ObjectMeta{Name: ref.Name, Namespace: ref.Namespace, UID: ref.UID, Annotations: kube.LeaseAnnotations(&lease)},
+		ObjectMeta: metav1.ObjectMeta{Name: ref.Name, Namespace: ref.Namespace, UID: ref.UID, Annotations: annotations},
 		Target:     v1.ObjectReference{Kind: "Node", Name: node},
 	}, metav1.CreateOptions{})
 	if err == nil {
@@ -373,19 +380,20 @@ func (p *Placer) bindPod(ctx context.Context, ref PodRef, node string) (api.Leas
 // acquireOn acquires the pod's lease pinned to the bind's node, and
 // answers once it is durable: the filter's grant, answered before its
 // write, comes back under the same key; a grant the allocator lost to a
-// restart is made again on that node if it still fits.
-func (p *Placer) acquireOn(ctx context.Context, ref PodRef, node string) (api.Lease, error) {
+// restart is made again on that node if it still fits. For a pod placed
+// by its claim, the claim comes too.
+func (p *Placer) acquireOn(ctx context.Context, ref PodRef, node string) (api.Lease, *podClaim, error) {
 	pod, err := p.pods.pod(ctx, ref.Namespace, ref.Name, ref.UID, false)
 	if err != nil {
-		return api.Lease{}, err
+		return api.Lease{}, nil, err
 	}
-	req, _, err := p.leaseRequest(ctx, pod, []string{node})
+	req, claim, err := p.leaseRequest(ctx, pod, []string{node})
 	if err != nil {
-		return api.Lease{}, err
+		return api.Lease{}, nil, err
 	}
 	lease, err := p.alloc.Acquire(ctx, req)
 	if err != nil {
-		return api.Lease{}, fmt.Errorf("gpupool allocator: %w", err)
+		return api.Lease{}, nil, fmt.Errorf("gpupool allocator: %w", err)
 	}
-	return lease, nil
+	return lease, claim, nil
 }

@@ -329,6 +329,15 @@ func DecodePluginArgs(obj runtime.Object) (PluginArgs, error) {
 	return args, nil
 }
 
+// PreFilterPlugins are the PreFilter plugins of the profile that runs
+// GPUPool, in their order: GPUPool first, since the allocation it writes
+// on a pod's claim must be there for DynamicResources' PreFilter, then
+// kube-scheduler v1.37's defaults in their default order. A profile that
+// only enabled GPUPool would run it after them.
+var PreFilterPlugins = []string{PluginName, "NodeName", "NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodePorts",
+	"NodeResourcesFit", "VolumeRestrictions", "NodeVolumeLimits", "VolumeBinding", "VolumeZone", "PodTopologySpread",
+	"InterPodAffinity", "DynamicResources", "NodeDeclaredFeatures"}
+
 // AllocatorEnv names the allocator's URL(s) where the plugin's args do not.
 const AllocatorEnv = "GPUPOOL_ALLOCATOR"
 

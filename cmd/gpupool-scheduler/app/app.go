@@ -16,12 +16,14 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/httpserver"
 	"github.com/gpupool/gpupool/internal/kubeconfig"
 	"github.com/gpupool/gpupool/internal/metricdef"
+	"github.com/gpupool/gpupool/kube/dra"
 	"github.com/gpupool/gpupool/kube/leases"
 	"github.com/gpupool/gpupool/kube/scheduler"
 	"github.com/gpupool/gpupool/kube/scheduler/extender"
@@ -45,9 +47,14 @@ died with kube-scheduler), and acquires again those of bound pods that
 lost theirs. Quota reconciliation: the namespaces' ResourceQuotas on
 requests.bitfusion.io/gpu (in --unit) are the allocator's quotas.
 
+Dynamic Resource Allocation: every --resource-slices-every the pool's
+servers are read and their healthy GPUs published as ResourceSlices of
+driver gpu.gpupool.io, which ResourceClaims of DeviceClass gpu.gpupool.io
+ask for (gpupool-kube-scheduler places them).
+
 Leader election: with --leader-elect (the default) the replicas elect one
 through the coordination.k8s.io Lease gpupool-lease-controller in
---leader-elect-namespace, and only it reconciles; the others stand by and
+--leader-elect-namespace, and only it reconciles and publishes; the others stand by and
 take over within 15 s of its loss. /metrics and /healthz are served on
 --metrics-listen by every replica.
 
@@ -111,6 +118,14 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	}
 	cfg := leases.Config{Client: kubeClient, Allocator: alloc, Unit: o.Unit, GPUMemoryBytes: o.GPUMemoryBytes, Resync: o.Resync,
 		UnboundLeaseTimeout: o.ResyncUnboundLeaseTimeout, Election: election, Logger: log, Registry: reg}
+	if o.ResourceSlicesEvery > 0 {
+		cfg.WhileLeading = func(ctx context.Context) {
+			ctx = klog.NewContext(ctx, logr.FromSlogHandler(log.Handler()))
+			if err := dra.Publish(ctx, kubeClient, alloc, o.ResourceSlicesEvery); err != nil {
+				log.Error("no ResourceSlices published", "err", err)
+			}
+		}
+	}
 	if o.Listen != "" {
 		// The extender's waits for binds are in this process: after a
 		// restart, the resync at start ends those they would have.

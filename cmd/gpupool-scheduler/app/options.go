@@ -37,6 +37,9 @@ type Options struct {
 	// Lease leases.DefaultElectionName in LeaderElectNamespace only.
 	LeaderElect          bool
 	LeaderElectNamespace string
+	// ResourceSlicesEvery is how often the pool's servers are read to
+	// publish them as DRA's ResourceSlices; 0: not published.
+	ResourceSlicesEvery time.Duration
 }
 
 // NewOptions returns the defaults.
@@ -45,6 +48,7 @@ func NewOptions() *Options {
 		MetricsListen: "127.0.0.1:9474", Allocator: "http://127.0.0.1:8470",
 		UnitFlags: admission.NewUnitFlags(), Resync: leases.DefaultResync, UnboundLeaseTimeout: scheduler.DefaultUnboundLeaseTimeout,
 		ResyncUnboundLeaseTimeout: leases.DefaultUnboundLeaseTimeout, KubeAPIQPS: 200, KubeAPIBurst: 400, LeaderElect: true, LeaderElectNamespace: "gpupool",
+		ResourceSlicesEvery: 30 * time.Second,
 	}
 }
 
@@ -64,6 +68,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "requests per second to kube-apiserver (a bind reads the pod and creates its binding)")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "burst of requests to kube-apiserver above --kube-api-qps")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "reconcile leases and quotas in one replica at a time, the holder of the coordination.k8s.io Lease "+leases.DefaultElectionName+" (the others stand by, serving the extender with --listen, and take over within 15 s of the leader's loss); false only where one replica runs")
+	fs.DurationVar(&o.ResourceSlicesEvery, "resource-slices-every", o.ResourceSlicesEvery, "how often the leading replica reads the pool's servers and publishes their healthy GPUs as Dynamic Resource Allocation's ResourceSlices of driver gpu.gpupool.io (what ResourceClaims of DeviceClass gpu.gpupool.io are placed among); 0: none published")
 	fs.StringVar(&o.LeaderElectNamespace, "leader-elect-namespace", o.LeaderElectNamespace, "namespace of the election's Lease, gpupool-scheduler's own")
 	fs.DurationVar(&o.UnboundLeaseTimeout, "unbound-lease-timeout", o.UnboundLeaseTimeout, "with --listen, how long a lease the extender's filter took waits for its pod's bind: then, the pod still unbound, it is released (kube-scheduler's cycle failed after the filter, which the extender protocol does not report); the resync at start releases such leases too, the extender's waits lost with the restart")
 	fs.DurationVar(&o.ResyncUnboundLeaseTimeout, "resync-unbound-lease-timeout", o.ResyncUnboundLeaseTimeout, "every resync releases a lease whose pod is still unbound this long after its grant: its scheduling cycle died with kube-scheduler (the plugin's wait for the bind is in memory); longer than any bind takes, a PreBind provisioning a volume (up to 10 minutes) included")
@@ -89,6 +94,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("--kube-api-burst %d: must be at least 1", o.KubeAPIBurst)
 	case strings.TrimSpace(o.Allocator) == "":
 		return errors.New("--allocator: no address")
+	case o.ResourceSlicesEvery < 0:
+		return fmt.Errorf("--resource-slices-every %v: must not be negative (0 publishes none)", o.ResourceSlicesEvery)
 	case o.LeaderElect && o.LeaderElectNamespace == "":
 		return errors.New("--leader-elect-namespace: empty, while --leader-elect is on")
 	}

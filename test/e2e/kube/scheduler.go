@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	gpukube "github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/scheduler"
 )
 
 // SchedulerOptions configure StartScheduler.
@@ -205,8 +206,12 @@ func (c *ControlPlane) schedulerConfig(kubeconfig string, o SchedulerOptions) ([
 			// its bind writes the lease with the node.
 			gpupool := []schedulerconfigv1.Plugin{{Name: "GPUPool"}}
 			all := []schedulerconfigv1.Plugin{{Name: "*"}}
+			var preFilter []schedulerconfigv1.Plugin
+			for _, name := range scheduler.PreFilterPlugins {
+				preFilter = append(preFilter, schedulerconfigv1.Plugin{Name: name})
+			}
 			profile.Plugins = &schedulerconfigv1.Plugins{
-				PreFilter:  schedulerconfigv1.PluginSet{Enabled: gpupool},
+				PreFilter:  schedulerconfigv1.PluginSet{Enabled: preFilter, Disabled: all},
 				PostFilter: schedulerconfigv1.PluginSet{Enabled: gpupool, Disabled: all},
 				PreScore:   schedulerconfigv1.PluginSet{Enabled: gpupool, Disabled: all},
 				Score:      schedulerconfigv1.PluginSet{Enabled: gpupool, Disabled: all},
