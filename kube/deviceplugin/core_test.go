@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/gpuaccess"
 )
 
 // TestDevices: a GPU is a hundred devices in percent, one in gpus, and as
@@ -171,52 +172,21 @@ func TestPreferred(t *testing.T) {
 	}
 }
 
-// TestContainerResponse: the host's MPS and the files of simulated GPUs
-// reach the container when the plugin is told where they are, and nothing
-// is mounted otherwise.
+// TestContainerResponse: a container gets gpuaccess.For's environment and
+// mounts, and a lease it refuses is FailedPrecondition naming the field.
 func TestContainerResponse(t *testing.T) {
 	l := api.Lease{ID: "lease-000001", Server: "node-1", GPUs: []api.LeaseGPU{{UUID: "GPU-a", Percent: 50, MemoryBytes: 40 << 30}}}
-	bare := mustRespond(t, l, MPS{}, "")
-	if len(bare.Mounts) != 0 || bare.Envs["CUDA_MPS_PIPE_DIRECTORY"] != "" || !maps.Equal(bare.Envs, api.LeaseEnv(l.Core())) {
-		t.Errorf("without MPS: %v, mounts %v; want the lease's environment alone", bare.Envs, bare.Mounts)
-	}
-	sameMounts := func(a, b *pluginapi.Mount) bool {
-		return a.ContainerPath == b.ContainerPath && a.HostPath == b.HostPath && a.ReadOnly == b.ReadOnly
-	}
-	r := mustRespond(t, l, MPS{PipeDir: "/run/nvidia/mps/pipe", ShmDir: "/run/nvidia/mps/shm"}, "")
-	want := []*pluginapi.Mount{{ContainerPath: "/run/nvidia/mps/pipe", HostPath: "/run/nvidia/mps/pipe"}, {ContainerPath: "/dev/shm", HostPath: "/run/nvidia/mps/shm"}}
-	if r.Envs["CUDA_MPS_PIPE_DIRECTORY"] != "/run/nvidia/mps/pipe" || r.Envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != "50" ||
-		!slices.EqualFunc(r.Mounts, want, sameMounts) {
-		t.Errorf("with MPS: %v, mounts %v", r.Envs, r.Mounts)
-	}
-	simulated := mustRespond(t, l, MPS{}, "/var/lib/gpupool/devices")
-	want = []*pluginapi.Mount{{ContainerPath: "/dev/gpupool/GPU-a", HostPath: "/var/lib/gpupool/devices/GPU-a", ReadOnly: true}}
-	if !slices.EqualFunc(simulated.Mounts, want, sameMounts) {
-		t.Errorf("simulated GPUs: mounts %v", simulated.Mounts)
-	}
-}
-
-func mustRespond(t *testing.T, l api.Lease, mps MPS, simulatedDeviceDir string) *pluginapi.ContainerAllocateResponse {
-	t.Helper()
-	r, err := containerResponse(l, mps, simulatedDeviceDir)
+	node := gpuaccess.Node{MPS: gpuaccess.MPS{PipeDir: "/run/nvidia/mps/pipe", ShmDir: "/run/nvidia/mps/shm"}}
+	r, err := containerResponse(l, node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r
-}
-
-// TestContainerResponseRefusesForgedUUIDs: a lease whose GPU UUID is not
-// of NVML's shapes (a server stored before the allocator checked them, a
-// forged answer) gets no response: no host path outside the simulated
-// devices' directory, no other devices in NVIDIA_VISIBLE_DEVICES.
-func TestContainerResponseRefusesForgedUUIDs(t *testing.T) {
-	for _, uuid := range []string{"../..", "GPU-a/../../../etc", "MIG-GPU-a/../../etc", "GPU-a,GPU-b", "GPU-a\n", ""} {
-		l := api.Lease{ID: "lease-000001", Server: "node-1", GPUs: []api.LeaseGPU{{UUID: uuid, Percent: 100}}}
-		for _, dir := range []string{"", "/var/lib/gpupool/devices"} {
-			r, err := containerResponse(l, MPS{}, dir)
-			if err == nil || status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "gpus[0].uuid") {
-				t.Errorf("UUID %q, dir %q: response %v, %v; want FailedPrecondition naming the field", uuid, dir, r, err)
-			}
-		}
+	want, _ := gpuaccess.For(l, node)
+	if !maps.Equal(r.Envs, want.Env) || len(r.Mounts) != 2 || r.Mounts[1].ContainerPath != "/dev/shm" || r.Mounts[1].HostPath != "/run/nvidia/mps/shm" {
+		t.Errorf("response %v, mounts %v; want %+v", r.Envs, r.Mounts, want)
+	}
+	l.GPUs[0].UUID = "../.."
+	if r, err := containerResponse(l, node); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "gpus[0].uuid") {
+		t.Errorf("a forged UUID: response %v, %v; want FailedPrecondition naming the field", r, err)
 	}
 }

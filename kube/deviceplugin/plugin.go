@@ -38,6 +38,7 @@ import (
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/gpuaccess"
 )
 
 // Socket is the name of the plugin's socket in the kubelet's
@@ -75,7 +76,7 @@ type Config struct {
 	// allocator.
 	Poll time.Duration
 	// MPS is the host's MPS control daemon, mounted into every container.
-	MPS MPS
+	MPS gpuaccess.MPS
 	// SimulatedDeviceDir is where the node's gpupool-server made the files
 	// that stand for its simulated GPUs (its --simulated-device-dir); each
 	// container gets its lease's. Empty on a node with GPUs.
@@ -371,7 +372,7 @@ func (p *Plugin) allocate(ctx context.Context, devices []string) (*pluginapi.Con
 	if err != nil {
 		return nil, err
 	}
-	resp, err := containerResponse(lease, p.cfg.MPS, p.cfg.SimulatedDeviceDir)
+	resp, err := containerResponse(lease, gpuaccess.Node{MPS: p.cfg.MPS, SimulatedDeviceDir: p.cfg.SimulatedDeviceDir})
 	if err != nil {
 		return nil, err
 	}

@@ -1,9 +1,6 @@
 package deviceplugin
 
 import (
-	"fmt"
-	"path"
-	"path/filepath"
 	"slices"
 
 	"google.golang.org/grpc/codes"
@@ -11,55 +8,20 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpupool/gpupool/allocator/api"
-	"github.com/gpupool/gpupool/inventory"
-	"github.com/gpupool/gpupool/kube"
+	"github.com/gpupool/gpupool/kube/gpuaccess"
 )
 
-// MPS is where the host's MPS control daemon is, for containers to reach
-// it; empty fields mount nothing.
-type MPS struct {
-	// PipeDir is the daemon's CUDA_MPS_PIPE_DIRECTORY on the host, mounted
-	// at the same path in every container and named in its environment.
-	PipeDir string
-	// ShmDir is the host directory the daemon's shared memory lives in,
-	// mounted as the container's /dev/shm: MPS clients share it with the
-	// server.
-	ShmDir string
-}
-
-// containerResponse is what a container holding lease l gets: the lease's
-// environment (api.LeaseEnv: its GPUs' UUIDs in NVIDIA_VISIBLE_DEVICES,
-// which NVIDIA's container runtime mounts, the GPUPOOL_* variables, MPS's
-// limits for a fraction) and the host's MPS; on a node whose GPUs are
-// simulated, the files in simulatedDeviceDir that stand for the lease's
-// GPUs, each at kube.SimulatedDeviceDir/<UUID>. A UUID not of NVML's
-// shapes is refused: the allocator checks them as servers register, but
-// a server stored before that check, or a forged allocator answer, must
-// not list other devices or mount a host path outside the directory.
-func containerResponse(l api.Lease, mps MPS, simulatedDeviceDir string) (*pluginapi.ContainerAllocateResponse, error) {
-	for i, g := range l.GPUs {
-		if err := inventory.ValidateUUID(fmt.Sprintf("lease %s gpus[%d].uuid", l.ID, i), g.UUID); err != nil {
-			return nil, status.Error(codes.FailedPrecondition, err.Error())
-		}
+// containerResponse is what a container holding lease l gets on the
+// node (gpuaccess.For), in the device plugin API's words; a lease it
+// refuses is FailedPrecondition.
+func containerResponse(l api.Lease, node gpuaccess.Node) (*pluginapi.ContainerAllocateResponse, error) {
+	a, err := gpuaccess.For(l, node)
+	if err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
-	r := &pluginapi.ContainerAllocateResponse{Envs: api.LeaseEnv(l.Core())}
-	if simulatedDeviceDir != "" {
-		for _, g := range l.GPUs {
-			// ValidateUUID leaves no ".." element; this says so again
-			// where a host path is made.
-			if !filepath.IsLocal(g.UUID) {
-				return nil, status.Errorf(codes.FailedPrecondition, "lease %s: GPU UUID %q would leave %s", l.ID, g.UUID, simulatedDeviceDir)
-			}
-			r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: path.Join(kube.SimulatedDeviceDir, g.UUID),
-				HostPath: filepath.Join(simulatedDeviceDir, g.UUID), ReadOnly: true})
-		}
-	}
-	if mps.PipeDir != "" {
-		r.Envs["CUDA_MPS_PIPE_DIRECTORY"] = mps.PipeDir
-		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: mps.PipeDir, HostPath: mps.PipeDir})
-	}
-	if mps.ShmDir != "" {
-		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: "/dev/shm", HostPath: mps.ShmDir})
+	r := &pluginapi.ContainerAllocateResponse{Envs: a.Env}
+	for _, m := range a.Mounts {
+		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: m.ReadOnly})
 	}
 	return r, nil
 }

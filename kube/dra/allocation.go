@@ -54,3 +54,17 @@ func Allocated(a *resourceapi.AllocationResult) (server string, indexes []int, e
 	}
 	return server, indexes, nil
 }
+
+// AllocatesLease reports whether a names the lease's GPUs, no others.
+func AllocatesLease(a *resourceapi.AllocationResult, l api.Lease) bool {
+	server, indexes, err := Allocated(a)
+	if err != nil || server != l.Server || len(indexes) != len(l.GPUs) {
+		return false
+	}
+	for i, g := range l.GPUs {
+		if indexes[i] != g.Index {
+			return false
+		}
+	}
+	return true
+}

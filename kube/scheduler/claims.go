@@ -118,7 +118,7 @@ func (p *Placer) allocate(ctx context.Context, c *podClaim, lease api.Lease) err
 		return fmt.Errorf("gpupool scheduler: ResourceClaim %s/%s: %w", c.claim.Namespace, c.claim.Name, err)
 	}
 	if a := claim.Status.Allocation; a != nil {
-		if sameGPUs(a, lease) {
+		if dra.AllocatesLease(a, lease) {
 			return nil
 		}
 		return &refusal{fmt.Sprintf("gpupool: ResourceClaim %s/%s: status.allocation names GPUs the pool did not lease it (lease %s is on %s)", claim.Namespace, claim.Name, lease.ID, lease.Server)}
@@ -143,20 +143,6 @@ func (p *Placer) allocate(ctx context.Context, c *podClaim, lease api.Lease) err
 		return fmt.Errorf("gpupool scheduler: ResourceClaim %s/%s: writing its allocation: %w", claim.Namespace, claim.Name, err)
 	}
 	return p.claims.AssumeClaimAfterAPICall(updated)
-}
-
-// sameGPUs reports whether a names the lease's GPUs, no others.
-func sameGPUs(a *resourceapi.AllocationResult, lease api.Lease) bool {
-	server, indexes, err := dra.Allocated(a)
-	if err != nil || server != lease.Server || len(indexes) != len(lease.GPUs) {
-		return false
-	}
-	for i, g := range lease.GPUs {
-		if indexes[i] != g.Index {
-			return false
-		}
-	}
-	return true
 }
 
 // deallocate clears the allocation of the pod's claim that no pod holds

@@ -11,6 +11,7 @@ import (
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/kubeconfig"
 	"github.com/gpupool/gpupool/kube/deviceplugin"
+	"github.com/gpupool/gpupool/kube/gpuaccess"
 )
 
 // Usage is what --help says above the flags.
@@ -64,7 +65,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	}
 	plugin, err := deviceplugin.New(deviceplugin.Config{
 		Node: o.Node, Unit: o.Unit, MaxDevices: o.MaxDevices, Allocator: alloc, Kube: kubeClient, Dir: o.PluginDir, PodResources: o.PodResourcesSocket,
-		Poll: o.Poll, MPS: deviceplugin.MPS{PipeDir: o.MPSPipeDir, ShmDir: o.MPSShmDir}, SimulatedDeviceDir: o.SimulatedDeviceDir, Logger: log,
+		Poll: o.Poll, MPS: gpuaccess.MPS{PipeDir: o.MPSPipeDir, ShmDir: o.MPSShmDir}, SimulatedDeviceDir: o.SimulatedDeviceDir, Logger: log,
 	})
 	if err != nil {
 		return &cli.UsageError{Err: err}
