@@ -161,7 +161,7 @@ func (d *Driver) writeSpec(claim types.UID, a gpuaccess.Access) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(d.CDIDir, 0o755); err != nil {
+	if err := os.MkdirAll(d.CDIDir, 0o750); err != nil {
 		return err
 	}
 	tmp, err := os.CreateTemp(d.CDIDir, ".tmp-*")
