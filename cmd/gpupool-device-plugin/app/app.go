@@ -4,13 +4,23 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"path/filepath"
 	"time"
 
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/allocator/client"
 	"github.com/gpupool/gpupool/internal/cli"
 	"github.com/gpupool/gpupool/internal/kubeconfig"
 	"github.com/gpupool/gpupool/kube/deviceplugin"
+	"github.com/gpupool/gpupool/kube/dra"
+	"github.com/gpupool/gpupool/kube/dra/node"
 	"github.com/gpupool/gpupool/kube/gpuaccess"
 )
 
@@ -47,6 +57,14 @@ NVIDIA's container runtime mounts the GPUs NVIDIA_VISIBLE_DEVICES names: it
 must be the nodes' default runtime. MPS's limits bind where the host runs
 the MPS control daemon (--mps-pipe-dir, --mps-shm-dir); docs/kubernetes.md
 says what the node needs.
+
+With --dra it is also the kubelet plugin of Dynamic Resource Allocation's
+driver gpu.gpupool.io: for a pod's ResourceClaim of DeviceClass
+gpu.gpupool.io, which gpupool-kube-scheduler allocated from the pod's lease,
+it writes a CDI spec in --cdi-dir giving the containers the same
+environment and mounts, once it has checked with the allocator that the
+pod's lease on this node is the one the allocation names. The container
+runtime must read CDI specs there (containerd 2 does by default).
 `
 
 // Run serves the device plugin until ctx ends or it fails.
@@ -63,15 +81,39 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}
+	access := gpuaccess.Node{MPS: gpuaccess.MPS{PipeDir: o.MPSPipeDir, ShmDir: o.MPSShmDir}, SimulatedDeviceDir: o.SimulatedDeviceDir}
 	plugin, err := deviceplugin.New(deviceplugin.Config{
 		Node: o.Node, Unit: o.Unit, MaxDevices: o.MaxDevices, Allocator: alloc, Kube: kubeClient, Dir: o.PluginDir, PodResources: o.PodResourcesSocket,
-		Poll: o.Poll, MPS: gpuaccess.MPS{PipeDir: o.MPSPipeDir, ShmDir: o.MPSShmDir}, SimulatedDeviceDir: o.SimulatedDeviceDir, Logger: log,
+		Poll: o.Poll, MPS: access.MPS, SimulatedDeviceDir: access.SimulatedDeviceDir, Logger: log,
 	})
 	if err != nil {
 		return &cli.UsageError{Err: err}
 	}
+	if o.DRA {
+		driver := &node.Driver{Node: o.Node, Leases: podLeases{alloc, o.Node}, CDIDir: o.CDIDir, Access: access}
+		helper, err := kubeletplugin.Start(klog.NewContext(ctx, logr.FromSlogHandler(log.Handler())), driver,
+			kubeletplugin.DriverName(dra.DriverName), kubeletplugin.NodeName(o.Node), kubeletplugin.KubeClient(kubeClient),
+			kubeletplugin.RegistrarDirectoryPath(filepath.Join(o.KubeletDir, "plugins_registry")),
+			kubeletplugin.PluginDataDirectoryPath(filepath.Join(o.KubeletDir, "plugins", dra.DriverName)))
+		if err != nil {
+			return fmt.Errorf("the DRA kubelet plugin: %w", err)
+		}
+		defer helper.Stop()
+		log.Info("DRA kubelet plugin serving", "driver", dra.DriverName, "kubelet-dir", o.KubeletDir, "cdi-dir", o.CDIDir)
+	}
 	log.Info("device plugin starting", "node", o.Node, "allocator", o.Allocator, "unit", o.Unit, "plugin-dir", o.PluginDir)
 	return plugin.Run(ctx)
+}
+
+// podLeases reads a pod's leases on this node's server from the
+// allocator, with the node's token.
+type podLeases struct {
+	alloc *client.Client
+	node  string
+}
+
+func (p podLeases) PodLeases(ctx context.Context, namespace string, pod types.UID) ([]api.Lease, error) {
+	return p.alloc.Leases(ctx, client.LeaseFilter{Server: p.node, Namespace: namespace, OwnerUID: string(pod)})
 }
 
 // Command is gpupool-device-plugin's command line: its options, and Run on them.

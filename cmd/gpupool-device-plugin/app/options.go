@@ -11,6 +11,7 @@ import (
 	"github.com/gpupool/gpupool/kube"
 	"github.com/gpupool/gpupool/kube/admission"
 	"github.com/gpupool/gpupool/kube/deviceplugin"
+	"github.com/gpupool/gpupool/kube/dra"
 )
 
 // Options are gpupool-device-plugin's flags.
@@ -25,6 +26,10 @@ type Options struct {
 	MPSPipeDir, MPSShmDir                 string
 	SimulatedDeviceDir                    string
 	MaxDevices                            int
+	// DRA serves the kubelet plugin of DRA's driver gpu.gpupool.io too,
+	// registered in KubeletDir, its claims' CDI specs in CDIDir.
+	DRA                bool
+	KubeletDir, CDIDir string
 	// UnitFlags are --unit alone: the plugin counts no GPU memory.
 	admission.UnitFlags
 }
@@ -35,7 +40,7 @@ func NewOptions() *Options {
 	return &Options{
 		Node: os.Getenv("NODE_NAME"), Allocator: "http://127.0.0.1:8470", UnitFlags: admission.UnitFlags{UnitName: string(kube.UnitPercent)},
 		PluginDir: "/var/lib/kubelet/device-plugins", PodResourcesSocket: "/var/lib/kubelet/pod-resources/kubelet.sock",
-		Poll: 10 * time.Second,
+		Poll: 10 * time.Second, KubeletDir: "/var/lib/kubelet", CDIDir: "/var/run/cdi",
 	}
 }
 
@@ -53,6 +58,9 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Poll, "poll", o.Poll, "how often the node's GPUs and their health are read from the allocator")
 	fs.StringVar(&o.MPSPipeDir, "mps-pipe-dir", o.MPSPipeDir, "the host's MPS control daemon's pipe directory (its CUDA_MPS_PIPE_DIRECTORY), mounted into every container at the same path; empty: no MPS")
 	fs.StringVar(&o.MPSShmDir, "mps-shm-dir", o.MPSShmDir, "the host directory holding the MPS daemon's shared memory, mounted as every container's /dev/shm")
+	fs.BoolVar(&o.DRA, "dra", o.DRA, "serve the kubelet plugin of Dynamic Resource Allocation's driver "+dra.DriverName+" too: it prepares the node's pods' ResourceClaims of DeviceClass "+dra.DeviceClassName+", each a CDI spec in --cdi-dir that gives the containers what the device plugin gives them")
+	fs.StringVar(&o.KubeletDir, "kubelet-dir", o.KubeletDir, "the kubelet's root directory (with --dra: the plugin registers in its plugins_registry and serves from plugins/"+dra.DriverName+")")
+	fs.StringVar(&o.CDIDir, "cdi-dir", o.CDIDir, "with --dra, where the container runtime reads CDI specs (containerd 2's default: /var/run/cdi)")
 	fs.StringVar(&o.SimulatedDeviceDir, "simulated-device-dir", o.SimulatedDeviceDir, "on a node without GPUs, the directory where gpupool-server --source simulated makes the files that stand for them (its --simulated-device-dir): each container gets its lease's at "+kube.SimulatedDeviceDir+"/<UUID>; tests and demos only")
 }
 
@@ -63,6 +71,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Poll <= 0 {
 		return fmt.Errorf("--poll %s: must be above 0", o.Poll)
+	}
+	if o.DRA && (o.KubeletDir == "" || o.CDIDir == "") {
+		return fmt.Errorf("--dra needs --kubelet-dir (%q) and --cdi-dir (%q)", o.KubeletDir, o.CDIDir)
 	}
 	if o.MaxDevices < 0 {
 		return fmt.Errorf("--max-devices %d: must be 0 (all) or more", o.MaxDevices)
