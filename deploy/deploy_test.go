@@ -129,7 +129,9 @@ var callTheAPI = []string{"gpupool-adapter", "gpupool-scheduler", "gpupool-kube-
 // its socket beside the kubelet's and asks the kubelet's pod-resources API.
 var hostPaths = map[string]map[string]bool{
 	"gpupool-server":        {"/sys": false},
-	"gpupool-device-plugin": {"/var/lib/kubelet/device-plugins": true, "/var/lib/kubelet/pod-resources": false},
+	"gpupool-device-plugin": {"/var/lib/kubelet/device-plugins": true, "/var/lib/kubelet/pod-resources": false,
+		// DRA's kubelet plugin: its registration, its socket, the CDI specs.
+		"/var/lib/kubelet/plugins_registry": true, "/var/lib/kubelet/plugins": true, "/var/run/cdi": true},
 }
 
 // TestPodPrivileges checks every gpupool pod: no privilege, no capability,
