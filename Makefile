@@ -151,8 +151,9 @@ test: deps verify ## unit, scenario, property and integration tests (real etcd, 
 # export it to every recipe. KUBE_EXTRAS names what it builds beyond them
 # for every target that calls it, CI's early make kube included: keda
 # (KEDA's operator and metrics server, about 7 minutes more cold), which
-# TestKEDA* start.
-KUBE_EXTRAS ?= keda
+# TestKEDA* start, and containerd (containerd 2 and its runc shim, for the
+# DRA node test: Debian's 1.6 has no CDI).
+KUBE_EXTRAS ?= keda containerd
 kube_bin_dir = $(shell test/e2e/kube/build.sh $(KUBE_EXTRAS) | tail -n 1)
 
 .PHONY: kube

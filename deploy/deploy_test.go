@@ -128,7 +128,7 @@ var callTheAPI = []string{"gpupool-adapter", "gpupool-scheduler", "gpupool-kube-
 // write there: the daemon reads the host's /sys; the device plugin makes
 // its socket beside the kubelet's and asks the kubelet's pod-resources API.
 var hostPaths = map[string]map[string]bool{
-	"gpupool-server":        {"/sys": false},
+	"gpupool-server": {"/sys": false},
 	"gpupool-device-plugin": {"/var/lib/kubelet/device-plugins": true, "/var/lib/kubelet/pod-resources": false,
 		// DRA's kubelet plugin: its registration, its socket, the CDI specs.
 		"/var/lib/kubelet/plugins_registry": true, "/var/lib/kubelet/plugins": true, "/var/run/cdi": true},

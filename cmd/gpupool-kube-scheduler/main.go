@@ -2,7 +2,7 @@
 // (kube/scheduler.Plugin) registered, for a profile that places pods
 // through the pool. The plugin logs through kube-scheduler's klog, in its
 // --logging-format (text, or json as upstream's binary offers it) and at
-// its -v: 4 records every acquisition and bind. A module of its own: it
+// its -v: 2 records every acquisition and bind. A module of its own: it
 // builds kube-scheduler from k8s.io/kubernetes, whose staging modules
 // go.mod pins.
 package main

@@ -250,3 +250,49 @@ func forge(t *testing.T, ctx context.Context, pool *kubePool, name string) {
 		t.Fatal(err)
 	}
 }
+
+// TestDRAClaimsOnTheKubelet: on a real node (a kubelet over containerd 2,
+// which applies CDI specs) whose GPU server has one simulated H100, and
+// whose gpupool-device-plugin serves DRA's kubelet plugin, two pods whose
+// claims ask for 8Gi of a GPU run with the lease's GPU: their containers
+// get the lease's environment (its GPU's UUID, 10% of it for MPS) and its
+// device file, through the CDI spec the plugin wrote; the two share the
+// one GPU, and each claim's allocation is its pod's lease.
+func TestDRAClaimsOnTheKubelet(t *testing.T) {
+	gpupoolKubeScheduler(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	np := startNodePool(t, ctx, kubePoolOptions{Namespaces: []string{"ml"}, DRANode: true, SchedulerArgs: []string{"--resource-slices-every", "1s"}}, 1)
+	createDeviceClass(t, ctx, np.kubePool)
+	var gpu string
+	for _, name := range []string{"a", "b"} {
+		createClaim(t, ctx, np.kubePool, name, claimFor(1, "8Gi"))
+		pod := claimPodSpec(name)
+		pod.Spec.Tolerations = nil
+		pod.Spec.TerminationGracePeriodSeconds = ptr.To[int64](5)
+		pod.Spec.Containers[0].Image, pod.Spec.Containers[0].ImagePullPolicy = gpuloadImage, corev1.PullIfNotPresent
+		if _, err := np.CP.Client.CoreV1().Pods("ml").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		running := np.waitRunning(t, ctx, "ml", name)
+		lease := np.checkLeaseEnv(t, ctx, running, 10)
+		claim := waitClaim(t, ctx, np.kubePool, name, func(c *resourceapi.ResourceClaim) bool { return len(c.Status.ReservedFor) == 1 })
+		wantAllocation(t, claim, lease, running)
+		if gpu != "" && lease.GPUs[0].UUID != gpu {
+			t.Errorf("the two claims of 8Gi are on GPUs %s and %s of one", gpu, lease.GPUs[0].UUID)
+		}
+		gpu = lease.GPUs[0].UUID
+	}
+
+	// Both ways in, one pool: a pod of the articles' YAML takes half of the
+	// GPU through the device plugin, and a claim for the 40Gi that would
+	// take more than the 30% left is refused.
+	bfk := bfkDeployment(1, 50).Spec.Template
+	bfk.Name = "bfk"
+	if _, err := np.CP.Client.CoreV1().Pods("ml").Create(ctx, &corev1.Pod{ObjectMeta: bfk.ObjectMeta, Spec: bfk.Spec}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	np.checkLeaseEnv(t, ctx, np.waitRunning(t, ctx, "ml", "bfk"), 50)
+	big, _ := claimPod(t, ctx, np.kubePool, "big", claimFor(1, "40Gi"))
+	np.waitFailedScheduling(t, ctx, big, "gpupool allocator: no server")
+}

@@ -58,6 +58,9 @@ type kubePoolOptions struct {
 	// gpupool-kube-scheduler's GPUPool plugin, beside gpupool-scheduler's
 	// lease controller.
 	Extender bool
+	// DRANode runs startNodePool's node on containerd 2, which applies CDI
+	// specs, and its device plugin as DRA's kubelet plugin too (--dra).
+	DRANode bool
 }
 
 // kubePool is gpupool deployed on a real control plane as users deploy

@@ -68,7 +68,11 @@ func startNodePool(t *testing.T, ctx context.Context, o kubePoolOptions, gpus in
 	// The daemon heart-beats every 500 ms: a stopped one is seen in 3 s.
 	o.AllocatorArgs = append(o.AllocatorArgs, "--heartbeat-timeout", "3s")
 	p := &nodePool{kubePool: startKubePool(t, ctx, o), PluginLogs: &syncBuffer{}, gpus: gpus}
-	p.Node = startNode(ctx, t, p.CP, e2ekube.NodeOptions{Name: nodePoolNode})
+	nodeOptions := e2ekube.NodeOptions{Name: nodePoolNode}
+	if o.DRANode {
+		nodeOptions.Containerd2Dir = filepath.Join(os.Getenv("KUBE_BIN_DIR"), "containerd2")
+	}
+	p.Node = startNode(ctx, t, p.CP, nodeOptions)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("gpupool-device-plugin:\n%s", tail(p.PluginLogs.String(), 40))
@@ -97,10 +101,13 @@ func startNodePool(t *testing.T, ctx context.Context, o kubePoolOptions, gpus in
 		"--probe-listen", "127.0.0.1:0", "--simulate-gpus", fmt.Sprintf("H100:80Gi:%d", gpus), "--simulated-device-dir", devices,
 		"--simulated-workload", p.workload, "--interval", "200ms", "--process-every", "1", "--heartbeat", "500ms"}
 	p.startDaemon(t)
-	p.plugin = startBinary(t, p.PluginLogs, "gpupool-device-plugin", regexp.MustCompile(`registered with the kubelet`),
-		"--node", nodePoolNode, "--allocator", p.Allocator.URL, "--token-file", p.config.serversTokenFile(t), "--unit", string(p.unit),
+	pluginArgs := []string{"--node", nodePoolNode, "--allocator", p.Allocator.URL, "--token-file", p.config.serversTokenFile(t), "--unit", string(p.unit),
 		"--kubeconfig", p.CP.Kubeconfig, "--pod-resources-socket", p.Node.PodResourcesSocket(), "--poll", "500ms",
-		"--simulated-device-dir", devices)
+		"--simulated-device-dir", devices}
+	if o.DRANode {
+		pluginArgs = append(pluginArgs, "--dra", "--kubelet-dir", p.Node.KubeletDir, "--cdi-dir", p.Node.CDIDir)
+	}
+	p.plugin = startBinary(t, p.PluginLogs, "gpupool-device-plugin", regexp.MustCompile(`registered with the kubelet`), pluginArgs...)
 	p.waitAllocatable(t, ctx, p.devicesPerGPU()*int64(gpus))
 	return p
 }

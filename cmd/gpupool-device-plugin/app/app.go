@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -90,11 +91,17 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		return &cli.UsageError{Err: err}
 	}
 	if o.DRA {
+		// The helper serves its socket in the plugin's directory, which it
+		// does not make.
+		dataDir := filepath.Join(o.KubeletDir, "plugins", dra.DriverName)
+		if err := os.MkdirAll(dataDir, 0o750); err != nil {
+			return fmt.Errorf("the DRA kubelet plugin's directory: %w", err)
+		}
 		driver := &node.Driver{Node: o.Node, Leases: podLeases{alloc, o.Node}, CDIDir: o.CDIDir, Access: access}
 		helper, err := kubeletplugin.Start(klog.NewContext(ctx, logr.FromSlogHandler(log.Handler())), driver,
 			kubeletplugin.DriverName(dra.DriverName), kubeletplugin.NodeName(o.Node), kubeletplugin.KubeClient(kubeClient),
 			kubeletplugin.RegistrarDirectoryPath(filepath.Join(o.KubeletDir, "plugins_registry")),
-			kubeletplugin.PluginDataDirectoryPath(filepath.Join(o.KubeletDir, "plugins", dra.DriverName)))
+			kubeletplugin.PluginDataDirectoryPath(dataDir))
 		if err != nil {
 			return fmt.Errorf("the DRA kubelet plugin: %w", err)
 		}

@@ -18,13 +18,20 @@
 # docs/measurements/keda-build.md), for the TestKEDA* tests: the Makefile
 # passes $(KUBE_EXTRAS), keda, to every call of this script (make kube,
 # CI's early build, make e2e).
+#
+# `build.sh containerd` installs containerd 2 and its runc shim too
+# (containerd/containerd-shim-runc-v2 in $dir/containerd2), which applies
+# the CDI specs DRA drivers write, for the node tests of DRA's kubelet
+# plugin: Debian's containerd 1.6 has no CDI.
 set -euo pipefail
 with_keda=
+with_containerd=
 for extra in "$@"; do
   case "$extra" in
     keda) with_keda=1 ;;
+    containerd) with_containerd=1 ;;
     *)
-      echo "usage: $0 [keda]" >&2
+      echo "usage: $0 [keda] [containerd]" >&2
       exit 2
       ;;
   esac
@@ -32,6 +39,7 @@ done
 root="$(cd "$(dirname "$0")/../../.." && pwd)"
 version="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$root/cmd/gpupool-kube-scheduler/go.mod")"
 kwok_version=v0.8.0
+containerd_version=v2.4.2
 training_operator=github.com/kubeflow/training-operator
 training_operator_version=v1.8.1
 dir="${KUBE_BIN_DIR:-$HOME/.cache/gpupool/kube-$version}"
@@ -116,5 +124,16 @@ if [ -n "$with_keda" ]; then
       mv "$tmp/$f" "$dir/$f"
     done
   fi
+fi
+
+# containerd 2, when asked: go install, as its go.mod has no replace.
+if [ -n "$with_containerd" ] && { [ ! -x "$dir/containerd2/containerd" ] || [ ! -x "$dir/containerd2/containerd-shim-runc-v2" ]; }; then
+  echo "installing containerd $containerd_version into $dir/containerd2" >&2
+  mkdir -p "$tmp/containerd2"
+  GOBIN="$tmp/containerd2" go install -ldflags "-s -w" \
+    "github.com/containerd/containerd/v2/cmd/containerd@$containerd_version" \
+    "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$containerd_version"
+  rm -rf "$dir/containerd2"
+  mv "$tmp/containerd2" "$dir/containerd2"
 fi
 echo "$dir"

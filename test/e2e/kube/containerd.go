@@ -27,11 +27,11 @@ type containerdPaths struct {
 	cniIPAMDir string // host-local's record of the addresses it gave
 }
 
-// containerdConfig is containerd 1.6's configuration for a node whose pod
-// sandboxes run sandboxImage.
-func containerdConfig(p containerdPaths, sandboxImage string) []byte {
+// containerdPlaces is the start of a containerd configuration of the
+// version: where it keeps everything, which no version names otherwise.
+func containerdPlaces(p containerdPaths, version int) []byte {
 	// %q writes a TOML basic string for the paths and refs used here.
-	return fmt.Appendf(nil, `version = 2
+	return fmt.Appendf(nil, `version = %d
 root = %q
 state = %q
 
@@ -40,7 +40,13 @@ state = %q
 
 [plugins."io.containerd.internal.v1.opt"]
   path = %q
+`, version, p.root, p.state, p.socket, p.root+"/opt")
+}
 
+// containerdConfig is containerd 1.6's configuration for a node whose pod
+// sandboxes run sandboxImage.
+func containerdConfig(p containerdPaths, sandboxImage string) []byte {
+	return fmt.Appendf(containerdPlaces(p, 2), `
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %q
   # Root here may not lower a process's oom_score_adj, and runc fails to
@@ -62,7 +68,34 @@ state = %q
       Root = %q
       # cgroupfs, as the kubelet's cgroupDriver.
       SystemdCgroup = false
-`, p.root, p.state, p.socket, p.root+"/opt", sandboxImage, cniBinDir, p.cniConfDir, p.state+"/runc")
+`, sandboxImage, cniBinDir, p.cniConfDir, p.state+"/runc")
+}
+
+// containerd2Config is containerd 2's configuration (version 3) for a
+// node whose pod sandboxes run sandboxImage, reading CDI specs from
+// cdiDir: what containerdConfig says to 1.6, under 2's plugin names.
+func containerd2Config(p containerdPaths, sandboxImage, cdiDir string) []byte {
+	return fmt.Appendf(containerdPlaces(p, 3), `
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = %q
+
+[plugins."io.containerd.cri.v1.runtime"]
+  enable_cdi = true
+  cdi_spec_dirs = [%q]
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = [%q]
+    conf_dir = %q
+
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+      Root = %q
+      SystemdCgroup = false
+`, sandboxImage, cdiDir, cniBinDir, p.cniConfDir, p.state+"/runc")
 }
 
 // podCIDR holds the node's pods' addresses.
@@ -113,8 +146,10 @@ func runtimeReady(runtime runtimeapi.RuntimeServiceClient) func(context.Context)
 		if err != nil {
 			return err
 		}
+		// The two the kubelet reads: containerd 2 adds others, such as
+		// ContainerdHasNoDeprecationWarnings (false on cgroup v1).
 		for _, c := range resp.GetStatus().GetConditions() {
-			if !c.Status {
+			if (c.Type == runtimeapi.RuntimeReady || c.Type == runtimeapi.NetworkReady) && !c.Status {
 				return fmt.Errorf("%s: %s: %s", c.Type, c.Reason, c.Message)
 			}
 		}

@@ -45,6 +45,11 @@ type NodeOptions struct {
 	// name: a cluster whose components run as pods. The control plane
 	// must have Options.PodNetwork, for pods to reach the apiserver.
 	Services bool
+	// Containerd2Dir, when set, holds containerd 2 and its runc shim
+	// (build.sh containerd), which the node runs instead of the machine's
+	// containerd 1.6: 2 applies CDI specs, which DRA drivers write, from
+	// KubeletNode.CDIDir.
+	Containerd2Dir string
 }
 
 // KubeletNode is a node run by a real kubelet over containerd: its pods'
@@ -54,6 +59,12 @@ type KubeletNode struct {
 	// ContainerdSocket is the path of containerd's socket, for ctr
 	// --address and CRI clients.
 	ContainerdSocket string
+	// KubeletDir is the kubelet's root directory: DRA's kubelet plugins
+	// register in its plugins_registry.
+	KubeletDir string
+	// CDIDir is where containerd 2 reads CDI specs
+	// (NodeOptions.Containerd2Dir).
+	CDIDir string
 
 	cp         *ControlPlane
 	dir        string // the kubelet's and containerd's files
@@ -170,7 +181,7 @@ func (c *ControlPlane) StartNode(ctx context.Context, o NodeOptions) (_ *Kubelet
 		cniConfDir: filepath.Join(dir, "cni"),
 		cniIPAMDir: filepath.Join(dir, "cni-ipam"),
 	}
-	n := &KubeletNode{Name: o.Name, ContainerdSocket: paths.socket, cp: c, dir: dir, state: state}
+	n := &KubeletNode{Name: o.Name, ContainerdSocket: paths.socket, KubeletDir: filepath.Join(dir, "kubelet"), cp: c, dir: dir, state: state}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, n.Stop())
@@ -188,13 +199,20 @@ func (c *ControlPlane) StartNode(ctx context.Context, o NodeOptions) (_ *Kubelet
 	}
 	f := &files{dir: dir}
 	f.write(filepath.Join("cni", "10-gpupool-e2e.conflist"), network)
-	containerdConfigFile := f.write("containerd.toml", containerdConfig(paths, PauseImage))
+	containerd, config, env := "containerd", containerdConfig(paths, PauseImage), []string(nil)
+	if o.Containerd2Dir != "" {
+		n.CDIDir = filepath.Join(dir, "cdi")
+		containerd, config = filepath.Join(o.Containerd2Dir, "containerd"), containerd2Config(paths, PauseImage, n.CDIDir)
+		// Its shim is found on PATH.
+		env = []string{"PATH=" + o.Containerd2Dir + string(os.PathListSeparator) + os.Getenv("PATH")}
+	}
+	containerdConfigFile := f.write("containerd.toml", config)
 	if f.err != nil {
 		return nil, f.err
 	}
 
 	start := time.Now()
-	if n.containerd, err = startProcess("containerd", "containerd", nil, []string{"--config", containerdConfigFile}, filepath.Join(c.dir, "containerd.log")); err != nil {
+	if n.containerd, err = startProcess("containerd", containerd, env, []string{"--config", containerdConfigFile}, filepath.Join(c.dir, "containerd.log")); err != nil {
 		return nil, err
 	}
 	if n.criConn, n.runtime, err = dialCRI(paths.socket); err != nil {
@@ -334,7 +352,7 @@ func (n *KubeletNode) kubeletCommand(containerdSocket string, ip, dns net.IP) ([
 		filepath.Join(c.binDir, "kubelet"),
 		"--config=" + configFile,
 		"--kubeconfig=" + kubeconfig,
-		"--root-dir=" + filepath.Join(n.dir, "kubelet"),
+		"--root-dir=" + n.KubeletDir,
 		"--cert-dir=" + filepath.Join(n.dir, "kubelet-pki"),
 		"--hostname-override=" + n.Name,
 		// The node's InternalIP, where the apiserver reaches the kubelet.
