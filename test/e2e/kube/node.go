@@ -68,7 +68,7 @@ type KubeletNode struct {
 
 	cp         *ControlPlane
 	dir        string // the kubelet's and containerd's files
-	state      string // containerd's state directory, removed by Stop
+	state      string // containerd's state and the kubelet's root (short paths, for sockets), removed by Stop
 	containerd *process
 	kubelet    *process
 	proxy, dns *process // with NodeOptions.Services
@@ -181,7 +181,11 @@ func (c *ControlPlane) StartNode(ctx context.Context, o NodeOptions) (_ *Kubelet
 		cniConfDir: filepath.Join(dir, "cni"),
 		cniIPAMDir: filepath.Join(dir, "cni-ipam"),
 	}
-	n := &KubeletNode{Name: o.Name, ContainerdSocket: paths.socket, KubeletDir: filepath.Join(dir, "kubelet"), cp: c, dir: dir, state: state}
+	// The kubelet's root is in the short directory too: the sockets of
+	// the plugins it serves are made under it (plugins_registry/...), and a
+	// test's directory left a DRA plugin's over the 108 bytes a socket's
+	// path may have in one run of two.
+	n := &KubeletNode{Name: o.Name, ContainerdSocket: paths.socket, KubeletDir: filepath.Join(state, "kubelet"), cp: c, dir: dir, state: state}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, n.Stop())
@@ -480,7 +484,7 @@ func unmountUnder(dir string) error {
 // PodResourcesSocket is the kubelet's pod-resources API socket, which a
 // device plugin asks which pod its devices went to.
 func (n *KubeletNode) PodResourcesSocket() string {
-	return filepath.Join(n.dir, "kubelet", "pod-resources", "kubelet.sock")
+	return filepath.Join(n.KubeletDir, "pod-resources", "kubelet.sock")
 }
 
 // Logs returns the last lines of containerd's and the kubelet's logs, and
