@@ -25,13 +25,20 @@ func LeaseRequest(pod *corev1.Pod, servers []string) (api.AcquireRequest, error)
 	if !ok {
 		return api.AcquireRequest{}, fmt.Errorf("pod %s/%s has no annotation %s", pod.Namespace, pod.Name, AnnotationRequest)
 	}
+	return LeaseRequestFor(pod, r, servers), nil
+}
+
+// LeaseRequestFor is pod's lease of r among servers: r's GPUs, the pod's
+// CPU and memory as kube-scheduler counts them, the pod as owner and its
+// UID as the idempotency key, until released.
+func LeaseRequestFor(pod *corev1.Pod, r Request, servers []string) api.AcquireRequest {
 	requests := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})
 	return api.AcquireRequest{
 		Namespace: pod.Namespace, GPUAmount: r.GPUAmount, GPUPercent: r.GPUPercent, GPUMemory: r.GPUMemory, Models: r.Models,
 		Topology: r.Topology, CPU: quantity(requests, corev1.ResourceCPU), Memory: quantity(requests, corev1.ResourceMemory),
 		Owner:          api.Owner{Pod: pod.Name, UID: string(pod.UID), Labels: pod.Labels},
 		IdempotencyKey: string(pod.UID), Servers: servers, UntilReleased: true,
-	}, nil
+	}
 }
 
 // quantity is a request as the allocator reads it; "" for none.

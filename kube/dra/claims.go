@@ -134,6 +134,16 @@ func models(ctx context.Context, selectors []resourceapi.DeviceSelector, path *f
 	if len(selectors) == 0 {
 		return nil, nil
 	}
+	compiled := make([]cel.CompilationResult, len(selectors))
+	for i, s := range selectors {
+		if s.CEL == nil {
+			return nil, field.Required(path.Index(i).Child("cel"), "the pool reads CEL selectors only")
+		}
+		compiled[i] = cel.GetCompiler(cel.Features{EnableConsumableCapacity: true}).CompileCELExpression(s.CEL.Expression, cel.Options{})
+		if compiled[i].Error != nil {
+			return nil, field.Invalid(path.Index(i).Child("cel", "expression"), s.CEL.Expression, compiled[i].Error.Error())
+		}
+	}
 	var matched []string
 	for _, model := range slices.Sorted(maps.Keys(cat)) {
 		device := cel.Device{Driver: DriverName, AllowMultipleAllocations: ptr.To(true),
@@ -141,14 +151,7 @@ func models(ctx context.Context, selectors []resourceapi.DeviceSelector, path *f
 			Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapacityMemory: {Value: *resource.NewQuantity(cat[model], resource.BinarySI)}}}
 		all := true
 		for i, s := range selectors {
-			if s.CEL == nil {
-				return nil, field.Required(path.Index(i).Child("cel"), "the pool reads CEL selectors only")
-			}
-			compiled := cel.GetCompiler(cel.Features{EnableConsumableCapacity: true}).CompileCELExpression(s.CEL.Expression, cel.Options{})
-			if compiled.Error != nil {
-				return nil, field.Invalid(path.Index(i).Child("cel", "expression"), s.CEL.Expression, compiled.Error.Error())
-			}
-			match, _, err := compiled.DeviceMatches(ctx, device)
+			match, _, err := compiled[i].DeviceMatches(ctx, device)
 			if err != nil {
 				return nil, field.Invalid(path.Index(i).Child("cel", "expression"), s.CEL.Expression,
 					fmt.Sprintf("the pool places by a GPU's %s and %s only: %v", AttributeModel, CapacityMemory, err))

@@ -96,13 +96,7 @@ func claimName(pod *v1.Pod, pc v1.PodResourceClaim) string {
 // claimRequest is the lease of a pod's claim among servers: the claim's
 // request, with the pod's CPU and memory, owned by the pod.
 func claimRequest(pod *v1.Pod, c *podClaim, servers []string) api.AcquireRequest {
-	annotated := pod.DeepCopy()
-	if annotated.Annotations == nil {
-		annotated.Annotations = map[string]string{}
-	}
-	annotated.Annotations[kube.AnnotationRequest] = c.Request.Annotation()
-	req, _ := kube.LeaseRequest(annotated, servers) // the annotation was just written: it reads
-	return req
+	return kube.LeaseRequestFor(pod, c.Request, servers)
 }
 
 // allocate writes the lease as the claim's allocation, unless the claim

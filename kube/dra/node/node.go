@@ -102,7 +102,8 @@ func (d *Driver) leaseOf(ctx context.Context, c *resourceapi.ResourceClaim) (api
 	}
 	leases, err := d.Leases.PodLeases(ctx, c.Namespace, pod)
 	if err != nil {
-		return api.Lease{}, kubeletplugin.ErrRecoverable // the allocator may answer next time
+		// The allocator may answer next time: the kubelet retries.
+		return api.Lease{}, fmt.Errorf("%w: ResourceClaim %s: reading its pod's lease from the allocator: %w", kubeletplugin.ErrRecoverable, name, err)
 	}
 	i := slices.IndexFunc(leases, func(l api.Lease) bool { return dra.AllocatesLease(c.Status.Allocation, l) })
 	switch {
