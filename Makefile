@@ -139,10 +139,14 @@ RACE_PACKAGES = $(filter-out $(shell $(GO) list ./deploy/... ./allocator),$(UNIT
 
 .PHONY: test
 # go vet's analyzers run in make lint (govet, a superset), and go test
-# runs its high-confidence subset.
+# runs its high-confidence subset. Last, gpupool-kube-scheduler's module's
+# tests, which check the profile against the kube-scheduler it pins: they
+# compile only packages its binary links, which CI's early make kube
+# compiles beside the tests.
 test: deps verify ## unit, scenario, property and integration tests (real etcd, Prometheus, VictoriaMetrics); a race pass
 	$(GO) test -count=1 $(UNIT_PACKAGES)
 	$(GO) test -count=1 -race -short $(RACE_PACKAGES)
+	cd cmd/gpupool-kube-scheduler && $(GO) test -count=1 ./...
 
 # The cluster the e2e tests start: kube-apiserver, kube-controller-manager,
 # kube-scheduler, the kubelet and kube-proxy (cmd/gpupool-kube-scheduler pins them), kwok,

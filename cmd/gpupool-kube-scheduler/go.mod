@@ -6,6 +6,7 @@ require k8s.io/kubernetes v1.37.2
 
 require (
 	github.com/gpupool/gpupool v0.0.0
+	k8s.io/client-go v0.37.2
 	k8s.io/component-base v0.37.2
 )
 
@@ -139,7 +140,6 @@ require (
 	k8s.io/apiextensions-apiserver v0.37.0 // indirect
 	k8s.io/apimachinery v0.37.2 // indirect
 	k8s.io/apiserver v0.37.2 // indirect
-	k8s.io/client-go v0.37.2 // indirect
 	k8s.io/cloud-provider v0.37.2 // indirect
 	k8s.io/cluster-bootstrap v0.0.0 // indirect
 	k8s.io/component-helpers v0.37.2 // indirect

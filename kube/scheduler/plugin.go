@@ -333,7 +333,9 @@ func DecodePluginArgs(obj runtime.Object) (PluginArgs, error) {
 // GPUPool, in their order: GPUPool first, since the allocation it writes
 // on a pod's claim must be there for DynamicResources' PreFilter, then
 // kube-scheduler v1.37's defaults in their default order. A profile that
-// only enabled GPUPool would run it after them.
+// only enabled GPUPool would run it after them. cmd/gpupool-kube-scheduler's
+// TestPreFilterPluginsAreTheDefaults checks them against the defaults of
+// the kube-scheduler it pins.
 var PreFilterPlugins = []string{PluginName, "NodeName", "NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodePorts",
 	"NodeResourcesFit", "VolumeRestrictions", "NodeVolumeLimits", "VolumeBinding", "VolumeZone", "PodTopologySpread",
 	"InterPodAffinity", "DynamicResources", "NodeDeclaredFeatures"}
