@@ -28,11 +28,12 @@ type PolicyOptions struct {
 
 // policyConstructors are the placement policies by their flag names.
 var policyConstructors = map[string]func(PolicyOptions) Policy{
-	"best-fit": newBestFit,
-	"spread":   newSpread,
-	"random":   newRandom,
-	"fgd":      newFGD,
-	"fgd-cpu":  newFGDCPU,
+	"best-fit":  newBestFit,
+	"first-fit": newFirstFit,
+	"spread":    newSpread,
+	"random":    newRandom,
+	"fgd":       newFGD,
+	"fgd-cpu":   newFGDCPU,
 }
 
 // PolicyNames lists the policies in a stable order.
