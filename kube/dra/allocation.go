@@ -2,6 +2,7 @@ package dra
 
 import (
 	"fmt"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/google/uuid"
 	resourceapi "k8s.io/api/resource/v1"
@@ -67,4 +68,12 @@ func AllocatesLease(a *resourceapi.AllocationResult, l api.Lease) bool {
 		}
 	}
 	return true
+}
+
+// nodeSelector selects the node of the name: where an allocation's
+// devices are, which kube-scheduler and the kubelet read.
+func nodeSelector(node string) *corev1.NodeSelector {
+	return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+		MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
+	}}}
 }

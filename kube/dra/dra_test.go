@@ -30,24 +30,25 @@ func server(name, model string, memory int64) api.ServerStatus {
 	return s
 }
 
-// TestResourcesPublishEachServersHealthyGPUs: a pool per server on its
-// node, a device per healthy GPU with its model, index, UUID and NVLink
-// group, shareable by memory, a request for none taking it all, tainted
-// against DRA's own allocator.
-func TestResourcesPublishEachServersHealthyGPUs(t *testing.T) {
+// TestSlicesPublishEachServersHealthyGPUs: a slice per server, on its
+// node by name, its own pool, a device per healthy GPU with its model,
+// index, UUID and NVLink group, shareable by memory, a request for none
+// taking it all, tainted against DRA's own allocator.
+func TestSlicesPublishEachServersHealthyGPUs(t *testing.T) {
 	down := server("gpu-down", "A100", 40*gi)
 	for i := range down.GPUs {
 		down.GPUs[i].Healthy = false
 	}
-	res := Resources([]api.ServerStatus{server("gpu-0", "H100", 80*gi), down})
-	if len(res.Pools) != 1 {
-		t.Fatalf("pools %v, want gpu-0's alone (gpu-down has no healthy GPU)", res.Pools)
+	slices := Slices([]api.ServerStatus{server("gpu-0", "H100", 80*gi), down})
+	if len(slices) != 1 {
+		t.Fatalf("slices %+v, want gpu-0's alone (gpu-down has no healthy GPU)", slices)
 	}
-	pool := res.Pools["gpu-0"]
-	if terms := pool.NodeSelector.NodeSelectorTerms; len(terms) != 1 || terms[0].MatchFields[0].Values[0] != "gpu-0" {
-		t.Errorf("pool's node selector %+v, want node gpu-0", pool.NodeSelector)
+	s := slices[0]
+	if s.Name != "gpu.gpupool.io-gpu-0" || s.Spec.Driver != DriverName || ptr.Deref(s.Spec.NodeName, "") != "gpu-0" || s.Spec.NodeSelector != nil ||
+		s.Spec.Pool != (resourceapi.ResourcePool{Name: "gpu-0", ResourceSliceCount: 1}) {
+		t.Errorf("slice %s: driver %s, node %v, selector %v, pool %+v; want gpu-0's own pool, on node gpu-0 by name", s.Name, s.Spec.Driver, s.Spec.NodeName, s.Spec.NodeSelector, s.Spec.Pool)
 	}
-	devices := pool.Slices[0].Devices
+	devices := s.Spec.Devices
 	if len(devices) != 3 {
 		t.Fatalf("%d devices, want the 3 healthy GPUs", len(devices))
 	}

@@ -3,36 +3,47 @@ package dra
 import (
 	"slices"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/dynamic-resource-allocation/resourceslice"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/inventory"
 )
 
-// Resources are the pool's devices as DRA publishes them: a pool per GPU
-// server, named as the server (its node), of one slice that lists its
-// healthy GPUs, each shareable by memory. A server without a healthy GPU
-// publishes none. The servers are the allocator's (GET /v1/pool): the
-// pool's inventory is its one source, whether the node is a real one or
-// kwok's.
-func Resources(servers []api.ServerStatus) *resourceslice.DriverResources {
-	res := &resourceslice.DriverResources{Pools: make(map[string]resourceslice.Pool, len(servers))}
+// Slices are the pool's devices as DRA publishes them: a slice per GPU
+// server with a healthy GPU, named after it (SliceName), a pool of its own
+// on the server's node, listing its healthy GPUs, each shareable by
+// memory. The servers are the allocator's (GET /v1/pool): the pool's
+// inventory is its one source, whether the node is a real one or kwok's.
+//
+// A slice names its node (spec.nodeName) rather than selecting it:
+// kube-scheduler's DRA allocator matches every slice against every node it
+// considers, and a node selector is built afresh for each match, which at
+// 1,213 nodes took it seconds a pod.
+func Slices(servers []api.ServerStatus) []resourceapi.ResourceSlice {
+	var out []resourceapi.ResourceSlice
 	for _, s := range servers {
 		devices := Devices(s)
 		if len(devices) == 0 {
 			continue
 		}
-		res.Pools[s.Name] = resourceslice.Pool{
-			NodeSelector: nodeSelector(s.Name),
-			Slices:       []resourceslice.Slice{{Devices: devices}},
-		}
+		out = append(out, resourceapi.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: SliceName(s.Name)},
+			Spec: resourceapi.ResourceSliceSpec{
+				Driver:   DriverName,
+				Pool:     resourceapi.ResourcePool{Name: s.Name, ResourceSliceCount: 1},
+				NodeName: ptr.To(s.Name),
+				Devices:  devices,
+			},
+		})
 	}
-	return res
+	return out
 }
+
+// SliceName is the name of the slice of the server's GPUs.
+func SliceName(server string) string { return DriverName + "-" + server }
 
 // PlacedByThePool taints every device the pool publishes, so that DRA's
 // own allocator (a pod of the default scheduler's, say) never allocates
@@ -95,12 +106,4 @@ func nvlinkGroup(gpus []api.GPUStatus, g api.GPUStatus) int {
 		}
 	}
 	return lowest
-}
-
-// nodeSelector selects the node of the name, as a pool published for a
-// node from the control plane does.
-func nodeSelector(node string) *corev1.NodeSelector {
-	return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-		MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
-	}}}
 }
