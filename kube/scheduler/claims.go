@@ -11,7 +11,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 
 	"github.com/gpupool/gpupool/allocator/api"
@@ -21,13 +23,15 @@ import (
 )
 
 // ClaimStore reads the ResourceClaims of pods and takes note of the
-// allocations the placer writes: kube-scheduler's DRA manager
-// (framework.ResourceClaimTracker), so that its DynamicResources plugin,
-// after GPUPool in the same cycle, reads the claim allocated and only
-// checks its node and reserves it for the pod.
+// allocations the placer makes: kube-scheduler's DRA manager
+// (framework.ResourceClaimTracker). An allocation noted before it is
+// written lets DynamicResources, after GPUPool in the same cycle, read the
+// claim allocated and reserved for the pod: it checks the node and writes
+// nothing; the bind writes it, beside kube-scheduler's loop.
 type ClaimStore interface {
 	Get(namespace, name string) (*resourceapi.ResourceClaim, error)
 	AssumeClaimAfterAPICall(claim *resourceapi.ResourceClaim) error
+	AssumedClaimRestore(namespace, name string)
 }
 
 // podClaim is the pod's claim for the pool's GPUs, read.
@@ -99,12 +103,12 @@ func claimRequest(pod *v1.Pod, c *podClaim, servers []string) api.AcquireRequest
 	return kube.LeaseRequestFor(pod, c.Request, servers)
 }
 
-// allocate writes the lease as the claim's allocation, unless the claim
-// has it already: with the finalizer that has kube-controller-manager
-// deallocate it once no pod holds it, as kube-scheduler's own allocations
-// have. A claim allocated to other GPUs than the lease's is refused: the
-// pool did not place it (a forged allocation, or DRA's own allocator).
-func (p *Placer) allocate(ctx context.Context, c *podClaim, lease api.Lease) error {
+// noteAllocation notes the lease as the claim's allocation, reserved for
+// the pod, in kube-scheduler's store, unless the claim has it already; the
+// bind writes it (writeAllocation). A claim allocated to other GPUs than
+// the lease's is refused: the pool did not place it (a forged allocation,
+// or DRA's own allocator).
+func (p *Placer) noteAllocation(c *podClaim, lease api.Lease, pod *v1.Pod) error {
 	// The store's copy: a replaced lease's allocation may have been
 	// cleared since the pod's claim was read.
 	claim, err := p.claims.Get(c.claim.Namespace, c.claim.Name)
@@ -117,39 +121,94 @@ func (p *Placer) allocate(ctx context.Context, c *podClaim, lease api.Lease) err
 		}
 		return &refusal{fmt.Sprintf("gpupool: ResourceClaim %s/%s: status.allocation names GPUs the pool did not lease it (lease %s is on %s)", claim.Namespace, claim.Name, lease.ID, lease.Server)}
 	}
-	claims := p.kube.ResourceV1().ResourceClaims(claim.Namespace)
-	if !slices.Contains(claim.Finalizers, resourceapi.Finalizer) {
-		claim = claim.DeepCopy()
-		claim.Finalizers = append(claim.Finalizers, resourceapi.Finalizer)
-		updated, err := claims.Update(ctx, claim, metav1.UpdateOptions{})
-		if err != nil {
-			return fmt.Errorf("gpupool scheduler: ResourceClaim %s/%s: adding its finalizer: %w", claim.Namespace, claim.Name, err)
-		}
-		claim = updated
-	}
 	claim = claim.DeepCopy()
-	claim.Status.Allocation = dra.Allocation(c.Name, lease)
-	// kube-scheduler stamps an allocation without a time as it reserves
-	// it, and the allocation, once written, cannot change.
-	claim.Status.Allocation.AllocationTimestamp = &metav1.Time{Time: time.Now()}
-	updated, err := claims.UpdateStatus(ctx, claim, metav1.UpdateOptions{})
-	if err != nil {
-		return fmt.Errorf("gpupool scheduler: ResourceClaim %s/%s: writing its allocation: %w", claim.Namespace, claim.Name, err)
-	}
-	return p.claims.AssumeClaimAfterAPICall(updated)
+	claim.Status.Allocation = allocationOf(c, lease)
+	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{reservation(pod.Name, pod.UID)}
+	return p.claims.AssumeClaimAfterAPICall(claim)
 }
 
-// deallocate clears the allocation of the pod's claim that no pod holds
-// yet, and its finalizer: the pod's lease was given back before it was
-// bound.
+// allocationOf is the lease as the allocation of the pod's claim, stamped
+// now: kube-scheduler stamps an allocation without a time as it reserves
+// it, and an allocation, once written, cannot change.
+func allocationOf(c *podClaim, lease api.Lease) *resourceapi.AllocationResult {
+	a := dra.Allocation(c.Name, lease)
+	a.AllocationTimestamp = &metav1.Time{Time: time.Now()}
+	return a
+}
+
+// reservation is a claim's reservation for the pod.
+func reservation(name string, uid types.UID) resourceapi.ResourceClaimConsumerReference {
+	return resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: name, UID: uid}
+}
+
+// writeAllocation writes the lease as the allocation of the pod's claim,
+// reserved for the pod, as DynamicResources writes its own allocations in
+// its PreBind: the finalizer that has kube-controller-manager deallocate
+// the claim once no pod holds it, then the allocation and the reservation
+// in one write of the status. The bind calls it, beside kube-scheduler's
+// loop; the lease is the bind's, durable (the filter's, or one taken again
+// on the node after the allocator lost it). A claim changed meanwhile is
+// read again and written on.
+func (p *Placer) writeAllocation(ctx context.Context, c *podClaim, lease api.Lease, pod PodRef) error {
+	claims := p.kube.ResourceV1().ResourceClaims(c.claim.Namespace)
+	claim, read := c.claim, false
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if read {
+			got, err := claims.Get(ctx, c.claim.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			claim = got
+		}
+		read = true
+		claim = claim.DeepCopy()
+		if !slices.Contains(claim.Finalizers, resourceapi.Finalizer) {
+			claim.Finalizers = append(claim.Finalizers, resourceapi.Finalizer)
+			updated, err := claims.Update(ctx, claim, metav1.UpdateOptions{})
+			if err != nil {
+				return err
+			}
+			claim = updated.DeepCopy()
+		}
+		if a := claim.Status.Allocation; a == nil || !dra.AllocatesLease(a, lease) {
+			claim.Status.Allocation = allocationOf(c, lease)
+		}
+		if !slices.ContainsFunc(claim.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == pod.UID }) {
+			claim.Status.ReservedFor = append(claim.Status.ReservedFor, reservation(pod.Name, pod.UID))
+		}
+		updated, err := claims.UpdateStatus(ctx, claim, metav1.UpdateOptions{})
+		if err != nil {
+			return err
+		}
+		claim = updated
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("gpupool scheduler: ResourceClaim %s/%s: writing its allocation: %w", c.claim.Namespace, c.claim.Name, err)
+	}
+	return p.claims.AssumeClaimAfterAPICall(claim)
+}
+
+// deallocate forgets the allocation noted for the pod's claim, and clears
+// one written that no other pod holds, with its finalizer: the pod's lease
+// was given back before it was bound.
 func (p *Placer) deallocate(ctx context.Context, pod *v1.Pod) error {
 	c, err := p.claimOf(ctx, pod)
-	if c == nil || err != nil || c.claim.Status.Allocation == nil || len(c.claim.Status.ReservedFor) > 0 {
+	if c == nil || err != nil {
 		return nil // nothing of the pool's is allocated to the pod alone
 	}
+	p.claims.AssumedClaimRestore(c.claim.Namespace, c.claim.Name)
 	claims := p.kube.ResourceV1().ResourceClaims(c.claim.Namespace)
-	claim := c.claim.DeepCopy()
-	claim.Status.Allocation = nil
+	// The bind may have written it: kube-apiserver's copy says.
+	claim, err := claims.Get(ctx, c.claim.Name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("ResourceClaim %s/%s: %w", c.claim.Namespace, c.claim.Name, err)
+	}
+	others := slices.ContainsFunc(claim.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID != pod.UID })
+	if claim.Status.Allocation == nil || others {
+		return nil
+	}
+	claim.Status.Allocation, claim.Status.ReservedFor = nil, nil
 	updated, err := claims.UpdateStatus(ctx, claim, metav1.UpdateOptions{})
 	if err != nil {
 		return fmt.Errorf("ResourceClaim %s/%s: clearing its allocation: %w", claim.Namespace, claim.Name, err)

@@ -64,9 +64,10 @@ func (te *testPlacer) claim(t *testing.T, name string) *resourceapi.ResourceClai
 }
 
 // TestClaimIsAllocatedTheLease: a pod's claim for 8Gi of a GPU is placed
-// by the pool as a pod's request is, one lease, and the claim's
-// allocation, noted in kube-scheduler's store, names exactly the lease's
-// GPU and the memory it gives, with the finalizer that has the claim
+// by the pool as a pod's request is, one lease. Place notes the claim's
+// allocation in kube-scheduler's store, reserved for the pod, and writes
+// nothing; the bind writes it: exactly the lease's GPU and the memory it
+// gives, the reservation, and the finalizer that has the claim
 // deallocated when no pod holds it. Two such claims share one GPU; the
 // bind takes the same lease again.
 func TestClaimIsAllocatedTheLease(t *testing.T) {
@@ -80,17 +81,24 @@ func TestClaimIsAllocatedTheLease(t *testing.T) {
 		if lease.Server != "gpu-0" || len(lease.GPUs) != 1 || lease.GPUs[0].MemoryBytes != 8<<30 {
 			t.Fatalf("lease %+v, want 8Gi of one GPU of gpu-0", lease)
 		}
+		if written := te.claim(t, name); written.Status.Allocation != nil || len(written.Finalizers) > 0 {
+			t.Errorf("claim %s written in the filter: allocation %+v, finalizers %v; want it noted alone", name, written.Status.Allocation, written.Finalizers)
+		}
+		noted, err := claims.Get("team-a", name)
+		if err != nil || !dra.AllocatesLease(noted.Status.Allocation, lease) || !reservedFor(noted, pod) {
+			t.Fatalf("claim %s noted: %+v, %v; want the lease's allocation, reserved for the pod", name, noted.Status, err)
+		}
+		if err := te.callBind(pod, "gpu-0"); err != nil {
+			t.Fatalf("bind: %v", err)
+		}
 		claim := te.claim(t, name)
 		a := claim.Status.Allocation
-		if a == nil || len(a.Devices.Results) != 1 || a.AllocationTimestamp == nil || !slices.Contains(claim.Finalizers, resourceapi.Finalizer) || claims.Assumed() != i+1 {
-			t.Fatalf("claim %s: allocation %+v, finalizers %v, %d noted", name, a, claim.Finalizers, claims.Assumed())
+		if a == nil || len(a.Devices.Results) != 1 || a.AllocationTimestamp == nil || !slices.Contains(claim.Finalizers, resourceapi.Finalizer) || !reservedFor(claim, pod) || claims.Assumed() != 2*(i+1) {
+			t.Fatalf("claim %s after the bind: %+v, finalizers %v, %d noted", name, claim.Status, claim.Finalizers, claims.Assumed())
 		}
 		r := a.Devices.Results[0]
 		if got := r.ConsumedCapacity[dra.CapacityMemory]; r.Request != "gpu" || r.Driver != dra.DriverName || r.Pool != "gpu-0" || r.Device != "gpu-0" || got.Value() != 8<<30 {
 			t.Errorf("claim %s's result %+v, want 8Gi of gpu-0's gpu-0 for request gpu", name, r)
-		}
-		if err := te.callBind(pod, "gpu-0"); err != nil {
-			t.Fatalf("bind: %v", err)
 		}
 		if held := te.leases(t, pod); len(held) != 1 || held[0].ID != lease.ID {
 			t.Errorf("after the bind the pod holds %+v, want %s alone", held, lease.ID)
@@ -103,18 +111,47 @@ func TestClaimIsAllocatedTheLease(t *testing.T) {
 	}
 }
 
-// TestReleaseDeallocatesTheClaim: a lease given back before the bind
-// (the pod failed kube-scheduler's other filters) takes the claim's
-// allocation and finalizer with it.
+// reservedFor reports whether the claim is reserved for the pod alone.
+func reservedFor(claim *resourceapi.ResourceClaim, pod *v1.Pod) bool {
+	r := claim.Status.ReservedFor
+	return len(r) == 1 && r[0].UID == pod.UID && r[0].Name == pod.Name && r[0].Resource == "pods"
+}
+
+// TestReleaseDeallocatesTheClaim: a lease given back before the bind (the
+// pod failed kube-scheduler's other filters) takes the allocation noted
+// for its claim with it; given back after the bind wrote the claim (the
+// Binding failed), the written allocation, reservation and finalizer go.
 func TestReleaseDeallocatesTheClaim(t *testing.T) {
-	te, _ := newClaimPlacer(t, servicetest.Server("gpu-0", 1))
+	te, claims := newClaimPlacer(t, servicetest.Server("gpu-0", 1))
+	ctx := context.Background()
 	pod, _ := claimPod(t, te, "a", "")
-	if _, err := te.Place(context.Background(), pod, nil); err != nil {
+	if _, err := te.Place(ctx, pod, nil); err != nil {
 		t.Fatal(err)
 	}
-	te.Release(context.Background(), pod, "test: the node failed another filter")
-	if claim := te.claim(t, "a"); claim.Status.Allocation != nil || slices.Contains(claim.Finalizers, resourceapi.Finalizer) || len(te.leases(t, pod)) != 0 {
-		t.Errorf("after the release: allocation %+v, finalizers %v, %d leases", claim.Status.Allocation, claim.Finalizers, len(te.leases(t, pod)))
+	te.Release(ctx, pod, "test: the node failed another filter")
+	noted, err := claims.Get("team-a", "a")
+	if err != nil || noted.Status.Allocation != nil || len(noted.Status.ReservedFor) > 0 || len(te.leases(t, pod)) != 0 {
+		t.Errorf("after the release: the store has %+v (%v), %d leases", noted.Status, err, len(te.leases(t, pod)))
+	}
+
+	// Written by a bind whose Binding then failed.
+	if _, err := te.Place(ctx, pod, nil); err != nil {
+		t.Fatal(err)
+	}
+	c, err := te.claimOf(ctx, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := te.leases(t, pod)[0]
+	if err := te.writeAllocation(ctx, c, lease, PodRef{pod.Namespace, pod.Name, pod.UID}); err != nil {
+		t.Fatal(err)
+	}
+	if claim := te.claim(t, "a"); !dra.AllocatesLease(claim.Status.Allocation, lease) || !reservedFor(claim, pod) {
+		t.Fatalf("written: %+v", claim.Status)
+	}
+	te.Release(ctx, pod, "test: the Binding failed")
+	if claim := te.claim(t, "a"); claim.Status.Allocation != nil || len(claim.Status.ReservedFor) > 0 || slices.Contains(claim.Finalizers, resourceapi.Finalizer) {
+		t.Errorf("after the release: %+v, finalizers %v", claim.Status, claim.Finalizers)
 	}
 }
 

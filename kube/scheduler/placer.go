@@ -195,7 +195,7 @@ func (p *Placer) place(ctx context.Context, pod *v1.Pod, nodes []string) (api.Le
 	case err != nil:
 		return lease, fmt.Errorf("gpupool allocator: %w", err)
 	case claim != nil:
-		if err := p.allocate(ctx, claim, lease); err != nil {
+		if err := p.noteAllocation(claim, lease, pod); err != nil {
 			if Unschedulable(err) {
 				// Allocated to other GPUs: the lease is no one's.
 				_, _ = p.releaseLeases(ctx, pod, "released the lease of a pod whose claim is allocated otherwise")
@@ -351,6 +351,9 @@ func (p *Placer) bindPod(ctx context.Context, ref PodRef, node string) (api.Leas
 	}
 	annotations := kube.LeaseAnnotations(&lease)
 	if claim != nil {
+		if err := p.writeAllocation(ctx, claim, lease, ref); err != nil {
+			return api.Lease{}, err
+		}
 		// The pod's request, as the webhook writes it on the pods it
 		// handles: what marks a pod the pool placed, whose lease the lease
 		// controller ends with it, or acquires again.

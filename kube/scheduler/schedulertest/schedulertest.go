@@ -124,25 +124,45 @@ func Leases(t testing.TB, alloc *client.Client, pod *v1.Pod) []api.Lease {
 }
 
 // Claims is kube-scheduler's store of ResourceClaims as the placer uses
-// it, over the cluster: what the API has, and the allocations noted.
+// it, over the cluster: what the API has, unless a claim was noted since
+// (assumed), until that note is restored.
 type Claims struct {
 	Cluster *Cluster
 
 	mu      sync.Mutex
+	noted   map[string]*resourceapi.ResourceClaim
 	assumed int
 }
 
-// Get reads the claim from the cluster, which has every write at once.
+// Get reads the claim noted, else the cluster's, which has every write at
+// once.
 func (c *Claims) Get(namespace, name string) (*resourceapi.ResourceClaim, error) {
+	c.mu.Lock()
+	noted, ok := c.noted[namespace+"/"+name]
+	c.mu.Unlock()
+	if ok {
+		return noted.DeepCopy(), nil
+	}
 	return c.Cluster.ResourceV1().ResourceClaims(namespace).Get(context.Background(), name, metav1.GetOptions{})
 }
 
-// AssumeClaimAfterAPICall counts the claims noted.
-func (c *Claims) AssumeClaimAfterAPICall(*resourceapi.ResourceClaim) error {
+// AssumeClaimAfterAPICall notes the claim, and counts it.
+func (c *Claims) AssumeClaimAfterAPICall(claim *resourceapi.ResourceClaim) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.noted == nil {
+		c.noted = map[string]*resourceapi.ResourceClaim{}
+	}
+	c.noted[claim.Namespace+"/"+claim.Name] = claim.DeepCopy()
 	c.assumed++
 	return nil
+}
+
+// AssumedClaimRestore forgets the claim's note: Get reads the cluster's.
+func (c *Claims) AssumedClaimRestore(namespace, name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.noted, namespace+"/"+name)
 }
 
 // Assumed is how many claims were noted.
