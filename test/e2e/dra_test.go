@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
@@ -39,7 +40,7 @@ func TestDRAClaimsPlacedByThePool(t *testing.T) {
 	defer cancel()
 	pool := startKubePool(t, ctx, kubePoolOptions{Namespaces: []string{"ml"}, SchedulerArgs: []string{"--resource-slices-every", "1s"}})
 	c := pool.CP.Client
-	createDeviceClass(t, ctx, pool)
+	createDeviceClass(t, ctx, c)
 	pool.addNodes(t, ctx, 2, nil, "gpu-0")
 
 	// The slices: gpu-0's two H100s, shareable by memory.
@@ -130,7 +131,7 @@ func TestDRAClaimsPlacedByThePool(t *testing.T) {
 }
 
 // createDeviceClass creates deploy/'s DeviceClass gpu.gpupool.io.
-func createDeviceClass(t *testing.T, ctx context.Context, pool *kubePool) {
+func createDeviceClass(t testing.TB, ctx context.Context, c kubernetes.Interface) {
 	t.Helper()
 	raw, err := os.ReadFile("../../deploy/components/kubernetes/dra.yaml")
 	if err != nil {
@@ -140,7 +141,7 @@ func createDeviceClass(t *testing.T, ctx context.Context, pool *kubePool) {
 	if err := yaml.Unmarshal(raw, &class); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.CP.Client.ResourceV1().DeviceClasses().Create(ctx, &class, metav1.CreateOptions{}); err != nil {
+	if _, err := c.ResourceV1().DeviceClasses().Create(ctx, &class, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -263,7 +264,7 @@ func TestDRAClaimsOnTheKubelet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	np := startNodePool(t, ctx, kubePoolOptions{Namespaces: []string{"ml"}, DRANode: true, SchedulerArgs: []string{"--resource-slices-every", "1s"}}, 1)
-	createDeviceClass(t, ctx, np.kubePool)
+	createDeviceClass(t, ctx, np.CP.Client)
 	var gpu string
 	for _, name := range []string{"a", "b"} {
 		createClaim(t, ctx, np.kubePool, name, claimFor(1, "8Gi"))

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
@@ -109,12 +110,12 @@ func BenchmarkKubeScale(b *testing.B) {
 		var pool, stock *sideResult
 		b.Run(fmt.Sprintf("rate=%g/pool", rate), func(b *testing.B) {
 			for b.Loop() {
-				pool = runPoolSide(b, w, rate)
+				pool = runPoolSide(b, w, rate, false)
 			}
 		})
 		b.Run(fmt.Sprintf("rate=%g/stock", rate), func(b *testing.B) {
 			for b.Loop() {
-				stock = runStockSide(b, w, rate)
+				stock = runStockSide(b, w, rate, false)
 			}
 		})
 		if pool != nil && stock != nil {
@@ -155,14 +156,24 @@ func parseRates(b *testing.B, list string) []float64 {
 	return rates
 }
 
-// runPoolSide places the workload through gpupool.
-func runPoolSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
+// runPoolSide places the workload through gpupool, each pod by its own
+// ResourceClaim (claimArrivals) when claims is set.
+func runPoolSide(b *testing.B, w *scaleWorkload, rate float64, claims bool) *sideResult {
 	ctx, cancel := context.WithTimeout(b.Context(), 20*time.Minute)
 	defer cancel()
 	pool := startKubePool(b, ctx, kubePoolOptions{Namespaces: []string{scaleNamespace}, AllocatorArgs: []string{"--policy", scalePolicy},
 		SchedulerArgs:   []string{"--log-level", "debug", "--log-format", "json", "--unbound-lease-timeout", scaleUnboundTimeout.String()},
 		ExtenderTimeout: *scaleExtenderTimeout, Extender: *scaleExtender})
-	addTraceServers(b, ctx, pool, w.trace.Servers)
+	servers, next := w.trace.Servers, podAlone(func(i int) *corev1.Pod { return tracePod(podName(i), &w.pods[i]) })
+	if claims {
+		createDeviceClass(b, ctx, pool.CP.Client)
+		servers, next = withGPUMemory(servers), claimArrivals(w, kube.SchedulerName)
+	}
+	addTraceServers(b, ctx, pool, servers)
+	if claims {
+		// gpupool-scheduler publishes the servers' slices when it starts.
+		waitForSlices(b, ctx, pool.CP.Client, len(servers))
+	}
 
 	components := map[string]int{"allocator": pool.Allocator.cmd.Process.Pid, "gpupool-scheduler": pool.scheduler.Process.Pid,
 		"gpupool-webhook": pool.webhook.Process.Pid}
@@ -174,7 +185,7 @@ func runPoolSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 			b.Fatal(err)
 		}
 	}
-	run := submit(b, ctx, pool.CP, components, len(w.pods), rate, func(i int) *corev1.Pod { return tracePod(podName(i), &w.pods[i]) }, func() {
+	run := submit(b, ctx, pool.CP, components, len(w.pods), rate, next, func() {
 		if *scaleQueued {
 			_ = syscall.Kill(pool.CP.PID("kube-scheduler"), syscall.SIGCONT)
 		}
@@ -197,6 +208,9 @@ func runPoolSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 	}
 	res := run.result("gpupool", rate)
 	res.unallocated = 100 * float64(w.capacity-allocatedShare(status)) / float64(w.capacity)
+	if claims {
+		res.checkClaims(b, ctx, pool.CP.Client, w.capacity, record)
+	}
 	res.report(b)
 	record.report(b, w.trace, w.pods)
 	record.path(run)
@@ -219,8 +233,10 @@ func runPoolSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 // controlPlane are the processes of the control plane both sides run.
 var controlPlane = []string{"kube-apiserver", "kube-scheduler", "etcd", "kube-controller-manager", "kwok"}
 
-// runStockSide places the workload through the stock kube-scheduler alone.
-func runStockSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
+// runStockSide places the workload through the stock kube-scheduler
+// alone: with claims, each pod by its own ResourceClaim, which
+// DynamicResources allocates from the pool's slices.
+func runStockSide(b *testing.B, w *scaleWorkload, rate float64, claims bool) *sideResult {
 	ctx, cancel := context.WithTimeout(b.Context(), 20*time.Minute)
 	defer cancel()
 	bins := os.Getenv("KUBE_BIN_DIR")
@@ -232,7 +248,11 @@ func runStockSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 		b.Fatal(err)
 	}
 	b.Cleanup(cp.Stop)
-	if err := cp.StartScheduler(ctx, e2ekube.SchedulerOptions{DefaultOnly: true, MostAllocated: []string{"cpu", "memory", kube.ResourceGPU}}); err != nil {
+	packed := []string{"cpu", "memory", kube.ResourceGPU}
+	if claims {
+		packed = packed[:2] // the nodes have no GPUs of their own
+	}
+	if err := cp.StartScheduler(ctx, e2ekube.SchedulerOptions{DefaultOnly: true, MostAllocated: packed}); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: scaleNamespace}}, metav1.CreateOptions{}); err != nil {
@@ -241,18 +261,33 @@ func runStockSide(b *testing.B, w *scaleWorkload, rate float64) *sideResult {
 	gpus := 0
 	nodes := traceNodes(w.trace.Servers)
 	for i := range nodes {
-		nodes[i].Capacity[kube.ResourceGPU] = strconv.Itoa(len(w.trace.Servers[i].GPUs))
+		if !claims {
+			nodes[i].Capacity[kube.ResourceGPU] = strconv.Itoa(len(w.trace.Servers[i].GPUs))
+		}
 		gpus += len(w.trace.Servers[i].GPUs)
 	}
 	if err := cp.AddKwokNodes(ctx, nodes); err != nil {
 		b.Fatal(err)
 	}
+	next := podAlone(func(i int) *corev1.Pod { return stockPod(podName(i), &w.pods[i]) })
+	if claims {
+		createDeviceClass(b, ctx, cp.Client)
+		publishSlices(b, ctx, cp.Client, withGPUMemory(w.trace.Servers))
+		next = claimArrivals(w, "")
+	}
 	components := map[string]int{}
 	for _, name := range controlPlane {
 		components[name] = cp.PID(name)
 	}
-	run := submit(b, ctx, cp, components, len(w.pods), rate, func(i int) *corev1.Pod { return stockPod(podName(i), &w.pods[i]) }, nil)
+	run := submit(b, ctx, cp, components, len(w.pods), rate, next, nil)
 	loop := schedulerLoop(b, ctx, cp)
+	if claims {
+		res := run.result("stock kube-scheduler (DynamicResources)", rate)
+		res.checkClaims(b, ctx, cp.Client, w.capacity, nil)
+		res.report(b)
+		fmt.Print(loop)
+		return res
+	}
 	pods, err := cp.Client.CoreV1().Pods(scaleNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		b.Fatal(err)
@@ -430,12 +465,21 @@ func sampleCPU(b testing.TB, pids map[string]int, stop <-chan struct{}) <-chan [
 	return out
 }
 
-// submit creates n pods, pod(i) the i-th, in order at rate a second, calls
-// created (if any) once all are, and returns once each is bound or
-// unschedulable, as a pod informer sees them, and no pod was bound for
-// scaleQuiet. It samples the CPU of the machine and of the processes pids
-// every 10 s meanwhile.
-func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, pids map[string]int, n int, rate float64, pod func(int) *corev1.Pod, created func()) *scaleRun {
+// arrivals are the i-th pod to create, and the ResourceClaim to create
+// before it when it has one of its own (else nil).
+type arrivals func(i int) (*corev1.Pod, *resourceapi.ResourceClaim)
+
+// podAlone are arrivals of pods without a claim.
+func podAlone(pod func(int) *corev1.Pod) arrivals {
+	return func(i int) (*corev1.Pod, *resourceapi.ResourceClaim) { return pod(i), nil }
+}
+
+// submit creates n pods, next(i) the i-th (its claim first), in order at
+// rate a second, calls created (if any) once all are, and returns once each
+// is bound or unschedulable, as a pod informer sees them, and no pod was
+// bound for scaleQuiet. It samples the CPU of the machine and of the
+// processes pids every 10 s meanwhile.
+func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, pids map[string]int, n int, rate float64, next arrivals, created func()) *scaleRun {
 	b.Helper()
 	run := &scaleRun{created: make([]time.Time, n), admitted: make([]time.Time, n), bound: make([]time.Time, n), unschedulable: make([]bool, n)}
 	factory := informers.NewSharedInformerFactoryWithOptions(cp.Client, 0, informers.WithNamespace(scaleNamespace))
@@ -451,17 +495,22 @@ func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, pids ma
 	factory.Start(stop)
 	factory.WaitForCacheSync(stop)
 
-	next := make(chan int)
+	due := make(chan int)
 	g, gctx := errgroup.WithContext(ctx)
 	// Enough creators that a create taking half a second under load does
 	// not hold back the rate asked; each pod still goes out at its time.
 	for range max(8, int(rate/2)) {
 		g.Go(func() error {
-			for i := range next {
-				p := pod(i)
+			for i := range due {
+				p, claim := next(i)
 				run.mu.Lock()
 				run.created[i] = time.Now()
 				run.mu.Unlock()
+				if claim != nil {
+					if _, err := cp.Client.ResourceV1().ResourceClaims(scaleNamespace).Create(gctx, claim, metav1.CreateOptions{}); err != nil {
+						return fmt.Errorf("creating claim %d (%s): %w", i, p.Labels["trace-pod"], err)
+					}
+				}
 				if _, err := cp.Client.CoreV1().Pods(scaleNamespace).Create(gctx, p, metav1.CreateOptions{}); err != nil {
 					return fmt.Errorf("creating pod %d (%s): %w", i, p.Labels["trace-pod"], err)
 				}
@@ -476,11 +525,11 @@ func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, pids ma
 	samples := sampleCPU(b, pids, stopSampling)
 	start := time.Now()
 	func() {
-		defer close(next)
+		defer close(due)
 		for i := range n {
 			time.Sleep(time.Until(start.Add(time.Duration(float64(i) * float64(time.Second) / rate))))
 			select {
-			case next <- i:
+			case due <- i:
 			case <-gctx.Done():
 				return
 			}
@@ -704,8 +753,17 @@ var poolComponents = []string{"allocator", "gpupool-scheduler", "gpupool-webhook
 // compareSides is the side-by-side table of one rate, with the targets
 // for the pool against the stock kube-scheduler.
 func compareSides(rate float64, w *scaleWorkload, pool, stock *sideResult) string {
+	t := sideBySide(fmt.Sprintf("%.0f pods a second asked, %d OpenB pods on 1,213 nodes", rate, len(w.pods)), pool, stock)
+	fmt.Fprintf(t, "| GPU share unallocated, shared (replay in arrival order) | %.2f%% (%.2f%%) | | |\n", pool.unallocated, w.replayed)
+	fmt.Fprintf(t, "| GPUs idle, whole GPUs (pool: replay) | %.2f%% | %.2f%% | |\n", w.whole, stock.unallocated)
+	return t.String()
+}
+
+// sideBySide is the table of what the two sides share: throughput,
+// latency, CPU and memory by component, against the pool's targets.
+func sideBySide(title string, pool, stock *sideResult) *strings.Builder {
 	var t strings.Builder
-	fmt.Fprintf(&t, "\n### %.0f pods a second asked, 7,210 OpenB pods on 1,213 nodes\n\n", rate)
+	fmt.Fprintf(&t, "\n### %s\n\n", title)
 	fmt.Fprintln(&t, "| | gpupool | stock kube-scheduler | gpupool / stock |")
 	fmt.Fprintln(&t, "|---|--:|--:|--:|")
 	fmt.Fprintf(&t, "| pods created a second | %.0f | %.0f | |\n", pool.sent, stock.sent)
@@ -736,9 +794,7 @@ func compareSides(rate float64, w *scaleWorkload, pool, stock *sideResult) strin
 		}
 		fmt.Fprintf(&t, "| peak RSS MB, %s | %.0f | %s | |\n", name, float64(pool.peakRSS[name])/(1<<20), s)
 	}
-	fmt.Fprintf(&t, "| GPU share unallocated, shared (replay in arrival order) | %.2f%% (%.2f%%) | | |\n", pool.unallocated, w.replayed)
-	fmt.Fprintf(&t, "| GPUs idle, whole GPUs (pool: replay) | %.2f%% | %.2f%% | |\n", w.whole, stock.unallocated)
-	return t.String()
+	return &t
 }
 
 // procUsage is a process's CPU time so far and its peak resident memory.
