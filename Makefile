@@ -189,7 +189,7 @@ bench-pool: deps ## the benchmarks without a cluster: placement decisions/s per 
 # move: CI runs it beside make e2e. The rest of bench-cluster measures CPU
 # and milliseconds, and runs alone.
 .PHONY: bench-cluster
-bench-cluster: bench-hpa bench-idle bench-keda bench-scale ## the benchmarks on a control plane: bench-hpa's, bench-idle's, bench-keda's, then bench-scale's
+bench-cluster: bench-hpa bench-idle bench-keda bench-scale bench-dra ## the benchmarks on a control plane: bench-hpa's, bench-idle's, bench-keda's, bench-scale's, then bench-dra's
 
 .PHONY: bench-hpa
 bench-hpa: deps ## the HPA's reaction time to a step in GPU load, through the adapter's direct backend and through Prometheus (about 7 minutes, most of it waiting on their clocks)
@@ -207,6 +207,12 @@ bench-keda: deps ## the real KEDA on gpupool's external scaler (polled, pushing)
 bench-scale: deps ## adapter latency through kube-apiserver, kwok at 1,213 nodes, the OpenB workload placed through Kubernetes at 100 pods/s beside the stock kube-scheduler
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench 'AdapterThroughAPIServer|KubeScale' -benchtime 1x -timeout 40m ./test/e2e
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench KwokScale -benchtime 1x ./test/e2e/kube
+
+# Not in CI (about 9 minutes): the claims' path is in make e2e's TestDRA
+# tests on every landing.
+.PHONY: bench-dra
+bench-dra: deps ## the OpenB workload as ResourceClaims at 1,213 kwok nodes, 100 pods/s asked: the pool beside the stock kube-scheduler's DynamicResources on the same slices: GPU share unallocated against the replays of fgd-cpu and first-fit, claims bound a second, p99, CPU a pod by component
+	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench DRAScale -benchtime 1x -timeout 40m ./test/e2e
 
 # Not in CI, which runs one rate in make bench: three rates, each placed
 # through the pool and through the stock kube-scheduler (about 35 minutes).

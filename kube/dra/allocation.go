@@ -2,9 +2,9 @@ package dra
 
 import (
 	"fmt"
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/google/uuid"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"

@@ -143,18 +143,19 @@ func publishSlices(b *testing.B, ctx context.Context, c kubernetes.Interface, se
 			statuses[i].GPUs = append(statuses[i].GPUs, api.GPUStatus{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryBytes: g.MemoryBytes, Healthy: g.Healthy})
 		}
 	}
+	start := time.Now()
 	for _, s := range dra.Slices(statuses) {
 		if _, err := c.ResourceV1().ResourceSlices().Create(ctx, &s, metav1.CreateOptions{}); err != nil {
 			b.Fatal(err)
 		}
 	}
-	waitForSlices(b, ctx, c, len(servers))
+	waitForSlices(b, ctx, c, len(servers), start)
 }
 
-// waitForSlices waits until n ResourceSlices are published.
-func waitForSlices(b *testing.B, ctx context.Context, c kubernetes.Interface, n int) {
+// waitForSlices waits until n ResourceSlices are published, which began
+// at start.
+func waitForSlices(b *testing.B, ctx context.Context, c kubernetes.Interface, n int, start time.Time) {
 	b.Helper()
-	start := time.Now()
 	for deadline := start.Add(5 * time.Minute); ; time.Sleep(time.Second) {
 		slices, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
 		if err == nil && len(slices.Items) == n {

@@ -36,10 +36,10 @@ import (
 const (
 	// scaleNamespace holds BenchmarkKubeScale's pods.
 	scaleNamespace = "openb"
-	// scaleSettle bounds how long the pods have to be bound, or found
-	// unschedulable, after the last one is created: it catches a pool that
-	// stopped placing, not a slow one.
-	scaleSettle = 5 * time.Minute
+	// scaleSettle bounds how long no pod is bound, or found
+	// unschedulable, before all are: it catches a scheduler that stopped
+	// placing, not a slow one.
+	scaleSettle = 2 * time.Minute
 	// scaleQuiet is how long no pod is bound before a settled run ends: a
 	// pod marked unschedulable once may be placed on a retry.
 	scaleQuiet = 5 * time.Second
@@ -169,10 +169,12 @@ func runPoolSide(b *testing.B, w *scaleWorkload, rate float64, claims bool) *sid
 		createDeviceClass(b, ctx, pool.CP.Client)
 		servers, next = withGPUMemory(servers), claimArrivals(w, kube.SchedulerName)
 	}
+	registered := time.Now()
 	addTraceServers(b, ctx, pool, servers)
 	if claims {
-		// gpupool-scheduler publishes the servers' slices when it starts.
-		waitForSlices(b, ctx, pool.CP.Client, len(servers))
+		// gpupool-scheduler publishes the servers' slices at its next read
+		// of the pool (--resource-slices-every, 30 s).
+		waitForSlices(b, ctx, pool.CP.Client, len(servers), registered)
 	}
 
 	components := map[string]int{"allocator": pool.Allocator.cmd.Process.Pid, "gpupool-scheduler": pool.scheduler.Process.Pid,
@@ -331,14 +333,17 @@ func stockPod(name string, p *simulate.Pod) *corev1.Pod {
 func recordOf(b testing.TB, ctx context.Context, pool *kubePool) *scaleRecord {
 	b.Helper()
 	r := &scaleRecord{}
+	logs, prefix := pool.Logs.String(), "gpupool-scheduler: "
 	if pool.plugin {
-		logs, err := pool.CP.Log("kube-scheduler")
+		raw, err := pool.CP.Log("kube-scheduler")
 		if err != nil {
 			b.Fatal(err)
 		}
-		r.calls, r.released = extenderCalls(string(logs), "")
-	} else {
-		r.calls, r.released = extenderCalls(pool.Logs.String(), "gpupool-scheduler: ")
+		logs, prefix = string(raw), ""
+	}
+	var err error
+	if r.calls, r.released, err = extenderCalls(logs, prefix); err != nil {
+		b.Fatalf("reading the filter and bind records: %v", err)
 	}
 	pods, err := pool.CP.Client.CoreV1().Pods(scaleNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -477,8 +482,9 @@ func podAlone(pod func(int) *corev1.Pod) arrivals {
 // submit creates n pods, next(i) the i-th (its claim first), in order at
 // rate a second, calls created (if any) once all are, and returns once each
 // is bound or unschedulable, as a pod informer sees them, and no pod was
-// bound for scaleQuiet. It samples the CPU of the machine and of the
-// processes pids every 10 s meanwhile.
+// bound for scaleQuiet; it fails when none settles for scaleSettle. It
+// samples the CPU of the machine and of the processes pids every 10 s
+// meanwhile.
 func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, pids map[string]int, n int, rate float64, next arrivals, created func()) *scaleRun {
 	b.Helper()
 	run := &scaleRun{created: make([]time.Time, n), admitted: make([]time.Time, n), bound: make([]time.Time, n), unschedulable: make([]bool, n)}
@@ -541,7 +547,7 @@ func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, pids ma
 	if created != nil {
 		created()
 	}
-	deadline := time.Now().Add(scaleSettle)
+	was, progressed := -1, time.Now()
 	for {
 		settled, lastBound := run.progress()
 		if settled == n && time.Since(lastBound) > scaleQuiet {
@@ -549,8 +555,11 @@ func submit(b *testing.B, ctx context.Context, cp *e2ekube.ControlPlane, pids ma
 			run.cpu = <-samples
 			return run
 		}
-		if time.Now().After(deadline) {
-			b.Fatalf("%d of %d pods bound or unschedulable %v after the last was created", settled, n, scaleSettle)
+		if settled != was {
+			was, progressed = settled, time.Now()
+		}
+		if time.Since(progressed) > scaleSettle {
+			b.Fatalf("%d of %d pods bound or unschedulable, and none more for %v", settled, n, scaleSettle)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

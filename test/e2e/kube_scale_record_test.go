@@ -33,7 +33,7 @@ import (
 // allocator's answer, or a bind.
 type extenderCall struct {
 	Msg    string `json:"msg"`
-	Pod    string `json:"pod"`
+	Pod    podKey `json:"pod"`
 	UID    string `json:"uid"`
 	Nodes  int    `json:"nodes"`
 	Result string `json:"result"`
@@ -62,15 +62,30 @@ func (d *took) UnmarshalJSON(b []byte) error {
 	return err
 }
 
+// podKey is a record's pod, namespace/name. kube-scheduler's logger
+// carries the pod of the cycle as an object ({"name", "namespace"}) before
+// the record's own string: a line of the plugin's has both, and the last
+// one read is kept.
+type podKey string
+
+func (p *podKey) UnmarshalJSON(b []byte) error {
+	var ref struct{ Name, Namespace string }
+	if json.Unmarshal(b, &ref) == nil {
+		*p = podKey(ref.Namespace + "/" + ref.Name)
+		return nil
+	}
+	return json.Unmarshal(b, (*string)(p))
+}
+
 func (c *extenderCall) start() time.Time { return c.Time.Add(-time.Duration(c.Took)) }
 
 // extenderCalls reads the filter and bind records, in the order they were
 // logged, from the lines of logs that begin with prefix (gpupool-scheduler's
 // in the harness's log; none in kube-scheduler's own, the plugin's), and
 // how many of the pod's leases were released to place the pod again.
-func extenderCalls(logs, prefix string) (calls []extenderCall, released int) {
+func extenderCalls(logs, prefix string) (calls []extenderCall, released int, err error) {
 	sc := bufio.NewScanner(strings.NewReader(logs))
-	sc.Buffer(nil, 1<<20)
+	sc.Buffer(nil, 64<<20)
 	for sc.Scan() {
 		line, ok := strings.CutPrefix(sc.Text(), prefix)
 		if !ok || !strings.HasPrefix(line, "{") {
@@ -90,7 +105,7 @@ func extenderCalls(logs, prefix string) (calls []extenderCall, released int) {
 			released++
 		}
 	}
-	return calls, released
+	return calls, released, sc.Err()
 }
 
 const (
@@ -127,7 +142,7 @@ func (r *scaleRecord) liveOrder(arrivals []simulate.Pod) (order []simulate.Pod, 
 	granted := make([]bool, len(arrivals))
 	latest := -1
 	for _, c := range r.calls {
-		i, ok := arrival(c.Pod)
+		i, ok := arrival(string(c.Pod))
 		if c.Msg != verbFilterRecord || c.Result != "placed" || !ok || i >= len(arrivals) || granted[i] {
 			continue
 		}
@@ -321,7 +336,7 @@ func (r *scaleRecord) path(run *scaleRun) {
 	filters := map[int]int{}
 	for k := range r.calls {
 		c := &r.calls[k]
-		i, ok := arrival(c.Pod)
+		i, ok := arrival(string(c.Pod))
 		if !ok {
 			continue
 		}
@@ -503,4 +518,21 @@ func labelValue(m *dto.Metric, name string) string {
 		}
 	}
 	return ""
+}
+
+// TestPluginRecordsAreRead: a record of gpupool-kube-scheduler's plugin,
+// as kube-scheduler's JSON logger writes it (the cycle's pod as an object,
+// then the record's own), is read, as is gpupool-scheduler's.
+func TestPluginRecordsAreRead(t *testing.T) {
+	plugin := `{"ts":1764430000000.5,"caller":"scheduler/placer.go:153","msg":"filter","v":2,"pod":{"name":"pod-00007","namespace":"openb"},"pod":"openb/pod-00007","uid":"u7","nodes":1213,"result":"placed","server":"openb-node-0001","lease":"lease-000007","err":"","took":"2.5ms"}`
+	extender := `gpupool-scheduler: {"time":"2026-11-29T18:00:00Z","level":"DEBUG","msg":"bind","pod":"openb/pod-00008","uid":"u8","node":"openb-node-0002","lease":"lease-000008","err":"","took":1500000}`
+	for _, c := range []struct {
+		logs, prefix, pod string
+		took              time.Duration
+	}{{plugin, "", "openb/pod-00007", 2500 * time.Microsecond}, {extender, "gpupool-scheduler: ", "openb/pod-00008", 1500 * time.Microsecond}} {
+		calls, _, err := extenderCalls(c.logs, c.prefix)
+		if err != nil || len(calls) != 1 || string(calls[0].Pod) != c.pod || time.Duration(calls[0].Took) != c.took {
+			t.Errorf("%s: %+v, %v; want one call of %s that took %v", c.logs, calls, err, c.pod, c.took)
+		}
+	}
 }

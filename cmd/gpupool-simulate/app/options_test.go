@@ -34,7 +34,7 @@ func TestOptionsValidate(t *testing.T) {
 		want    string // "" passes
 	}{
 		{&ReplayOptions{}, nil, ""},
-		{&ReplayOptions{}, []string{"--policies", "fgd,tetris"}, `--policies "fgd,tetris": policy tetris is not one of best-fit, fgd, fgd-cpu, random, spread`},
+		{&ReplayOptions{}, []string{"--policies", "fgd,tetris"}, `--policies "fgd,tetris": policy tetris is not one of best-fit, fgd, fgd-cpu, first-fit, random, spread`},
 		{&ReplayOptions{}, []string{"--policies", "fdg"}, `--policies "fdg": policy fdg is not one of`},
 		{&ReplayOptions{}, []string{"--seeds", "9-3"}, `--seeds "9-3": "9-3" is not a range low-high`},
 		{&ReplayOptions{}, []string{"--output", "yaml"}, `--output "yaml" is not one of table, json`},
