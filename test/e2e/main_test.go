@@ -338,10 +338,16 @@ func startKubeletNode(ctx context.Context, t *testing.T, name string) (*e2ekube.
 }
 
 // skipWithoutNode skips the test, saying why, where this machine cannot
-// run a kubelet node.
+// run a kubelet node; it fails it where GPUPOOL_E2E_NODE=required says the
+// machine must (CI's, so that the node tests are never skipped there).
 func skipWithoutNode(t testing.TB) {
 	t.Helper()
-	if err := e2ekube.CheckCanRunNode(); err != nil {
+	err := e2ekube.CheckCanRunNode()
+	switch {
+	case err == nil:
+	case os.Getenv("GPUPOOL_E2E_NODE") == "required":
+		t.Fatalf("no kubelet node on this machine, and GPUPOOL_E2E_NODE=required: %v", err)
+	default:
 		t.Skipf("no kubelet node on this machine: %v", err)
 	}
 }
