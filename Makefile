@@ -208,7 +208,7 @@ bench-scale: deps ## adapter latency through kube-apiserver, kwok at 1,213 nodes
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench 'AdapterThroughAPIServer|KubeScale' -benchtime 1x -timeout 40m ./test/e2e
 	KUBE_BIN_DIR=$(kube_bin_dir) $(GO) test -run '^$$' -bench KwokScale -benchtime 1x ./test/e2e/kube
 
-# Not in CI (about 9 minutes): the claims' path is in make e2e's TestDRA
+# Not in CI (about 12 minutes): the claims' path is in make e2e's TestDRA
 # tests on every landing.
 .PHONY: bench-dra
 bench-dra: deps ## the OpenB workload as ResourceClaims at 1,213 kwok nodes, 100 pods/s asked: the pool beside the stock kube-scheduler's DynamicResources on the same slices: GPU share unallocated against the replays of fgd-cpu and first-fit, claims bound a second, p99, CPU a pod by component

@@ -195,7 +195,7 @@ func (p *Placer) writeAllocation(ctx context.Context, c *podClaim, lease api.Lea
 func (p *Placer) deallocate(ctx context.Context, pod *v1.Pod) error {
 	c, err := p.claimOf(ctx, pod)
 	if c == nil || err != nil {
-		return nil // nothing of the pool's is allocated to the pod alone
+		return nil // no claim of the pool's, or one another pod holds
 	}
 	p.claims.AssumedClaimRestore(c.claim.Namespace, c.claim.Name)
 	claims := p.kube.ResourceV1().ResourceClaims(c.claim.Namespace)

@@ -330,8 +330,8 @@ func DecodePluginArgs(obj runtime.Object) (PluginArgs, error) {
 }
 
 // PreFilterPlugins are the PreFilter plugins of the profile that runs
-// GPUPool, in their order: GPUPool first, since the allocation it writes
-// on a pod's claim must be there for DynamicResources' PreFilter, then
+// GPUPool, in their order: GPUPool first, since the allocation it notes
+// for a pod's claim must be there for DynamicResources' PreFilter, then
 // kube-scheduler v1.37's defaults in their default order. A profile that
 // only enabled GPUPool would run it after them. cmd/gpupool-kube-scheduler's
 // TestPreFilterPluginsAreTheDefaults checks them against the defaults of

@@ -12,14 +12,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/ptr"
 
 	"github.com/gpupool/gpupool/allocator"
 	"github.com/gpupool/gpupool/allocator/api"
 	"github.com/gpupool/gpupool/inventory"
 	"github.com/gpupool/gpupool/kube/dra"
 	"github.com/gpupool/gpupool/simulate"
-	e2ekube "github.com/gpupool/gpupool/test/e2e/kube"
 )
 
 // draGPUMemory is every GPU's memory in BenchmarkDRAScale. OpenB gives
@@ -109,24 +107,17 @@ func withGPUMemory(servers []inventory.Server) []inventory.Server {
 func claimArrivals(w *scaleWorkload, schedulerName string) arrivals {
 	return func(i int) (*corev1.Pod, *resourceapi.ResourceClaim) {
 		p, name := &w.pods[i], podName(i)
-		spec := claimFor(int64(p.GPUs), "")
-		x := spec.Devices.Requests[0].Exactly
+		memory := ""
 		if p.PerGPU < allocator.WholeGPU {
-			memory := resource.NewQuantity(int64(p.PerGPU)*draGPUMemory/int64(allocator.WholeGPU), resource.BinarySI)
-			x.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{dra.CapacityMemory: *memory}}
+			memory = resource.NewQuantity(int64(p.PerGPU)*draGPUMemory/int64(allocator.WholeGPU), resource.BinarySI).String()
 		}
-		x.Tolerations = []resourceapi.DeviceToleration{{Key: dra.PlacedByThePool.Key, Operator: resourceapi.DeviceTolerationOpExists, Effect: dra.PlacedByThePool.Effect}}
+		spec := claimFor(int64(p.GPUs), memory)
+		spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{Key: dra.PlacedByThePool.Key, Operator: resourceapi.DeviceTolerationOpExists, Effect: dra.PlacedByThePool.Effect}}
 		claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"trace-pod": p.Name}},
-			Spec: corev1.PodSpec{SchedulerName: schedulerName, Tolerations: []corev1.Toleration{e2ekube.KwokToleration},
-				ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(name)}},
-				Containers: []corev1.Container{{Name: "trainer", Image: "trainer", Resources: corev1.ResourceRequirements{
-					Requests: corev1.ResourceList{
-						corev1.ResourceCPU:    *resource.NewMilliQuantity(p.CPUMilli, resource.DecimalSI),
-						corev1.ResourceMemory: *resource.NewQuantity(p.Memory, resource.BinarySI),
-					},
-					Claims: []corev1.ResourceClaim{{Name: "gpu"}},
-				}}}}}
+		pod := claimPodSpec(name)
+		pod.Labels = map[string]string{"trace-pod": p.Name}
+		pod.Spec.SchedulerName = schedulerName
+		pod.Spec.Containers[0].Resources.Requests = hostRequests(p)
 		return pod, claim
 	}
 }

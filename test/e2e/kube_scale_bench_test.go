@@ -319,11 +319,8 @@ func stockPod(name string, p *simulate.Pod) *corev1.Pod {
 		Spec: corev1.PodSpec{
 			Tolerations: []corev1.Toleration{e2ekube.KwokToleration},
 			Containers: []corev1.Container{{Name: "trainer", Image: "trainer", Resources: corev1.ResourceRequirements{
-				Requests: corev1.ResourceList{
-					corev1.ResourceCPU:    *resource.NewMilliQuantity(p.CPUMilli, resource.DecimalSI),
-					corev1.ResourceMemory: *resource.NewQuantity(p.Memory, resource.BinarySI),
-				},
-				Limits: corev1.ResourceList{kube.ResourceGPU: *resource.NewQuantity(whole, resource.DecimalSI)},
+				Requests: hostRequests(p),
+				Limits:   corev1.ResourceList{kube.ResourceGPU: *resource.NewQuantity(whole, resource.DecimalSI)},
 			}}},
 		},
 	}
@@ -400,14 +397,19 @@ func tracePod(name string, p *simulate.Pod) *corev1.Pod {
 	}
 	pod := bfkPod(name, p.GPUs, percent)
 	pod.Labels["trace-pod"] = p.Name
-	pod.Spec.Containers[0].Resources.Requests = corev1.ResourceList{
-		corev1.ResourceCPU:    *resource.NewMilliQuantity(p.CPUMilli, resource.DecimalSI),
-		corev1.ResourceMemory: *resource.NewQuantity(p.Memory, resource.BinarySI),
-	}
+	pod.Spec.Containers[0].Resources.Requests = hostRequests(p)
 	if len(p.Models) > 0 {
 		pod.Annotations = map[string]string{kube.AnnotationModels: strings.Join(p.Models, ",")}
 	}
 	return pod
+}
+
+// hostRequests are trace pod p's CPU and memory, as its container asks.
+func hostRequests(p *simulate.Pod) corev1.ResourceList {
+	return corev1.ResourceList{
+		corev1.ResourceCPU:    *resource.NewMilliQuantity(p.CPUMilli, resource.DecimalSI),
+		corev1.ResourceMemory: *resource.NewQuantity(p.Memory, resource.BinarySI),
+	}
 }
 
 // scaleRun is what submit saw of each pod, by arrival index.
